@@ -1,0 +1,35 @@
+# Two commands on a fresh machine: `make demo` (the main job) and `make test`.
+PY := .venv/bin/python
+export PYTHONHASHSEED := 0
+
+.PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench model
+
+bootstrap: .venv/.complete
+.venv/.complete: scripts/bootstrap.sh constraints/requirements-main.txt constraints/lock-main.txt pyproject.toml
+	scripts/bootstrap.sh main
+
+bootstrap-vllm:
+	scripts/bootstrap.sh vllm
+
+model: bootstrap
+	$(PY) -m radix_global.cli make-model build/tiny-llama
+
+demo: bootstrap
+	$(PY) -m benchmarks.demo
+
+test: bootstrap lint
+	$(PY) -m pytest -m "not e2e" -q
+	$(PY) -m pytest -m "e2e" -q
+
+test-unit: bootstrap
+	$(PY) -m pytest -m "not e2e" -q
+
+test-e2e: bootstrap
+	$(PY) -m pytest -m "e2e" -q
+
+lint: bootstrap
+	$(PY) -m ruff check .
+	$(PY) -m mypy radix_global router sglang_patch
+
+bench: bootstrap
+	$(PY) -m benchmarks.bench

@@ -1,0 +1,65 @@
+"""The worker registration record: what a worker tells the index and the router when it joins.
+
+Schema and rules: ``docs/interfaces.md`` (section "Worker registration"). Decoding validates types
+and values, so a bad record is refused with a :class:`RegistrationError` naming the field.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from radix_global.types import Role
+
+
+class RegistrationError(ValueError):
+    """A registration record that cannot be accepted (bad field, conflicting id, bad namespace)."""
+
+
+class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One worker's registration. Immutable; re-registering the same id replaces it."""
+
+    worker_id: str
+    url: str  # base URL of the engine's HTTP server, e.g. http://127.0.0.1:30000
+    model: str  # served model name as clients send it in "model"
+    namespace: str  # "<model>@<version>": selects the index tree; see interfaces.md
+    page_size: int  # tokens per KV page (SGLang --page-size; vLLM block size)
+    role: Role = Role.MIXED
+    dp_size: int = 1  # data-parallel ranks; events carry attn_dp_rank in [0, dp_size)
+    engine: str = "sglang"  # "sglang" | "vllm" | "other" (which event decoder and hash rules)
+    kv_events_endpoint: str | None = None  # ZMQ PUB endpoint the index subscribes to
+    kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER replay endpoint
+    kv_events_topic: str = "kv-events"
+    pool_id: str | None = None  # the L3 pool this worker reads and writes, if any
+    bootstrap_port: int | None = None  # SGLang PD bootstrap port (prefill workers)
+
+    def __post_init__(self) -> None:
+        if not self.worker_id or "/" in self.worker_id:
+            raise RegistrationError("worker_id must be non-empty and contain no '/'")
+        if not self.url.startswith(("http://", "https://")):
+            raise RegistrationError(f"url must be http(s)://..., got {self.url!r}")
+        if "@" not in self.namespace:
+            raise RegistrationError(f"namespace must be '<model>@<version>', got {self.namespace!r}")
+        if self.page_size < 1:
+            raise RegistrationError(f"page_size must be >= 1, got {self.page_size}")
+        if self.dp_size < 1:
+            raise RegistrationError(f"dp_size must be >= 1, got {self.dp_size}")
+        if self.engine not in ("sglang", "vllm", "other"):
+            raise RegistrationError(f"engine must be sglang|vllm|other, got {self.engine!r}")
+        if self.pool_id is not None and self.pool_id == self.worker_id:
+            raise RegistrationError("pool_id must differ from worker_id")
+
+
+def decode_worker_info(data: bytes | str) -> WorkerInfo:
+    """Decode a JSON registration record; every failure is a :class:`RegistrationError`."""
+    try:
+        return msgspec.json.decode(data, type=WorkerInfo)
+    except RegistrationError:
+        raise
+    except msgspec.ValidationError as exc:
+        raise RegistrationError(str(exc)) from exc
+    except msgspec.DecodeError as exc:
+        raise RegistrationError(f"malformed JSON: {exc}") from exc
+
+
+def encode_worker_info(info: WorkerInfo) -> bytes:
+    return msgspec.json.encode(info)

@@ -1,0 +1,1 @@
+"""The Conductor: a KV-cache-centric router in front of SGLang/vLLM workers."""

