@@ -1,0 +1,32 @@
+"""``random``: a uniformly random accepting slot (the paper's weakest baseline)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+from router.policies.base import (
+    ClusterView,
+    Decision,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerState,
+    no_workers,
+    prefill_candidates,
+    route_to,
+)
+
+
+class RandomPolicy(RoutingPolicy):
+    name = "random"
+
+    def __init__(self, seed: int | None = 0) -> None:
+        self._rng = random.Random(seed)
+
+    def choose(
+        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
+    ) -> Decision:
+        candidates = prefill_candidates(req, workers)
+        if not candidates:
+            return no_workers(req, self.name)
+        return route_to(req, self.name, self._rng.choice(candidates), view, now)
