@@ -1,0 +1,152 @@
+"""Index snapshots on disk: write atomically, read back with a clear error for a bad file.
+
+File layout (all integers big-endian)::
+
+    magic   8 bytes  b"RGIXSNAP"
+    version u16      FORMAT_VERSION; a file of another version is refused, never guessed at
+    length  u64      body length in bytes (a shorter file is "truncated")
+    digest  u64      xxh64 of the body (a mismatch is "corrupt")
+    body             msgpack of :class:`IndexSnapshot`
+
+A write goes to a temporary file in the same folder, is fsynced and renamed over the target, so a
+crash mid-write leaves the previous snapshot intact. Restoring: :func:`load_on_start` (a missing
+file is a fresh start; a bad file stops the start unless the user asked to start empty).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import struct
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import xxhash
+
+from radix_global.registration import WorkerInfo
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"RGIXSNAP"
+FORMAT_VERSION = 1
+_HEADER = struct.Struct(">8sHQQ")
+
+
+class SnapshotError(Exception):
+    """A snapshot file that cannot be read: names the file and what is wrong with it."""
+
+
+class IndexSnapshot(msgspec.Struct, frozen=True):
+    """Everything the index service needs to come back: the index state and who was registered.
+
+    ``index`` is the plain data of ``GlobalIndex.snapshot()`` (or ``ShardedIndex.snapshot()``);
+    ``created_at`` is wall-clock seconds, the clock of the service's hotness decay.
+    """
+
+    created_at: float
+    index: Any
+    workers: list[WorkerInfo] = []
+
+
+class SnapshotWritten(msgspec.Struct, frozen=True):
+    path: str
+    size_bytes: int
+    seconds: float
+
+
+def encode_snapshot(snapshot: IndexSnapshot) -> bytes:
+    body = msgspec.msgpack.encode(snapshot)
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), xxhash.xxh64_intdigest(body)) + body
+
+
+def decode_snapshot(data: bytes, source: str = "<bytes>") -> IndexSnapshot:
+    """Inverse of :func:`encode_snapshot`; every failure is a :class:`SnapshotError`."""
+    if len(data) < _HEADER.size:
+        raise SnapshotError(f"{source}: truncated header ({len(data)} of {_HEADER.size} bytes)")
+    magic, version, length, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise SnapshotError(f"{source}: not an index snapshot (magic {magic!r})")
+    if version != FORMAT_VERSION:
+        raise SnapshotError(
+            f"{source}: snapshot format version {version}, this build reads {FORMAT_VERSION}"
+        )
+    body = data[_HEADER.size :]
+    if len(body) != length:
+        raise SnapshotError(f"{source}: truncated body ({len(body)} of {length} bytes)")
+    if xxhash.xxh64_intdigest(body) != digest:
+        raise SnapshotError(f"{source}: corrupt body (checksum mismatch)")
+    try:
+        return msgspec.msgpack.decode(body, type=IndexSnapshot)
+    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
+        raise SnapshotError(f"{source}: undecodable body: {exc}") from exc
+
+
+def write_snapshot(path: str | Path, data: bytes) -> SnapshotWritten:
+    """Atomically replace ``path`` with the encoded snapshot ``data`` (blocking file I/O)."""
+    start = time.perf_counter()
+    target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    try:
+        with open(tmp, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, target)
+    finally:
+        tmp.unlink(missing_ok=True)
+    # The rename is durable only once the folder entry is on disk.
+    dir_fd = os.open(target.parent, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    return SnapshotWritten(str(target), len(data), time.perf_counter() - start)
+
+
+def read_snapshot(path: str | Path) -> IndexSnapshot:
+    try:
+        data = Path(path).read_bytes()
+    except OSError as exc:
+        raise SnapshotError(f"{path}: cannot read: {exc}") from exc
+    return decode_snapshot(data, str(path))
+
+
+def load_on_start(path: str | Path, start_empty_on_error: bool = False) -> IndexSnapshot | None:
+    """The snapshot to restore at start-up, or None to start empty.
+
+    A missing file is a first start (None). A file that cannot be read raises
+    :class:`SnapshotError`, unless ``start_empty_on_error`` (the user asked for it): then it is
+    logged as a warning and the service starts empty; the bad file is left for inspection until the
+    next snapshot replaces it.
+    """
+    if not Path(path).exists():
+        log.info("no snapshot at %s: starting empty", path)
+        return None
+    try:
+        return read_snapshot(path)
+    except SnapshotError as exc:
+        if not start_empty_on_error:
+            raise
+        log.warning("ignoring unreadable snapshot (starting empty as asked): %s", exc)
+        return None
+
+
+async def snapshot_every(
+    interval_s: float, path: str | Path, take: Callable[[], IndexSnapshot]
+) -> None:
+    """Write a snapshot every ``interval_s`` seconds until cancelled; a failed write is logged.
+
+    ``take`` runs on the event loop (the index is only touched there); encoding too, so that the
+    state cannot change under the encoder; only the file I/O goes to a thread.
+    """
+    while True:
+        await asyncio.sleep(interval_s)
+        try:
+            await asyncio.to_thread(write_snapshot, path, encode_snapshot(take()))
+        except OSError as exc:
+            log.error("periodic snapshot to %s failed: %s", path, exc)
