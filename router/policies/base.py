@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar, NamedTuple, Protocol
 
 from radix_global.ops import MatchResult
@@ -96,6 +97,8 @@ class Decision(NamedTuple):
     fetch_from: PoolId | None = None
     predicted_ttft_s: float | None = None
     predicted_prefill_s: float | None = None  # the prefill part alone (feeds the queue model)
+    predicted_queue_s: float = 0.0
+    predicted_transfer_s: float = 0.0
     decode_worker_id: WorkerId | None = None  # PD disaggregation: the paired decode slot
     decode_dp_rank: int = 0
     reason: str = ""  # rejection reason: "ttft_slo" | "tbt_slo" | "no_workers" | "decode_kv"
@@ -127,7 +130,8 @@ class CostView(Protocol):
     def outstanding(self, slot: Slot) -> int: ...
 
 
-class ClusterView(NamedTuple):
+@dataclass(frozen=True, slots=True)
+class ClusterView:
     """Read access a policy gets to the rest of the router. ``index`` is None without an index
     (cache-blind policies and the approximate policy do not need it)."""
 
@@ -191,5 +195,5 @@ def route_to(req: RouteRequest, policy: str, worker: WorkerState, view: ClusterV
     return Decision(
         req.request_id, policy, accepted=True, worker_id=worker.worker_id,
         dp_rank=worker.dp_rank, prefix_tokens=prefix_tokens,
-        predicted_ttft_s=queue + prefill, predicted_prefill_s=prefill,
+        predicted_ttft_s=queue + prefill, predicted_prefill_s=prefill, predicted_queue_s=queue,
     )

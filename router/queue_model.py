@@ -1,0 +1,98 @@
+"""Router-side queue model: the prefill work this router sent to each slot and has not seen done.
+
+Each slot is modelled as a FIFO server: request ``i`` starts at ``max(routed_at_i, done of i-1)``
+and takes its predicted prefill time, so the predicted wait of a new request is when the last one
+would finish. The "done" time of the previous request is known exactly when its first token came
+back, which corrects every prediction behind it. Pure: time is the ``now`` the caller passes.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import NamedTuple
+
+from radix_global.types import WorkerId
+
+Slot = tuple[WorkerId, int]
+
+
+class PendingPrefill(NamedTuple):
+    routed_at: float
+    predicted_s: float  # prefill compute
+    input_tokens: int
+    prefix_tokens: int
+    transfer_s: float = 0.0  # KV fetch before the prefill (occupies the slot too)
+
+
+class CompletedPrefill(NamedTuple):
+    """What ``prefill_done`` learned: the slot, the prediction, and the FIFO-inferred service
+    time (``now - max(routed_at, previous done)``; exact for a one-at-a-time server)."""
+
+    slot: Slot
+    pending: PendingPrefill
+    inferred_s: float
+
+
+class QueueModel:
+    def __init__(self) -> None:
+        self._pending: dict[Slot, OrderedDict[str, PendingPrefill]] = {}
+        self._last_done: dict[Slot, float] = {}
+        self._active: dict[Slot, set[str]] = {}  # routed, not finished (prefill or decode)
+        self._slot_of: dict[str, Slot] = {}
+
+    def add(self, slot: Slot, request_id: str, pending: PendingPrefill) -> None:
+        """A request was routed to ``slot``. A duplicate id replaces the earlier record."""
+        if request_id in self._slot_of:
+            self.finished(request_id)
+        self._pending.setdefault(slot, OrderedDict())[request_id] = pending
+        self._active.setdefault(slot, set()).add(request_id)
+        self._slot_of[request_id] = slot
+
+    def prefill_done(self, request_id: str, now: float) -> CompletedPrefill | None:
+        """First token of ``request_id`` seen at ``now``. Unknown/already done -> None."""
+        slot = self._slot_of.get(request_id)
+        if slot is None:
+            return None
+        queue = self._pending.get(slot)
+        pending = queue.pop(request_id, None) if queue is not None else None
+        if pending is None:
+            return None
+        start = max(pending.routed_at, self._last_done.get(slot, pending.routed_at))
+        self._last_done[slot] = max(now, self._last_done.get(slot, now))
+        return CompletedPrefill(slot, pending, now - start)
+
+    def finished(self, request_id: str) -> Slot | None:
+        """The request ended (success or failure): drop it wherever it still is."""
+        slot = self._slot_of.pop(request_id, None)
+        if slot is None:
+            return None
+        queue = self._pending.get(slot)
+        if queue is not None:
+            queue.pop(request_id, None)
+        self._active.get(slot, set()).discard(request_id)
+        return slot
+
+    def queue_s(self, slot: Slot, now: float) -> float:
+        """Predicted wait before a request routed to ``slot`` at ``now`` would start prefill."""
+        queue = self._pending.get(slot)
+        if not queue:
+            return 0.0
+        t = self._last_done.get(slot, float("-inf"))
+        for i, pending in enumerate(queue.values()):
+            t = max(t, pending.routed_at) + pending.predicted_s + pending.transfer_s
+            if i == 0:
+                t = max(t, now)  # the head is still running, whatever was predicted
+        return max(0.0, t - now)
+
+    def pending_prefills(self, slot: Slot) -> int:
+        return len(self._pending.get(slot, ()))
+
+    def outstanding(self, slot: Slot) -> int:
+        return len(self._active.get(slot, ()))
+
+    def forget_worker(self, worker_id: WorkerId) -> None:
+        for slot in [s for s in self._active if s[0] == worker_id]:
+            for request_id in self._active.pop(slot):
+                self._slot_of.pop(request_id, None)
+            self._pending.pop(slot, None)
+            self._last_done.pop(slot, None)
