@@ -1,0 +1,169 @@
+"""``conductor``: Mooncake's KV-cache-centric scheduling (FAST'25, Algorithm 1; DESIGN.md).
+
+For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
+
+- local hit: the longest prefix ``c`` itself holds on GPU or host (``HolderMatch.host`` of
+  ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``;
+- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``);
+- fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
+  local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
+  when fetching is predicted faster than recomputing (slow links lose to recomputation);
+- ``TTFT = queue + transfer + prefill(n, prefix)`` from the cost model.
+
+The slot with the smallest TTFT wins; TTFTs within ``tie_s`` (or ``tie_rel`` of the best) are
+ties, broken by the least outstanding requests, then in rotation. If even the best TTFT exceeds
+the request's TTFT SLO the request is rejected (``"ttft_slo"``) with a Retry-After estimated from
+the excess work that must drain. Every decision carries the full per-candidate breakdown.
+
+``choose`` calls the index's ``match`` once per request (which counts one hit on the matched
+nodes: that is what makes prefixes hot); it changes no other state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radix_global.ops import IndexRefusal, MatchResult
+from radix_global.types import PoolId
+from router.admission import TTFT_SLO, SloConfig, check_ttft, reject
+from router.policies.base import (
+    CandidateEstimate,
+    ClusterView,
+    Decision,
+    PolicyConfigError,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerState,
+    no_workers,
+    prefill_candidates,
+    slot_load,
+)
+
+
+class ConductorPolicy(RoutingPolicy):
+    name = "conductor"
+
+    def __init__(
+        self,
+        fetch_ratio: float = 1.25,
+        min_fetch_pages: int = 2,
+        compare_fetch_cost: bool = True,
+        tie_s: float = 1e-3,
+        tie_rel: float = 0.01,
+        slo: SloConfig | None = None,
+        **slo_options: Any,
+    ) -> None:
+        if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0:
+            raise PolicyConfigError(
+                "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0"
+            )
+        self.fetch_ratio = fetch_ratio
+        self.min_fetch_pages = min_fetch_pages
+        self.compare_fetch_cost = compare_fetch_cost
+        self.tie_s = tie_s
+        self.tie_rel = tie_rel
+        try:
+            self.slo = slo or SloConfig(**slo_options)
+        except (TypeError, ValueError) as exc:
+            raise PolicyConfigError(f"conductor SLO options: {exc}") from exc
+        self._turn = 0
+        self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
+
+    def choose(
+        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
+    ) -> Decision:
+        candidates = sorted(prefill_candidates(req, workers), key=lambda w: w.slot)
+        if not candidates:
+            return no_workers(req, self.name)
+        match = self._match(req, view, now)
+        estimates = [self.estimate(req, c, match, view, now) for c in candidates]
+        best = self._pick(estimates)
+        excess = check_ttft(req, best, self.slo)
+        if excess is not None:
+            return reject(req, self.name, TTFT_SLO, self.slo.retry_after_s(excess), estimates)
+        return Decision(
+            req.request_id, self.name, accepted=True, worker_id=best.worker_id,
+            dp_rank=best.dp_rank,
+            prefix_tokens=min(req.input_tokens, best.local_prefix_tokens + best.fetch_tokens),
+            fetch_tokens=best.fetch_tokens, fetch_from=best.fetch_from,
+            predicted_ttft_s=best.ttft_s, predicted_prefill_s=best.prefill_s,
+            predicted_queue_s=best.queue_s, predicted_transfer_s=best.transfer_s,
+            candidates=tuple(estimates),
+        )
+
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
+        self._turn += 1
+
+    def estimate(
+        self,
+        req: RouteRequest,
+        worker: WorkerState,
+        match: MatchResult | None,
+        view: ClusterView,
+        now: float,
+    ) -> CandidateEstimate:
+        """The TTFT breakdown for one slot, choosing between recomputing and fetching."""
+        local_pages, pool_pages = _reachable_pages(worker, match)
+        ps = req.page_size
+        n = req.input_tokens
+        local_tokens = min(n, local_pages * ps)
+        queue = view.cost.queue_s(worker, now)
+        load = slot_load(worker, view)
+        prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens)
+        recompute = CandidateEstimate(
+            worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
+            queue + prefill, load,
+        )
+        if worker.pool_id is None or not self._worth_fetching(local_pages, pool_pages):
+            return recompute
+        fetch_tokens = min(n, pool_pages * ps) - local_tokens
+        if fetch_tokens <= 0:
+            return recompute
+        transfer = view.cost.transfer_s(worker.pool_id, worker, fetch_tokens)
+        prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
+        fetch = CandidateEstimate(
+            worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, worker.pool_id,
+            queue, prefill_f, transfer, queue + transfer + prefill_f, load,
+        )
+        if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
+            return recompute
+        return fetch
+
+    def _worth_fetching(self, local_pages: int, pool_pages: int) -> bool:
+        if pool_pages <= local_pages:
+            return False
+        if local_pages == 0:
+            return pool_pages >= self.min_fetch_pages
+        return pool_pages >= self.fetch_ratio * local_pages
+
+    def _match(self, req: RouteRequest, view: ClusterView, now: float) -> MatchResult | None:
+        if view.index is None or not req.page_keys:
+            return None
+        try:
+            return view.index.match(req.namespace, req.page_keys, now)
+        except IndexRefusal:
+            # E.g. no worker of this namespace registered with the index yet: route cache-blind.
+            self.index_errors += 1
+            return None
+
+    def _pick(self, estimates: list[CandidateEstimate]) -> CandidateEstimate:
+        best_ttft = min(e.ttft_s for e in estimates)
+        limit = best_ttft + max(self.tie_s, self.tie_rel * best_ttft)
+        n = len(estimates)
+        tied = [i for i, e in enumerate(estimates) if e.ttft_s <= limit]
+        i = min(tied, key=lambda i: (estimates[i].load, estimates[i].ttft_s, (i - self._turn) % n))
+        return estimates[i]
+
+
+def _reachable_pages(worker: WorkerState, match: MatchResult | None) -> tuple[int, int]:
+    """(local pages on this slot's GPU/host, pages in the pool this slot reads)."""
+    if match is None:
+        return 0, 0
+    own = match.matched.get((worker.worker_id, worker.dp_rank))
+    local = own.host if own is not None else 0
+    pool = 0
+    if worker.pool_id is not None:
+        pool_id: PoolId = worker.pool_id
+        pool = max((m.pool for (h, _), m in match.matched.items() if h == pool_id), default=0)
+    return local, pool
