@@ -1,0 +1,100 @@
+"""The L3 page pool contract: a key -> bytes store that several worker processes share.
+
+Every pool (the shared-memory pool of one machine, a Mooncake Store later) implements
+:class:`PagePool`, so the SGLang storage backend (``sglang_patch/storage.py``) never depends on one.
+
+Contract (every implementation):
+
+- Keys are strings and already carry the model namespace (``"<namespace>/<hex digest>"``); the pool
+  never interprets them. Two different keys never alias.
+- A page is written from, and read into, a *sequence of buffers* (scatter/gather), so a caller whose
+  page is not contiguous in its own memory (SGLang's layer-first host pool) needs no staging copy.
+  The page's bytes are the concatenation of the buffers, in order.
+- ``put`` is idempotent: storing a key that exists only refreshes its recency. A page larger than
+  ``page_bytes`` is refused (``stored=False``), never truncated.
+- ``get_into`` returns True only if the destination now holds exactly the bytes that were ``put``:
+  a missing key, a page evicted or replaced while it was being read, a length mismatch, or a
+  checksum failure are all misses (False). A miss is always safe: the engine recomputes.
+- The pool is bounded (``capacity_pages``); when full, ``put`` evicts least-recently-used pages and
+  reports them in :class:`PutResult` so the caller can tell the index.
+- Every page carries an opaque int64 ``tag`` given at ``put`` and returned on eviction (the storage
+  backend uses the page's :data:`~radix_global.types.PageKey`).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
+
+from radix_global.types import PoolId
+
+# Anything exposing the buffer protocol with contiguous bytes: numpy arrays, memoryviews, bytes.
+ReadableBuffer = object
+WritableBuffer = object
+
+
+class PoolError(Exception):
+    """A pool that cannot be opened or used (bad config, config mismatch with an existing pool)."""
+
+
+class EvictedPage(NamedTuple):
+    """A page the pool dropped to make room: its key's digest (hex; pools need not keep the key
+    string) and the tag it was stored with (what callers use to name it)."""
+
+    key_digest: str
+    tag: int
+
+
+class PutResult(NamedTuple):
+    """Outcome of :meth:`PagePool.put`."""
+
+    stored: bool  # the key is in the pool now (newly written or already there)
+    new: bool  # this call wrote it (False: it was already there, or refused)
+    evicted: tuple[EvictedPage, ...]  # pages dropped to make room for it
+
+
+class PoolStats(NamedTuple):
+    """Counters shared by every process using the pool (since the pool was created)."""
+
+    pool_id: str
+    pages: int
+    capacity_pages: int
+    page_bytes: int
+    stores: int
+    hits: int
+    misses: int
+    evictions: int
+    checksum_failures: int
+    evicted_mid_read: int
+
+
+class PagePool(ABC):
+    """A bounded, checksummed, LRU page store shared by the worker processes that open it."""
+
+    pool_id: PoolId
+    page_bytes: int  # the largest page the pool accepts
+    capacity_pages: int
+
+    @abstractmethod
+    def put(self, key: str, chunks: Sequence[ReadableBuffer], tag: int = 0) -> PutResult:
+        """Store the concatenation of ``chunks`` under ``key`` (see module contract)."""
+
+    @abstractmethod
+    def get_into(self, key: str, chunks: Sequence[WritableBuffer]) -> bool:
+        """Fill ``chunks`` (whose total size must equal the stored page) with the page's bytes."""
+
+    @abstractmethod
+    def exists(self, key: str) -> bool:
+        """Whether ``key`` is stored now (a later ``get_into`` may still miss: eviction)."""
+
+    @abstractmethod
+    def remove(self, key: str) -> bool:
+        """Drop ``key``; False if it was not there."""
+
+    @abstractmethod
+    def stats(self) -> PoolStats: ...
+
+    @abstractmethod
+    def close(self) -> None:
+        """Release this process's handles; the pool's pages stay for the other processes."""
