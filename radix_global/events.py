@@ -1,0 +1,315 @@
+"""Decode engine KV-event batches (SGLang, vLLM) into index operations. Pure: no I/O.
+
+Contract (``docs/interfaces.md`` sections 3 and 5):
+
+* A payload is a msgpack ``KVEventBatch``: an array ``[ts, events, dp_rank]`` or a map with ``ts``,
+  ``events`` and ``attn_dp_rank`` / ``data_parallel_rank``. Each event is a tagged msgspec struct,
+  either a map with a ``"type"`` key or an array whose first item is the tag. Array field order is
+  engine-specific (SGLang's 7th ``BlockStored`` field is ``cache_salt``, vLLM's is ``lora_name``).
+* ``medium`` -> tier: ``GPU`` (or absent) -> GPU; ``CPU``/``CPU_PINNED`` -> HOST;
+  ``DISK``/``EXTERNAL``/``L3``/``POOL`` -> POOL. The batch's dp rank -> ``Location.dp_rank``.
+* Plain SGLang stores (no ``cache_salt``, no ``lora_name``) carry page keys as block hashes: used
+  as they are. Every other store (SGLang salted/LoRA, the dynamo format, vLLM) is re-keyed from its
+  ``token_ids`` with :mod:`radix_global.keys`; the decoder remembers ``EngineHash -> (PageKey,
+  digest)`` per (dp rank, tier) copy, to translate later parents and removals, and forgets an
+  entry when no copy is left or on ``AllBlocksCleared``.
+* A bad event is refused with a typed :class:`IndexRefusal` (counted by reason, logged on the 1st
+  and every ``log_every``-th), never raised out of :meth:`EventDecoder.decode`; the other events
+  of the batch still decode.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Any, NamedTuple
+
+import msgspec
+
+from radix_global import keys
+from radix_global.ops import (
+    ClearHolder,
+    IndexOp,
+    IndexRefusal,
+    MalformedEventError,
+    PageSizeMismatchError,
+    RemovePages,
+    StorePages,
+    UnknownParentError,
+)
+from radix_global.types import EngineHash, HolderId, Location, Namespace, PageKey, Tier
+
+log = logging.getLogger(__name__)
+
+
+class EngineKind(StrEnum):
+    """Which event encoding and hash rules a worker's events follow."""
+
+    SGLANG = "sglang"  # default format: plain block hashes are page keys
+    SGLANG_DYNAMO = "sglang-dynamo"  # --kv-events-config format "dynamo": every hash namespaced
+    VLLM = "vllm"  # seeded hashes we cannot reproduce: always re-key
+
+
+class UnknownLoraError(IndexRefusal):
+    """A store names a LoRA adapter whose extra key the decoder was not given."""
+
+    reason = "unknown_lora"
+
+
+class UnsupportedEventError(IndexRefusal):
+    """A well-formed event we deliberately do not index (e.g. vLLM extra keys, other KV groups)."""
+
+    reason = "unsupported"
+
+
+class DecodedBatch(NamedTuple):
+    ts: float
+    dp_rank: int
+    ops: list[IndexOp]
+    refusals: list[IndexRefusal]
+
+
+_MEDIUM_TIER = {
+    "GPU": Tier.GPU,
+    "CPU": Tier.HOST,
+    "CPU_PINNED": Tier.HOST,
+    "DISK": Tier.POOL,
+    "EXTERNAL": Tier.POOL,
+    "L3": Tier.POOL,
+    "POOL": Tier.POOL,
+}
+_STORED = {
+    "sglang": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+               "medium", "cache_salt", "session_id", "lora_name"),
+    "vllm": ("block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id",
+             "medium", "lora_name", "extra_keys", "group_idx"),
+}  # fmt: skip
+_REMOVED = {"sglang": ("block_hashes", "medium"), "vllm": ("block_hashes", "medium", "group_idx")}
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+class _Rekeyed:
+    """What an engine hash stands for in our key space, and which copies of it exist."""
+
+    __slots__ = ("copies", "digest", "key")
+
+    def __init__(self, key: PageKey, digest: bytes) -> None:
+        self.key = key
+        self.digest = digest
+        self.copies: set[tuple[int, Tier]] = set()
+
+
+def _fields(ev: Any, names: tuple[str, ...]) -> dict[str, Any]:
+    if isinstance(ev, dict):
+        return ev
+    return dict(zip(names, ev[1:], strict=False))
+
+
+def _engine_hash(value: Any) -> EngineHash | bytes:
+    # vLLM may publish bytes hashes (ExternalBlockHash = bytes | int); keep them as opaque keys.
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]:
+        return EngineHash(value)
+    raise MalformedEventError(f"block hash must be int64 or bytes, got {value!r}")
+
+
+def _hash_list(value: Any) -> list[EngineHash | bytes]:
+    if not isinstance(value, list):
+        raise MalformedEventError("block_hashes must be a list")
+    return [_engine_hash(v) for v in value]
+
+
+class EventDecoder:
+    """Stateful decoder for ONE worker (or pool): payload bytes -> index operations.
+
+    ``lora_extra_keys`` maps a published ``lora_name`` to the request extra key SGLang hashes
+    (see :func:`radix_global.keys.lora_extra_key`); stores of other adapters are refused.
+    """
+
+    def __init__(
+        self,
+        holder: HolderId,
+        namespace: Namespace,
+        page_size: int,
+        engine: EngineKind | str = EngineKind.SGLANG,
+        *,
+        lora_extra_keys: Mapping[str, str] | None = None,
+        log_every: int = 1000,
+    ) -> None:
+        self.holder = holder
+        self.namespace = namespace
+        self.page_size = page_size
+        self.engine = EngineKind(engine)
+        self._layout = "vllm" if self.engine is EngineKind.VLLM else "sglang"
+        self._lora_extra_keys = dict(lora_extra_keys or {})
+        self._log_every = max(1, log_every)
+        self._rekeyed: dict[EngineHash | bytes, _Rekeyed] = {}
+        self._raw = msgspec.msgpack.Decoder()
+        self.refused: Counter[str] = Counter()
+        self.events_decoded = 0
+
+    @property
+    def rekeyed_entries(self) -> int:
+        return len(self._rekeyed)
+
+    def refuse(self, exc: IndexRefusal) -> None:
+        """Count a refusal and log it (1st and every ``log_every``-th); also for index refusals."""
+        self.refused[exc.reason] += 1
+        n = self.refused[exc.reason]
+        if n == 1 or n % self._log_every == 0:
+            log.warning("%s: refused event (%s, #%d): %s", self.holder, exc.reason, n, exc)
+
+    def decode(self, payload: bytes) -> DecodedBatch:
+        """Decode one batch. Never raises: a malformed batch yields no ops and one refusal."""
+        try:
+            ts, events, dp_rank = self._batch(payload)
+        except IndexRefusal as exc:
+            self.refuse(exc)
+            return DecodedBatch(0.0, 0, [], [exc])
+        ops: list[IndexOp] = []
+        refusals: list[IndexRefusal] = []
+        for ev in events:
+            try:
+                op = self._event(ev, dp_rank)
+            except IndexRefusal as exc:
+                self.refuse(exc)
+                refusals.append(exc)
+                continue
+            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
+                bad = MalformedEventError(f"{type(exc).__name__}: {exc}")
+                self.refuse(bad)
+                refusals.append(bad)
+                continue
+            self.events_decoded += 1
+            if op is not None:
+                ops.append(op)
+        return DecodedBatch(ts, dp_rank, ops, refusals)
+
+    def _batch(self, payload: bytes) -> tuple[float, list[Any], int]:
+        try:
+            raw = self._raw.decode(payload)
+        except msgspec.DecodeError as exc:
+            raise MalformedEventError(f"not msgpack: {exc}") from exc
+        if isinstance(raw, list) and len(raw) >= 2:
+            ts, events, rank = raw[0], raw[1], raw[2] if len(raw) > 2 else None
+        elif isinstance(raw, dict) and "events" in raw:
+            ts, events = raw.get("ts", 0.0), raw["events"]
+            rank = raw.get("attn_dp_rank", raw.get("data_parallel_rank"))
+        else:
+            raise MalformedEventError("batch is neither [ts, events, dp_rank] nor a map")
+        if not isinstance(events, list) or not isinstance(ts, int | float):
+            raise MalformedEventError("batch needs a numeric ts and a list of events")
+        if rank is None:
+            rank = 0
+        if not isinstance(rank, int) or rank < 0:
+            raise MalformedEventError(f"bad dp rank {rank!r}")
+        return float(ts), events, rank
+
+    def _event(self, ev: Any, dp_rank: int) -> IndexOp | None:
+        if isinstance(ev, dict):
+            tag = ev.get("type")
+        elif isinstance(ev, list) and ev:
+            tag = ev[0]
+        else:
+            raise MalformedEventError(f"event is neither a tagged map nor a tagged array: {ev!r}")
+        if tag == "BlockStored":
+            return self._stored(_fields(ev, _STORED[self._layout]), dp_rank)
+        if tag == "BlockRemoved":
+            return self._removed(_fields(ev, _REMOVED[self._layout]), dp_rank)
+        if tag == "AllBlocksCleared":
+            self._rekeyed.clear()
+            return ClearHolder(self.holder, None)
+        raise MalformedEventError(f"unknown event type {tag!r}")
+
+    def _location(self, f: dict[str, Any], dp_rank: int) -> Location:
+        medium = f.get("medium") or "GPU"
+        tier = _MEDIUM_TIER.get(str(medium).upper())
+        if tier is None:
+            raise MalformedEventError(f"unknown medium {medium!r}")
+        if f.get("group_idx") not in (None, 0):
+            raise UnsupportedEventError(f"KV cache group {f['group_idx']} (only group 0 indexed)")
+        return Location(self.holder, dp_rank, tier)
+
+    def _stored(self, f: dict[str, Any], dp_rank: int) -> StorePages | None:
+        hashes = _hash_list(f.get("block_hashes"))
+        block_size = f.get("block_size")
+        if block_size != self.page_size:
+            raise PageSizeMismatchError(
+                f"block_size {block_size!r} != namespace page size {self.page_size}"
+            )
+        loc = self._location(f, dp_rank)
+        parent_raw = f.get("parent_block_hash")
+        parent = None if parent_raw is None else _engine_hash(parent_raw)
+        if not hashes:
+            return None
+        salt, lora = f.get("cache_salt") or None, f.get("lora_name") or None
+        if self.engine is EngineKind.SGLANG and salt is None and lora is None:
+            if isinstance(parent, bytes) or any(isinstance(h, bytes) for h in hashes):
+                raise MalformedEventError("SGLang block hashes must be int64")
+            plain = [PageKey(h) for h in hashes]  # type: ignore[arg-type]
+            return StorePages(self.namespace, loc, parent, plain)  # type: ignore[arg-type]
+        return self._rekey(f, hashes, parent, loc, salt, lora)
+
+    def _rekey(
+        self,
+        f: dict[str, Any],
+        hashes: list[EngineHash | bytes],
+        parent: EngineHash | bytes | None,
+        loc: Location,
+        salt: str | None,
+        lora: str | None,
+    ) -> StorePages:
+        if self.engine is EngineKind.VLLM and any(k is not None for k in f.get("extra_keys") or ()):
+            raise UnsupportedEventError("vLLM blocks with extra keys (mm/LoRA/salt) not re-keyable")
+        tokens = f.get("token_ids")
+        if not isinstance(tokens, list) or len(tokens) != len(hashes) * self.page_size:
+            raise MalformedEventError(
+                f"token_ids must hold {len(hashes)} x {self.page_size} tokens to re-key"
+            )
+        if tokens and not isinstance(tokens[0], int):
+            raise UnsupportedEventError("token_ids are not plain ints (bigram/EAGLE pages)")
+        extra_key = None
+        if lora is not None:
+            extra_key = self._lora_extra_keys.get(lora)
+            if extra_key is None:
+                raise UnknownLoraError(f"no extra key configured for LoRA {lora!r}")
+        parent_key: PageKey | None = None
+        if parent is None:
+            digests = keys.page_digests(
+                tokens, self.page_size, cache_salt=salt, extra_key=extra_key
+            )
+        else:
+            entry = self._rekeyed.get(parent)
+            if entry is None:
+                raise UnknownParentError(f"parent {parent!r} was never stored by {self.holder}")
+            parent_key = entry.key
+            digests = keys.page_digests(tokens, self.page_size, prior=entry.digest)
+        out: list[PageKey] = []
+        copy = (loc.dp_rank, loc.tier)
+        for h, d in zip(hashes, digests, strict=True):
+            known = self._rekeyed.get(h)
+            if known is None:
+                known = self._rekeyed[h] = _Rekeyed(keys.page_key(d), d)
+            known.copies.add(copy)
+            out.append(known.key)
+        return StorePages(self.namespace, loc, parent_key, out)
+
+    def _removed(self, f: dict[str, Any], dp_rank: int) -> RemovePages | None:
+        hashes = _hash_list(f.get("block_hashes"))
+        loc = self._location(f, dp_rank)
+        copy = (loc.dp_rank, loc.tier)
+        out: list[PageKey] = []
+        for h in hashes:
+            entry = self._rekeyed.get(h)
+            if entry is not None:
+                out.append(entry.key)
+                entry.copies.discard(copy)
+                if not entry.copies:
+                    del self._rekeyed[h]
+            elif self.engine is EngineKind.SGLANG and not isinstance(h, bytes):
+                out.append(PageKey(h))
+            # else: a re-keyed engine's hash we never saw stored; the index never had it either.
+        return RemovePages(self.namespace, loc, out) if out else None
