@@ -118,7 +118,7 @@ class ShardedIndex:
         return heapq.nlargest(top_k, found, key=lambda p: p.hit_rate)
 
     def stats(self) -> dict[str, Any]:
-        per_shard = [_as_dict(s.stats()) for s in self.shards]
+        per_shard = [stats_dict(s.stats()) for s in self.shards]
         total = _sum_numbers(per_shard)
         total["shards"] = len(self.shards)
         total["per_shard"] = per_shard
@@ -151,7 +151,7 @@ class ShardedIndex:
         return index
 
 
-def _as_dict(stats: Any) -> dict[str, Any]:
+def stats_dict(stats: Any) -> dict[str, Any]:
     return stats._asdict() if hasattr(stats, "_asdict") else dict(stats)
 
 

@@ -36,6 +36,14 @@ class Ack(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class NamespaceRequest(_message.Message):
+    __slots__ = ("namespace", "page_size")
+    NAMESPACE_FIELD_NUMBER: _ClassVar[int]
+    PAGE_SIZE_FIELD_NUMBER: _ClassVar[int]
+    namespace: str
+    page_size: int
+    def __init__(self, namespace: _Optional[str] = ..., page_size: _Optional[int] = ...) -> None: ...
+
 class MatchRequest(_message.Message):
     __slots__ = ("namespace", "keys")
     NAMESPACE_FIELD_NUMBER: _ClassVar[int]

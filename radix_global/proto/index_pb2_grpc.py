@@ -79,6 +79,11 @@ class GlobalIndexServiceStub:
                 request_serializer=radix__global_dot_proto_dot_index__pb2.HolderRef.SerializeToString,
                 response_deserializer=radix__global_dot_proto_dot_index__pb2.Ack.FromString,
                 _registered_method=True)
+        self.RegisterNamespace = channel.unary_unary(
+                '/radix_global.index.v1.GlobalIndexService/RegisterNamespace',
+                request_serializer=radix__global_dot_proto_dot_index__pb2.NamespaceRequest.SerializeToString,
+                response_deserializer=radix__global_dot_proto_dot_index__pb2.Ack.FromString,
+                _registered_method=True)
 
 
 class GlobalIndexServiceServicer:
@@ -147,6 +152,13 @@ class GlobalIndexServiceServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def RegisterNamespace(self, request, context):
+        """Create a namespace's tree (Register does this too); ALREADY_EXISTS on a page size conflict.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_GlobalIndexServiceServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -193,6 +205,11 @@ def add_GlobalIndexServiceServicer_to_server(servicer, server):
             'RemoveHolder': grpc.unary_unary_rpc_method_handler(
                     servicer.RemoveHolder,
                     request_deserializer=radix__global_dot_proto_dot_index__pb2.HolderRef.FromString,
+                    response_serializer=radix__global_dot_proto_dot_index__pb2.Ack.SerializeToString,
+            ),
+            'RegisterNamespace': grpc.unary_unary_rpc_method_handler(
+                    servicer.RegisterNamespace,
+                    request_deserializer=radix__global_dot_proto_dot_index__pb2.NamespaceRequest.FromString,
                     response_serializer=radix__global_dot_proto_dot_index__pb2.Ack.SerializeToString,
             ),
     }
@@ -438,6 +455,33 @@ class GlobalIndexService:
             target,
             '/radix_global.index.v1.GlobalIndexService/RemoveHolder',
             radix__global_dot_proto_dot_index__pb2.HolderRef.SerializeToString,
+            radix__global_dot_proto_dot_index__pb2.Ack.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def RegisterNamespace(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/radix_global.index.v1.GlobalIndexService/RegisterNamespace',
+            radix__global_dot_proto_dot_index__pb2.NamespaceRequest.SerializeToString,
             radix__global_dot_proto_dot_index__pb2.Ack.FromString,
             options,
             channel_credentials,

@@ -1,0 +1,331 @@
+"""The standalone index service: ``radix-global index serve`` (gRPC, ``proto/index.proto``).
+
+A thin async wrapper: every RPC is one call on :class:`ServiceState` (index + registry + feed) on
+the server's event loop, so the single-owner index needs no locks. Errors become gRPC status codes
+with a message and an ``rg-reason`` trailer (``wire.REFUSALS``): bad input INVALID_ARGUMENT,
+unknown worker/namespace NOT_FOUND, page-size or id conflicts ALREADY_EXISTS, admin calls without
+the token UNAUTHENTICATED, Snapshot without a path FAILED_PRECONDITION.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import hmac
+import json
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, NoReturn
+
+import grpc
+import msgspec
+
+from radix_global.ops import (
+    IndexRefusal,
+    PageSizeMismatchError,
+    UnknownNamespaceError,
+)
+from radix_global.proto import index_pb2 as pb
+from radix_global.proto import index_pb2_grpc as pb_grpc
+from radix_global.registration import RegistrationError, decode_worker_info
+from radix_global.service_state import EventFeed, Index, ServiceState, new_index, restore_index
+from radix_global.shards import stats_dict
+from radix_global.snapshot import (
+    SnapshotError,
+    SnapshotWritten,
+    encode_snapshot,
+    load_on_start,
+    snapshot_every,
+    write_snapshot,
+)
+from radix_global.types import HolderId, Namespace, PageKey, WorkerId
+from radix_global.wire import (
+    REASON_KEY,
+    IdConflictError,
+    UnknownWorkerError,
+    hot_to_pb,
+    match_to_pb,
+    op_from_pb,
+    reason_of,
+)
+
+log = logging.getLogger(__name__)
+
+MAX_TOP_K = 10_000
+_CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
+    (UnknownWorkerError, grpc.StatusCode.NOT_FOUND),
+    (UnknownNamespaceError, grpc.StatusCode.NOT_FOUND),
+    (PageSizeMismatchError, grpc.StatusCode.ALREADY_EXISTS),
+    (IdConflictError, grpc.StatusCode.ALREADY_EXISTS),
+    (RegistrationError, grpc.StatusCode.INVALID_ARGUMENT),
+    (IndexRefusal, grpc.StatusCode.INVALID_ARGUMENT),
+    (SnapshotError, grpc.StatusCode.FAILED_PRECONDITION),
+]
+
+
+class ServiceConfig(msgspec.Struct, frozen=True):
+    host: str = "127.0.0.1"
+    port: int = 0  # 0: any free port (the bound one is IndexServer.port)
+    snapshot_path: str | None = None
+    snapshot_interval_s: float = 0.0  # 0: snapshot only on Snapshot RPC and at shutdown
+    start_empty_on_bad_snapshot: bool = False
+    admin_token: str | None = None  # None: admin calls only from loopback peers
+    shards: int = 1
+    heartbeat_timeout_s: float = 20.0
+    half_life_s: float | None = None  # hotness half-life; None: the index's default
+
+
+async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str,
+                reason: str) -> NoReturn:
+    await context.abort(code, msg, trailing_metadata=((REASON_KEY, reason),))
+    raise AssertionError("abort returns only by raising")
+
+
+class _Servicer(pb_grpc.GlobalIndexServiceServicer):
+    def __init__(self, server: IndexServer) -> None:
+        self._server = server
+        self._state = server.state
+
+    async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
+                    admin: bool = False) -> Any:
+        if admin:
+            await self._authorize(context)
+        try:
+            return fn()
+        except Exception as exc:
+            for kind, code in _CODES:
+                if isinstance(exc, kind):
+                    await _fail(context, code, str(exc), reason_of(exc))
+            log.exception("index service: unexpected error")
+            await _fail(context, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}", "internal")
+
+    async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
+        token = self._server.config.admin_token
+        if token is None:
+            peer = context.peer()
+            if not peer.startswith(("ipv4:127.", "ipv6:[::1]", "unix:")):
+                await _fail(context, grpc.StatusCode.UNAUTHENTICATED,
+                            f"no admin token configured: admin calls only from loopback ({peer})",
+                            "unauthenticated")
+            return
+        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+        if not hmac.compare_digest(str(sent).encode(), f"Bearer {token}".encode()):
+            await _fail(context, grpc.StatusCode.UNAUTHENTICATED,
+                        "missing or wrong admin token (metadata 'authorization: Bearer <token>')",
+                        "unauthenticated")
+
+    async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
+        def register() -> pb.RegisterReply:
+            info = decode_worker_info(request.worker_info_json)
+            return pb.RegisterReply(worker_id=info.worker_id,
+                                    subscribed=self._state.register(info))
+        return await self._call(context, register, admin=True)
+
+    async def Deregister(self, request: pb.WorkerRef, context: Any) -> pb.Ack:
+        await self._call(context, lambda: self._state.deregister(WorkerId(request.worker_id)),
+                         admin=True)
+        return pb.Ack()
+
+    async def Heartbeat(self, request: pb.WorkerRef, context: Any) -> pb.Ack:
+        await self._call(context, lambda: self._state.heartbeat(WorkerId(request.worker_id)),
+                         admin=True)
+        return pb.Ack()
+
+    async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchReply:
+        keys = [PageKey(k) for k in request.keys]
+        ns = Namespace(request.namespace)
+        return await self._call(
+            context, lambda: match_to_pb(self._state.index.match(ns, keys, self._state.clock()))
+        )
+
+    async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsReply:
+        def stats() -> pb.StatsReply:
+            body = stats_dict(self._state.index.stats())
+            body["service"] = self._state.service_stats() | self._server.snapshot_stats()
+            return pb.StatsReply(stats_json=json.dumps(body).encode())
+        return await self._call(context, stats)
+
+    async def HotPrefixes(self, request: pb.HotPrefixesRequest, context: Any
+                          ) -> pb.HotPrefixesReply:
+        def hot() -> pb.HotPrefixesReply:
+            if not 1 <= request.top_k <= MAX_TOP_K:
+                raise IndexRefusal(f"top_k must be in [1, {MAX_TOP_K}], got {request.top_k}")
+            ns = Namespace(request.namespace)
+            return hot_to_pb(self._state.index.hot_prefixes(ns, request.top_k,
+                                                            self._state.clock()))
+        return await self._call(context, hot)
+
+    async def Snapshot(self, request: pb.SnapshotRequest, context: Any) -> pb.SnapshotReply:
+        await self._authorize(context)
+        try:
+            written = await self._server.snapshot_now()
+        except (SnapshotError, OSError) as exc:
+            await _fail(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc), "snapshot")
+        return pb.SnapshotReply(path=written.path, size_bytes=written.size_bytes,
+                                seconds=written.seconds)
+
+    async def Apply(self, request: pb.ApplyRequest, context: Any) -> pb.ApplyReply:
+        def apply() -> pb.ApplyReply:
+            reply = pb.ApplyReply()
+            for msg in request.ops:
+                try:
+                    self._state.index.apply(op_from_pb(msg))
+                    reply.applied += 1
+                except IndexRefusal as exc:  # an op is an event: counted and dropped
+                    reply.refused[exc.reason] += 1
+            return reply
+        return await self._call(context, apply, admin=True)
+
+    async def RemoveHolder(self, request: pb.HolderRef, context: Any) -> pb.Ack:
+        holder: HolderId = WorkerId(request.holder)
+        await self._call(context, lambda: self._state.index.remove_holder(holder), admin=True)
+        return pb.Ack()
+
+    async def RegisterNamespace(self, request: pb.NamespaceRequest, context: Any) -> pb.Ack:
+        def register() -> None:
+            if "@" not in request.namespace or request.page_size < 1:
+                raise IndexRefusal("need namespace '<model>@<version>' and page_size >= 1")
+            self._state.index.register_namespace(Namespace(request.namespace), request.page_size)
+        await self._call(context, register, admin=True)
+        return pb.Ack()
+
+
+class IndexServer:
+    """One running index service: ``await IndexServer(config).start()``, then ``await stop()``."""
+
+    def __init__(self, config: ServiceConfig, feed_factory: Callable[[Index], EventFeed] | None
+                 = None) -> None:
+        if config.shards < 1:
+            raise ValueError(f"shards must be >= 1, got {config.shards}")
+        self.config = config
+        self._feed_factory = feed_factory
+        self.state = ServiceState(new_index(config.shards, config.half_life_s),
+                                  heartbeat_timeout_s=config.heartbeat_timeout_s)
+        self.port = 0
+        self._server: grpc.aio.Server | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._last_snapshot: SnapshotWritten | None = None
+
+    async def start(self) -> IndexServer:
+        cfg = self.config
+        snap = None
+        if cfg.snapshot_path:
+            snap = load_on_start(cfg.snapshot_path, cfg.start_empty_on_bad_snapshot)
+            if snap is not None:
+                self.state.index = restore_index(snap.index, cfg.shards)
+        if self._feed_factory is not None:
+            self.state.feed = self._feed_factory(self.state.index)
+        if snap is not None:
+            self.state.restore_workers(snap.workers)
+            log.info("restored %s: %s", cfg.snapshot_path, stats_dict(self.state.index.stats()))
+        self._server = grpc.aio.server()
+        pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)
+        self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
+        await self._server.start()
+        self._tasks.append(asyncio.create_task(self._reap_forever()))
+        if cfg.snapshot_path and cfg.snapshot_interval_s > 0:
+            self._tasks.append(asyncio.create_task(snapshot_every(
+                cfg.snapshot_interval_s, cfg.snapshot_path, self.state.take_snapshot)))
+        log.info("index service on %s:%d (%d shard(s))", cfg.host, self.port, cfg.shards)
+        return self
+
+    async def stop(self, grace_s: float = 1.0) -> None:
+        """Stop serving, then write a last snapshot (when a path is configured)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        if self._server is not None:
+            await self._server.stop(grace_s)
+            self._server = None
+        if self.config.snapshot_path:
+            await self.snapshot_now()
+        close = getattr(self.state.feed, "close", None)
+        if close is not None:
+            result = close()
+            if asyncio.iscoroutine(result):
+                await result
+
+    async def snapshot_now(self) -> SnapshotWritten:
+        if not self.config.snapshot_path:
+            raise SnapshotError("no snapshot path configured (--snapshot PATH)")
+        data = encode_snapshot(self.state.take_snapshot())  # on the loop: a consistent state
+        self._last_snapshot = await asyncio.to_thread(write_snapshot, self.config.snapshot_path,
+                                                      data)
+        return self._last_snapshot
+
+    def snapshot_stats(self) -> dict[str, Any]:
+        last = self._last_snapshot
+        return {"snapshot_path": self.config.snapshot_path,
+                "last_snapshot_bytes": last.size_bytes if last else None}
+
+    async def _reap_forever(self) -> None:
+        period = max(0.05, min(1.0, self.config.heartbeat_timeout_s / 4))
+        while True:
+            await asyncio.sleep(period)
+            self.state.reap()
+
+
+def _feed_factory() -> Callable[[Index], EventFeed] | None:
+    """The ZMQ subscriber feeding registered workers' KV events into the index."""
+    try:
+        from radix_global.subscriber import make_feed
+    except ImportError:
+        log.warning("radix_global.subscriber not available: workers' KV events are not followed")
+        return None
+    return make_feed
+
+
+async def _serve_until_signal(config: ServiceConfig) -> None:
+    server = await IndexServer(config, _feed_factory()).start()
+    print(f"radix-global index: serving on {config.host}:{server.port}", flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        await stop.wait()
+    finally:
+        await server.stop()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="radix-global index")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve = sub.add_parser("serve", help="run the standalone global index (gRPC)")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=int, default=50051, help="0: any free port")
+    serve.add_argument("--snapshot", metavar="PATH", help="restore on start, write on stop")
+    serve.add_argument("--snapshot-interval", type=float, default=0.0, metavar="S",
+                       help="also snapshot every S seconds (0: off)")
+    serve.add_argument("--start-empty-on-bad-snapshot", action="store_true",
+                       help="warn and start empty when the snapshot cannot be read")
+    serve.add_argument("--admin-token", default=os.environ.get("RADIX_GLOBAL_ADMIN_TOKEN"),
+                       help="token for admin calls (env RADIX_GLOBAL_ADMIN_TOKEN)")
+    serve.add_argument("--shards", type=int, default=1, help="partition by chain head")
+    serve.add_argument("--heartbeat-timeout", type=float, default=20.0, metavar="S")
+    serve.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=args.log_level.upper(),
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if args.shards < 1:
+        parser.error("--shards must be >= 1")
+    config = ServiceConfig(
+        host=args.host, port=args.port, snapshot_path=args.snapshot,
+        snapshot_interval_s=args.snapshot_interval,
+        start_empty_on_bad_snapshot=args.start_empty_on_bad_snapshot,
+        admin_token=args.admin_token or None, shards=args.shards,
+        heartbeat_timeout_s=args.heartbeat_timeout,
+    )
+    try:
+        asyncio.run(_serve_until_signal(config))
+    except SnapshotError as exc:
+        print(f"radix-global index: cannot start: {exc}", file=sys.stderr)
+        return 2
+    return 0

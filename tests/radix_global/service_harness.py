@@ -1,0 +1,75 @@
+"""Runs a real IndexServer (gRPC on 127.0.0.1, a free port) on its own event loop thread, so
+tests can use the blocking IndexClient against it."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from radix_global.registration import WorkerInfo
+from radix_global.service import IndexServer, ServiceConfig
+from radix_global.service_state import EventFeed, Index
+from radix_global.types import WorkerId
+
+
+class RecordingFeed:
+    """An EventFeed that records what the service asked it to follow."""
+
+    def __init__(self, index: Index) -> None:
+        self.index = index
+        self.subscribed: list[str] = []
+        self.unsubscribed: list[str] = []
+
+    def subscribe(self, info: WorkerInfo) -> None:
+        self.subscribed.append(info.worker_id)
+
+    def unsubscribe(self, worker_id: WorkerId) -> None:
+        self.unsubscribed.append(worker_id)
+
+
+class ServerThread:
+    """``with ServerThread(config) as st: IndexClient(st.target)``; stop() writes the snapshot."""
+
+    def __init__(self, config: ServiceConfig,
+                 feed_factory: Callable[[Index], EventFeed] | None = None) -> None:
+        self.server = IndexServer(config, feed_factory)
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+
+    @property
+    def target(self) -> str:
+        return f"127.0.0.1:{self.server.port}"
+
+    def run(self, fn: Callable[[], Any]) -> Any:
+        """Run ``fn`` on the server's loop (the index is single-owner) and return its result."""
+        async def call() -> Any:
+            return fn()
+        return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=10)
+
+    def start(self) -> ServerThread:
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.start(), self._loop).result(timeout=10)
+        except BaseException:
+            self._close_loop()
+            raise
+        return self
+
+    def stop(self) -> None:
+        try:
+            asyncio.run_coroutine_threadsafe(self.server.stop(0.2), self._loop).result(timeout=10)
+        finally:
+            self._close_loop()
+
+    def _close_loop(self) -> None:
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        self._loop.close()
+
+    def __enter__(self) -> ServerThread:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
