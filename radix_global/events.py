@@ -155,6 +155,10 @@ class EventDecoder:
     def rekeyed_entries(self) -> int:
         return len(self._rekeyed)
 
+    def forget(self) -> None:
+        """Drop the re-keying map (the holder's entries were dropped from the index: resync)."""
+        self._rekeyed.clear()
+
     def refuse(self, exc: IndexRefusal) -> None:
         """Count a refusal and log it (1st and every ``log_every``-th); also for index refusals."""
         self.refused[exc.reason] += 1

@@ -1,0 +1,304 @@
+"""KVEventSubscriber over real ZMQ on loopback, with a scripted publisher and the real index.
+
+The scripted publisher speaks SGLang's wire protocol (XPUB so the test knows when the subscription
+is live; a ROUTER replay socket answering ``(topic, seq, payload)`` ... ``seq -1``) and can drop
+chosen seqs from the live stream to make gaps.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+import zmq
+import zmq.asyncio
+
+from radix_global import keys
+from radix_global.index import GlobalIndex
+from radix_global.registration import WorkerInfo
+from radix_global.subscriber import KVEventSubscriber, offset_endpoint
+from radix_global.types import Namespace, WorkerId
+
+pytestmark = [pytest.mark.timeout(30), pytest.mark.asyncio]
+NS = Namespace("m@1")
+PS = 4
+TOPIC = b"kv-events"
+
+
+class ScriptedPublisher:
+    """Numbered batches on an XPUB socket, a replay ROUTER; ``drop`` seqs never go out live."""
+
+    def __init__(self, ctx: zmq.asyncio.Context, replay: bool = True, answer: bool = True) -> None:
+        self.pub = ctx.socket(zmq.XPUB)
+        self.pub.bind("tcp://127.0.0.1:*")
+        self.endpoint = self.pub.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.router = ctx.socket(zmq.ROUTER) if replay else None
+        self.replay_endpoint = None
+        if self.router is not None:
+            self.router.bind("tcp://127.0.0.1:*")
+            self.replay_endpoint = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.answer = answer
+        self.rank = 0  # attn_dp_rank written into every batch
+        self.buffer: list[tuple[int, bytes]] = []
+        self.requests: list[int] = []
+        self._task = asyncio.create_task(self._serve()) if self.router is not None else None
+
+    async def wait_subscribed(self) -> None:
+        msg = await asyncio.wait_for(self.pub.recv(), 5)
+        assert msg == b"\x01" + TOPIC
+
+    async def send(self, events: list[Any], drop: bool = False, seq: int | None = None) -> int:
+        seq = len(self.buffer) if seq is None else seq
+        payload = msgspec.msgpack.encode([float(seq), events, self.rank])
+        self.buffer.append((seq, payload))
+        if not drop:
+            await self.pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload])
+        return seq
+
+    async def _serve(self) -> None:
+        assert self.router is not None
+        while True:
+            ident, _, start = await self.router.recv_multipart()
+            self.requests.append(int.from_bytes(start, "big"))
+            if not self.answer:
+                continue
+            for s, buf in self.buffer:
+                if s >= int.from_bytes(start, "big"):
+                    await self.router.send_multipart([ident, b"", TOPIC, s.to_bytes(8, "big"), buf])
+            await self.router.send_multipart(
+                [ident, b"", b"", (-1).to_bytes(8, "big", signed=True), b""]
+            )
+
+    def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+        self.pub.close(linger=0)
+        if self.router is not None:
+            self.router.close(linger=0)
+
+
+def stored(tokens: list[int], parent: int | None = None, full: list[int] | None = None) -> dict:
+    """Store ``tokens``; if they continue ``full`` (the whole sequence), hash them in its chain."""
+    hashes = keys.page_keys(full or tokens, PS)[-(len(tokens) // PS) :]
+    return {"type": "BlockStored", "block_hashes": hashes, "parent_block_hash": parent,
+            "token_ids": tokens, "block_size": PS, "lora_id": None, "medium": "GPU"}  # fmt: skip
+
+
+def info(pub: ScriptedPublisher, wid: str = "w0", **kw: Any) -> WorkerInfo:
+    return WorkerInfo(worker_id=wid, url="http://127.0.0.1:1", model="m", namespace=NS,
+                      page_size=PS, kv_events_endpoint=pub.endpoint,
+                      kv_events_replay_endpoint=pub.replay_endpoint, **kw)  # fmt: skip
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+async def until(cond: Callable[[], bool], timeout: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    end = loop.time() + timeout
+    while not cond():
+        assert loop.time() < end, "condition not reached in time"
+        await asyncio.sleep(0.01)
+
+
+def held(index: GlobalIndex, tokens: list[int], wid: str = "w0") -> int:
+    m = index.match(NS, keys.page_keys(tokens, PS), now=0.0)
+    hm = m.matched.get((WorkerId(wid), 0))
+    return 0 if hm is None else hm.gpu
+
+
+@pytest_asyncio.fixture
+async def env() -> AsyncIterator[tuple[zmq.asyncio.Context, GlobalIndex, KVEventSubscriber, Clock]]:
+    ctx = zmq.asyncio.Context()
+    index = GlobalIndex()
+    clock = Clock()
+    sub = KVEventSubscriber(index, clock=clock, timeout_s=20.0, replay_timeout_s=0.5, context=ctx)
+    try:
+        yield ctx, index, sub, clock
+    finally:
+        await sub.close()
+        ctx.destroy(linger=0)
+
+
+A = list(range(100, 116))  # 4 pages
+B = list(range(200, 208))
+
+
+async def test_live_events_reach_the_index(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx, replay=False)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])
+        await until(lambda: held(index, A) == 4)
+        await pub.send(
+            [{"type": "BlockRemoved", "block_hashes": keys.page_keys(A, PS)[2:], "medium": "GPU"}]
+        )
+        await until(lambda: held(index, A) == 2)
+        s = sub.stats()
+        assert (s.batches, s.ops_applied, s.gaps, s.resyncs) == (2, 2, 0, 0)
+    finally:
+        pub.close()
+
+
+async def test_gap_filled_by_replay(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A[:8])])
+        await pub.send(
+            [stored(A[8:], parent=keys.page_keys(A, PS)[1], full=A)], drop=True
+        )  # seq 1 lost
+        await pub.send([stored(B)])
+        await until(lambda: held(index, B) == 2)
+        assert held(index, A) == 4  # seq 1 came from the replay
+        s = sub.stats()
+        assert (s.gaps, s.replays, s.replay_failures, s.resyncs) == (1, 1, 0, 0)
+        assert pub.requests == [1]
+        assert s.refused == {}
+    finally:
+        pub.close()
+
+
+async def test_first_message_after_seq_0_replays_history(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx)
+    try:
+        await pub.send([stored(A)], drop=True)  # published before we subscribed
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(B)])
+        await until(lambda: held(index, B) == 2)
+        assert held(index, A) == 4 and pub.requests == [0]
+    finally:
+        pub.close()
+
+
+@pytest.mark.parametrize("mode", ["no_replay_endpoint", "replay_silent"])
+async def test_unfillable_gap_drops_entries_and_resyncs(env: Any, mode: str) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx, replay=mode != "no_replay_endpoint", answer=False)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])
+        await until(lambda: held(index, A) == 4)
+        await pub.send(
+            [{"type": "BlockRemoved", "block_hashes": keys.page_keys(A, PS), "medium": "GPU"}],
+            drop=True,
+        )
+        await pub.send([stored(B)])
+        await until(lambda: held(index, B) == 2)
+        assert held(index, A) == 0  # stale entries were dropped, not kept
+        s = sub.stats()
+        assert (s.gaps, s.resyncs) == (1, 1)
+        assert s.replay_failures == (1 if mode == "replay_silent" else 0)
+        await pub.send([stored(A)])
+        await until(lambda: held(index, A) == 4)  # resynced: live events apply again
+    finally:
+        pub.close()
+
+
+async def test_heartbeat_timeout_removes_worker(env: Any) -> None:
+    ctx, index, sub, clock = env
+    pub = ScriptedPublisher(ctx, replay=False)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])
+        await until(lambda: held(index, A) == 4)
+        clock.t += 15
+        assert sub.heartbeat(WorkerId("w0"))
+        clock.t += 15
+        assert await sub.check_timeouts() == []
+        clock.t += 21
+        assert await sub.check_timeouts() == [WorkerId("w0")]
+        assert held(index, A) == 0 and sub.workers() == [] and sub.stats().timeouts == 1
+        assert not sub.heartbeat(WorkerId("w0"))
+    finally:
+        pub.close()
+
+
+async def test_bad_frames_and_refusals_counted_feed_survives(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx, replay=False)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.pub.send_multipart([TOPIC, b"\x00"])  # not (topic, seq, payload)
+        await pub.send([stored(A[:4], parent=12345)])  # index: unknown parent
+        await pub.send([dict(stored(A), block_size=8)])  # decoder: page size mismatch
+        await pub.send([stored(A)])
+        await until(lambda: held(index, A) == 4)
+        assert sub.stats().refused == {"malformed": 1, "unknown_parent": 1, "page_size_mismatch": 1}
+    finally:
+        pub.close()
+
+
+async def test_restarted_publisher_resyncs(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pub = ScriptedPublisher(ctx, replay=False)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])
+        await pub.send([stored(B)])
+        await until(lambda: held(index, B) == 2)
+        await pub.send([stored(B)], seq=0)  # engine restarted: its cache is empty but for B
+        await until(lambda: sub.stats().resyncs == 1)
+        assert held(index, A) == 0 and held(index, B) == 2
+    finally:
+        pub.close()
+
+
+def test_offset_endpoint() -> None:
+    assert offset_endpoint("tcp://127.0.0.1:5557", 0) == "tcp://127.0.0.1:5557"
+    assert offset_endpoint("tcp://127.0.0.1:5557", 2) == "tcp://127.0.0.1:5559"
+    assert offset_endpoint("ipc:///tmp/kv", 1) == "ipc:///tmp/kv_dp1"
+
+
+async def test_dp_ranks_get_one_subscription_each(env: Any) -> None:
+    ctx, index, sub, _ = env
+    pubs = [ScriptedPublisher(ctx, replay=False) for _ in range(2)]
+    # Rank r publishes at port + r: move both publishers to two adjacent free ports.
+    for p in pubs:
+        p.pub.close(linger=0)
+    for _ in range(50):
+        socks = [ctx.socket(zmq.XPUB) for _ in range(2)]
+        try:
+            socks[0].bind("tcp://127.0.0.1:*")
+            base = int(socks[0].getsockopt_string(zmq.LAST_ENDPOINT).rsplit(":", 1)[1])
+            socks[1].bind(f"tcp://127.0.0.1:{base + 1}")
+            break
+        except zmq.ZMQError:
+            for sk in socks:
+                sk.close(linger=0)
+    for p, sk in zip(pubs, socks, strict=True):
+        p.pub, p.endpoint = sk, sk.getsockopt_string(zmq.LAST_ENDPOINT)
+    pubs[1].rank = 1
+    try:
+        await sub.add_worker(info(pubs[0], dp_size=2))
+        for p in pubs:
+            await p.wait_subscribed()
+        await pubs[1].send([stored(A)])
+        await pubs[0].send([stored(B)])
+        await until(lambda: held(index, B) == 2)
+        await until(lambda: index.match(NS, keys.page_keys(A, PS), 0.0).best_pages == 4)
+        m = index.match(NS, keys.page_keys(A, PS), 0.0)
+        assert set(m.matched) == {(WorkerId("w0"), 1)}  # the batch's dp rank, not rank 0
+        assert sub.stats().gaps == 0
+    finally:
+        for p in pubs:
+            p.close()
