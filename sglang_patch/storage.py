@@ -1,0 +1,240 @@
+"""SGLang HiCache L3 storage backend over a radix-global :class:`PagePool` (zero-copy v1 API).
+
+SGLang loads it by launch flag (``sglang_patch/launch_server.py`` builds these)::
+
+    --hicache-storage-backend dynamic --hicache-storage-backend-extra-config
+    '{"backend_name":"radix_global_pool","module_path":"sglang_patch.storage",
+      "class_name":"RadixGlobalPoolStorage","interface_v1":1,
+      "hicache_storage_pass_prefix_keys":true, "namespace":"tiny@abc", "pool_id":"shm-host",
+      "pool_capacity_bytes":1073741824, "pool_events_endpoint":"tcp://127.0.0.1:5601"}'
+
+Contract with SGLang (``srt/mem_cache/hicache_storage.py``, ``srt/managers/cache_controller.py``):
+``batch_exists(keys, extra_info) -> int`` leading hits; ``batch_get_v1`` / ``batch_set_v1`` move
+page ``i`` to/from ``host_indices[i * page_size]`` of the registered host pool and return one bool
+per key (SGLang uses the leading run of True). Keys are SGLang's page digests, already seeded by
+``cache_salt`` / extra keys, so tenants never share a page; we prefix the model namespace (and the
+TP shard) so models never share one either.
+
+Reads are copied straight between the pool's shared memory and the host pool's tensors (no
+staging copy for the ``layer_first``, ``page_first``, ``page_first_direct`` and ``page_head``
+layouts; other host pools go through SGLang's flat-page helpers). Every store and removal is
+published to the index (``pool/events.py``) by TP rank 0.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import socket
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
+
+from radix_global.types import PageKey
+from sglang_patch.pool.base import PagePool, PoolError
+from sglang_patch.pool.events import PoolEventPublisher, block_removed, block_stored
+from sglang_patch.pool.shm_pool import DEFAULT_ROOT, ShmPagePool
+
+with contextlib.suppress(ImportError):  # registers the CPU host-pool patches (see hicache_cpu)
+    from sglang_patch import hicache_cpu  # noqa: F401
+
+log = logging.getLogger(__name__)
+DEFAULT_CAPACITY_BYTES = 1 << 30
+
+
+def page_key_of(hex_key: str) -> PageKey:
+    """PageKey = signed int64 of the digest's first 8 bytes (interfaces.md section 3)."""
+    return PageKey(int.from_bytes(bytes.fromhex(hex_key[:16]), "big", signed=True))
+
+
+def _bytes_view(t: torch.Tensor) -> np.ndarray:
+    return t.reshape(-1).view(torch.uint8).numpy()
+
+
+def page_views(host_pool: Any, index: int) -> list[np.ndarray] | None:
+    """Byte views of the page starting at token slot ``index``, in a fixed order; None if this
+    host pool's layout has no contiguous-chunk form (caller falls back to flat pages)."""
+    layout = getattr(host_pool, "layout", None)
+    kv = getattr(host_pool, "kv_buffer", None)
+    ps = host_pool.page_size
+    if not isinstance(kv, torch.Tensor) or kv.device.type != "cpu" or kv.dim() < 3:
+        return None
+    if layout == "layer_first" and kv.dim() == 5:
+        return [_bytes_view(kv[h, layer, index : index + ps])
+                for h in range(kv.shape[0]) for layer in range(kv.shape[1])]
+    if layout == "page_first" and kv.dim() == 5:
+        return [_bytes_view(kv[h, index : index + ps]) for h in range(kv.shape[0])]
+    if layout in ("page_first_direct", "page_head") and kv.dim() == 6:
+        return [_bytes_view(kv[h, index // ps]) for h in range(kv.shape[0])]
+    return None
+
+
+def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
+    """The pool named by the extra config (``pool``: ``shm`` is the only kind so far)."""
+    kind = config.get("pool", "shm")
+    if kind != "shm":
+        raise PoolError(f"unknown pool kind {kind!r} (known: shm)")
+    return ShmPagePool(
+        str(config.get("pool_id") or f"shm-{socket.gethostname()}"),
+        page_bytes,
+        int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)),
+        root=str(config.get("pool_root", DEFAULT_ROOT)),
+    )
+
+
+class RadixGlobalPoolStorage(HiCacheStorage):
+    """HiCache storage backend: SGLang builds it as ``Cls(storage_config, kwargs)``."""
+
+    def __init__(self, storage_config: HiCacheStorageConfig, kwargs: Any = None) -> None:
+        self.config = dict(storage_config.extra_config or {})
+        model = (storage_config.model_name or "model").replace("/", "-")
+        self.namespace = str(self.config.get("namespace") or f"{model}@0")
+        shard = ""
+        if storage_config.tp_size > 1 and not storage_config.is_mla_model:
+            shard = f"/tp{storage_config.tp_rank}of{storage_config.tp_size}"
+        if storage_config.pp_size > 1:
+            shard += f"/pp{storage_config.pp_rank}of{storage_config.pp_size}"
+        self._suffix = shard
+        self.pool: PagePool | None = None
+        self._page_size = 1
+        self._publisher: PoolEventPublisher | None = None
+        endpoint = self.config.get("pool_events_endpoint")
+        if endpoint and storage_config.tp_rank == 0 and storage_config.pp_rank == 0:
+            self._publisher = PoolEventPublisher(str(endpoint),
+                                                 str(self.config.get("pool_events_topic",
+                                                                     "kv-events")))
+
+    # --- set-up ------------------------------------------------------------------------------
+
+    def register_mem_pool_host(self, mem_pool_host: Any) -> None:
+        super().register_mem_pool_host(mem_pool_host)
+        self._page_size = int(mem_pool_host.page_size)
+        views = page_views(mem_pool_host, 0)
+        page_bytes = (sum(v.nbytes for v in views) if views is not None
+                      else int(mem_pool_host.get_dummy_flat_data_page().numel()
+                               * mem_pool_host.dtype.itemsize))
+        self.pool = open_pool(self.config, page_bytes)
+        log.info("radix-global pool %s: %d pages of %d bytes, namespace %s",
+                 self.pool.pool_id, self.pool.capacity_pages, page_bytes, self.namespace)
+
+    def _pool(self) -> PagePool:
+        if self.pool is None:
+            raise PoolError("register_mem_pool_host was not called before storage I/O")
+        return self.pool
+
+    def pool_key(self, key: str) -> str:
+        return f"{self.namespace}/{key}{self._suffix}"
+
+    # --- v1 zero-copy interface ----------------------------------------------------------------
+
+    def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
+        pool = self._pool()
+        for i, key in enumerate(keys):
+            if not pool.exists(self.pool_key(key)):
+                return i
+        return len(keys)
+
+    def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        pool, host = self._pool(), self.mem_pool_host
+        results: list[bool] = []
+        lost: list[PageKey] = []
+        for i, key in enumerate(keys):
+            index = int(host_indices[i * self._page_size])
+            views = page_views(host, index)
+            if views is not None:
+                ok = pool.get_into(self.pool_key(key), views)
+            else:
+                flat = host.get_dummy_flat_data_page()
+                ok = pool.get_into(self.pool_key(key), [_bytes_view(flat)])
+                if ok:
+                    host.set_from_flat_data_page(index, flat)
+            results.append(ok)
+            if not ok:
+                lost.append(page_key_of(key))  # batch_exists saw it: evicted or corrupt now
+        if lost:
+            self._publish([block_removed(lost)])
+        return results
+
+    def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
+                     extra_info: Any = None) -> list[bool]:
+        pool, host = self._pool(), self.mem_pool_host
+        results: list[bool] = []
+        stored: list[PageKey] = []
+        evicted: list[PageKey] = []
+        for i, key in enumerate(keys):
+            index = int(host_indices[i * self._page_size])
+            views = page_views(host, index)
+            chunks: Sequence[Any] = (views if views is not None else
+                                     [_bytes_view(host.get_data_page(index, flat=True)
+                                                  .contiguous())])
+            res = pool.put(self.pool_key(key), chunks, tag=page_key_of(key))
+            results.append(res.stored)
+            if res.new:
+                stored.append(page_key_of(key))
+            evicted.extend(PageKey(e.tag) for e in res.evicted)
+        events = []
+        if evicted:
+            events.append(block_removed(evicted))
+        if stored:
+            events.append(block_stored(stored, self._parent(keys, stored, extra_info),
+                                       self._page_size))
+        self._publish(events)
+        return results
+
+    def _parent(self, keys: list[str], stored: list[PageKey], extra_info: Any) -> PageKey | None:
+        """Parent of the first newly stored page: the page before it in the chain, if known."""
+        first = next(i for i, k in enumerate(keys) if page_key_of(k) == stored[0])
+        if first > 0:
+            return page_key_of(keys[first - 1])
+        prefix = getattr(extra_info, "prefix_keys", None)
+        return page_key_of(prefix[-1]) if prefix else None
+
+    def _publish(self, events: list[dict[str, Any]]) -> None:
+        if self._publisher is not None and events:
+            try:
+                self._publisher.publish(events)
+            except Exception:  # the index resyncs on a gap; never fail the engine's I/O
+                log.exception("radix-global: publishing pool events failed")
+
+    # --- legacy (non-v1) interface, required by the ABC -------------------------------------------
+
+    def exists(self, key: str) -> bool:
+        return self._pool().exists(self.pool_key(key))
+
+    def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
+        if target_location is None:
+            return None
+        ok = self._pool().get_into(self.pool_key(key), [_bytes_view(target_location)])
+        return target_location if ok else None
+
+    def batch_get(self, keys: list[str], target_locations: Any = None,
+                  target_sizes: Any = None) -> list[Any]:
+        targets = target_locations or [None] * len(keys)
+        return [self.get(k, t) for k, t in zip(keys, targets, strict=True)]
+
+    def set(self, key: str, value: Any = None, target_location: Any = None,
+            target_sizes: Any = None) -> bool:
+        if value is None:
+            return False
+        tag = page_key_of(key)
+        return self._pool().put(self.pool_key(key), [_bytes_view(value.contiguous())], tag).stored
+
+    def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
+                  target_sizes: Any = None) -> bool:
+        return all(self.set(k, v) for k, v in zip(keys, values or [], strict=True))
+
+    def get_stats(self) -> Any:
+        return None  # SGLang expects its StorageMetrics type here; see pool_stats()
+
+    def pool_stats(self) -> Any:
+        return None if self.pool is None else self.pool.stats()
+
+    def close(self) -> None:
+        if self._publisher is not None:
+            self._publisher.close()
+        if self.pool is not None:
+            self.pool.close()

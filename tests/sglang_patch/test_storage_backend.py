@@ -1,0 +1,158 @@
+"""The SGLang HiCache storage backend over the shm pool, driven directly (no server).
+
+SGLang can only be imported after the CPU patches, which change ``sys.modules``; so each check
+runs in a fresh spawned interpreter (``_isolated``) and the pytest process stays clean. The host
+pool is SGLang's layout-first buffer shape built as a plain tensor (``_HostPool``), which is all
+the backend touches: ``layout``, ``page_size``, ``kv_buffer``, ``dtype``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import traceback
+import uuid
+
+import pytest
+
+pytestmark = pytest.mark.sglang
+
+PAGE_SIZE, LAYERS, HEADS, DIM, SLOTS = 4, 3, 2, 8, 64
+
+
+def _isolated(fn, *args) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    p = ctx.Process(target=_runner, args=(fn, args, q))
+    p.start()
+    ok, detail = q.get(timeout=240)
+    p.join(timeout=30)
+    assert ok, detail
+
+
+def _runner(fn, args, q) -> None:
+    try:
+        from sglang_patch import cpu_compat, hicache_cpu  # noqa: F401
+
+        cpu_compat.apply("cpu")
+        fn(*args)
+        q.put((True, ""))
+    except BaseException:
+        q.put((False, traceback.format_exc()))
+
+
+class _HostPool:
+    def __init__(self, layout: str = "layer_first", seed: int = 0):
+        import torch
+
+        g = torch.Generator().manual_seed(seed)
+        self.layout, self.page_size, self.dtype = layout, PAGE_SIZE, torch.bfloat16
+        shape = (2, LAYERS, SLOTS, HEADS, DIM) if layout == "layer_first" else (
+            2, SLOTS, LAYERS, HEADS, DIM)
+        self.kv_buffer = torch.randn(shape, generator=g).to(torch.bfloat16)
+
+
+def _backend(pool_id: str, **extra):
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    from sglang_patch.storage import RadixGlobalPoolStorage
+
+    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+                               attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
+                               is_page_first_layout=False, model_name="tiny",
+                               extra_config={"pool_id": pool_id, "namespace": "tiny@1",
+                                             "pool_capacity_bytes": 1 << 20, **extra})
+    return RadixGlobalPoolStorage(cfg, {})
+
+
+def _page(host, index):
+    if host.layout == "layer_first":
+        return host.kv_buffer[:, :, index : index + PAGE_SIZE].clone()
+    return host.kv_buffer[:, index : index + PAGE_SIZE].clone()
+
+
+def _check_roundtrip(pool_id: str, layout: str, endpoint: str) -> None:
+    import torch
+    import zmq
+
+    from radix_global.events import EventDecoder
+    from radix_global.ops import StorePages
+    from radix_global.types import Namespace, PoolId, Tier
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    writer = _backend(pool_id, pool_events_endpoint=endpoint)
+    sub.connect(endpoint)
+    src = _HostPool(layout, seed=1)
+    writer.register_mem_pool_host(src)
+    keys = [f"{i:02x}" * 32 for i in range(1, 4)]
+    host_idx = torch.arange(8, 8 + 3 * PAGE_SIZE)
+    import time
+
+    time.sleep(0.3)  # PUB/SUB join
+    assert writer.batch_set_v1(keys, host_idx) == [True] * 3
+
+    reader = _backend(pool_id)  # another worker: same pool, same namespace
+    dst = _HostPool(layout, seed=2)
+    reader.register_mem_pool_host(dst)
+    assert reader.batch_exists([*keys, "ff" * 32]) == 3
+    assert reader.batch_get_v1(keys, torch.arange(40, 40 + 3 * PAGE_SIZE)) == [True] * 3
+    for i in range(3):
+        assert torch.equal(_page(dst, 40 + i * PAGE_SIZE), _page(src, 8 + i * PAGE_SIZE))
+
+    other = _backend(pool_id, namespace="other-model@1")
+    other.register_mem_pool_host(_HostPool(layout))
+    assert other.batch_exists(keys) == 0  # namespaces never share pages
+
+    assert sub.poll(2000)
+    _topic, seq, payload = sub.recv_multipart()
+    assert int.from_bytes(seq, "big") == 0
+    ops = EventDecoder(PoolId(pool_id), Namespace("tiny@1"), PAGE_SIZE).decode(payload).ops
+    assert len(ops) == 1 and isinstance(ops[0], StorePages)
+    assert ops[0].location.tier == Tier.POOL and ops[0].parent is None
+    from sglang_patch.storage import page_key_of
+
+    assert ops[0].keys == [page_key_of(k) for k in keys]
+
+
+def _check_corrupt_is_miss(pool_id: str) -> None:
+    import torch
+
+    writer = _backend(pool_id)
+    writer.register_mem_pool_host(_HostPool(seed=3))
+    key = "ab" * 32
+    writer.batch_set_v1([key], torch.arange(0, PAGE_SIZE))
+    path, off, _ = writer.pool.locate(writer.pool_key(key))
+    with open(path, "r+b") as fh:
+        fh.seek(off + 5)
+        fh.write(b"\x7f")
+    reader = _backend(pool_id)
+    reader.register_mem_pool_host(_HostPool(seed=4))
+    assert reader.batch_exists([key]) == 1
+    assert reader.batch_get_v1([key], torch.arange(0, PAGE_SIZE)) == [False]
+    assert reader.batch_exists([key]) == 0
+
+
+def _all_checks(prefix: str, port: int) -> None:
+    _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
+    _check_roundtrip(f"{prefix}-pf", "page_first", f"tcp://127.0.0.1:{port + 1}")
+    _check_corrupt_is_miss(f"{prefix}-bad")
+
+
+def test_backend_moves_pages_publishes_events_and_rejects_corruption():
+    """One spawned interpreter (importing SGLang costs ~30 s) runs: pages written by one backend
+    are read bit-exactly by another (layer_first and page_first host layouts), another namespace
+    sees none of them, the index decoder turns the published batch into a POOL StorePages with
+    the right PageKeys, and a corrupted page is a miss that disappears from batch_exists."""
+    import socket
+
+    prefix = f"test-st-{uuid.uuid4().hex[:8]}"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    try:
+        _isolated(_all_checks, prefix, port)
+    finally:
+        from sglang_patch.pool.shm_pool import destroy_pool
+
+        for suffix in ("lf", "pf", "bad"):
+            destroy_pool(f"{prefix}-{suffix}")
