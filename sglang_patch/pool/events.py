@@ -55,7 +55,7 @@ class PoolEventPublisher:
     def __init__(self, endpoint: str, topic: str = "kv-events") -> None:
         import zmq
 
-        self._sock = zmq.Context.instance().socket(zmq.PUB)
+        self._sock: Any = zmq.Context.instance().socket(zmq.PUB)
         self._sock.setsockopt(zmq.LINGER, 0)
         self._sock.bind(endpoint)
         self.endpoint = endpoint
