@@ -248,12 +248,12 @@ class RadixTree:
         return out
 
     def iter_nodes(self) -> Iterator[Node]:
-        """Every node but the root, parents before children."""
-        stack = list(self.root.children.values())
+        """Every node but the root, depth first, parents before children, children in order."""
+        stack = list(reversed(self.root.children.values()))
         while stack:
             node = stack.pop()
             yield node
-            stack.extend(node.children.values())
+            stack.extend(reversed(node.children.values()))
 
     # ---- structure ------------------------------------------------------------------------
     def _split(self, node: Node, at: int) -> Node:

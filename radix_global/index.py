@@ -1,0 +1,238 @@
+"""The global index: one radix tree per namespace, fed typed operations. Pure: no I/O, no threads.
+
+Contract in ``docs/interfaces.md`` section 4. Every refusal is a typed ``IndexRefusal`` that is
+raised to the caller AND counted by reason (and logged at debug level), so a feed that drops
+events shows up in ``stats()``. ``snapshot()``/``restore()`` use plain data only (dicts, lists,
+str, int, float) so a service can serialize it with msgspec.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any, NamedTuple, cast
+
+from radix_global.hotness import DEFAULT_HALF_LIFE_S, Decay
+from radix_global.locset import LocSetInterner
+from radix_global.ops import (
+    ClearHolder,
+    HotPrefix,
+    IndexOp,
+    IndexRefusal,
+    MalformedEventError,
+    MatchResult,
+    PageSizeMismatchError,
+    RemovePages,
+    StorePages,
+    UnknownNamespaceError,
+)
+from radix_global.tree import Node, RadixTree
+from radix_global.types import HolderId, Location, Namespace, PageKey, Tier
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_VERSION = 1
+
+
+class IndexStats(NamedTuple):
+    namespaces: int
+    pages: int  # distinct pages in all trees
+    nodes: int
+    holders: int  # distinct holders with at least one page
+    ops_applied: int
+    pages_stored: int  # pages named by applied StorePages
+    pages_removed: int  # pages named by applied RemovePages
+    unknown_removed: int  # pages named by RemovePages that the location did not hold (ignored)
+    refused: dict[str, int]  # refusal reason -> count
+
+
+class GlobalIndex:
+    """Trees by namespace plus counters. Not thread-safe: one owner task drives it."""
+
+    def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
+        self._decay = Decay(half_life_s)
+        self._sets = LocSetInterner()  # shared by all trees: one holder set, one object
+        self._trees: dict[Namespace, RadixTree] = {}
+        self._page_sizes: dict[Namespace, int] = {}
+        self._ops_applied = 0
+        self._pages_stored = 0
+        self._pages_removed = 0
+        self._unknown_removed = 0
+        self._refused: Counter[str] = Counter()
+
+    # ---- namespaces -----------------------------------------------------------------------
+    def register_namespace(self, namespace: Namespace, page_size: int) -> None:
+        """Create the namespace's tree; the first registration fixes its page size."""
+        if not isinstance(page_size, int) or page_size <= 0:
+            self._refuse(MalformedEventError(f"page size must be a positive int: {page_size!r}"))
+        known = self._page_sizes.get(namespace)
+        if known is None:
+            self._page_sizes[namespace] = page_size
+            self._trees[namespace] = RadixTree(self._decay, self._sets)
+        elif known != page_size:
+            self._refuse(
+                PageSizeMismatchError(
+                    f"namespace {namespace!r} has page size {known}, not {page_size}"
+                )
+            )
+
+    def page_size(self, namespace: Namespace) -> int:
+        """The namespace's page size; ``UnknownNamespaceError`` if it was never registered."""
+        self._tree(namespace)
+        return self._page_sizes[namespace]
+
+    def namespaces(self) -> list[Namespace]:
+        return list(self._trees)
+
+    # ---- operations -----------------------------------------------------------------------
+    def apply(self, op: IndexOp) -> None:
+        """Apply one operation; raises (and counts) an ``IndexRefusal`` when it is refused.
+        A refused operation changes nothing."""
+        try:
+            self._apply(op)
+        except IndexRefusal as exc:
+            self._count(exc)
+            raise
+        self._ops_applied += 1
+
+    def _apply(self, op: IndexOp) -> None:
+        if isinstance(op, StorePages):
+            tree = self._tree(op.namespace)
+            tree.store(_location(op.location), op.parent, op.keys)
+            self._pages_stored += len(op.keys)
+        elif isinstance(op, RemovePages):
+            tree = self._tree(op.namespace)
+            self._unknown_removed += tree.remove(_location(op.location), op.keys)
+            self._pages_removed += len(op.keys)
+        elif isinstance(op, ClearHolder):
+            tier = None if op.tier is None else _tier(op.tier)
+            for tree in self._trees.values():
+                tree.clear_holder(op.holder, tier)
+        else:
+            raise MalformedEventError(f"not an index operation: {type(op).__name__}")
+
+    def remove_holder(self, holder: HolderId) -> None:
+        """A worker or pool left: free all of its entries in every namespace."""
+        for tree in self._trees.values():
+            tree.clear_holder(holder, None)
+
+    # ---- queries --------------------------------------------------------------------------
+    def match(self, namespace: Namespace, keys: Sequence[PageKey], now: float) -> MatchResult:
+        try:
+            return self._tree(namespace).match(keys, now)
+        except IndexRefusal as exc:
+            self._count(exc)
+            raise
+
+    def hot_prefixes(self, namespace: Namespace, top_k: int, now: float) -> list[HotPrefix]:
+        try:
+            return self._tree(namespace).hot_prefixes(top_k, now)
+        except IndexRefusal as exc:
+            self._count(exc)
+            raise
+
+    def stats(self) -> IndexStats:
+        trees = self._trees.values()
+        holders: set[HolderId] = set()
+        for t in trees:
+            holders.update(t.holders())
+        return IndexStats(
+            namespaces=len(self._trees),
+            pages=sum(t.page_count for t in trees),
+            nodes=sum(t.node_count for t in trees),
+            holders=len(holders),
+            ops_applied=self._ops_applied,
+            pages_stored=self._pages_stored,
+            pages_removed=self._pages_removed,
+            unknown_removed=self._unknown_removed,
+            refused=dict(self._refused),
+        )
+
+    # ---- snapshot -------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Plain-data copy of every tree: per namespace its page size and its nodes in
+        parent-first order as ``[parent_index (-1 = root), keys, [[holder, dp, tier]...],
+        hits, stamp]``."""
+        spaces = []
+        for ns, tree in self._trees.items():
+            index_of: dict[int, int] = {id(tree.root): -1}
+            nodes: list[list[Any]] = []
+            for node in tree.iter_nodes():
+                assert node.parent is not None
+                index_of[id(node)] = len(nodes)
+                locs = sorted([loc.holder, loc.dp_rank, int(loc.tier)] for loc in node.locset.locs)
+                nodes.append(
+                    [index_of[id(node.parent)], list(node.keys), locs, node.hits, node.stamp]
+                )
+            spaces.append(
+                {
+                    "namespace": ns,
+                    "page_size": self._page_sizes[ns],
+                    "clock": tree.clock,
+                    "nodes": nodes,
+                }
+            )
+        return {
+            "version": SNAPSHOT_VERSION,
+            "half_life_s": self._decay.half_life_s,
+            "namespaces": spaces,
+        }
+
+    @classmethod
+    def restore(cls, data: dict[str, Any]) -> GlobalIndex:
+        """Rebuild an index from ``snapshot()`` data; raises ``MalformedEventError`` on bad data."""
+        try:
+            if data["version"] != SNAPSHOT_VERSION:
+                raise MalformedEventError(f"snapshot version {data['version']!r} not supported")
+            index = cls(float(data["half_life_s"]))
+            for space in data["namespaces"]:
+                ns = Namespace(str(space["namespace"]))
+                index.register_namespace(ns, int(space["page_size"]))
+                tree = index._trees[ns]
+                tree.clock = float(space["clock"])
+                made: list[Node] = []
+                for parent_i, keys, locs, hits, stamp in space["nodes"]:
+                    parent = tree.root if parent_i == -1 else made[parent_i]
+                    locations = frozenset(
+                        Location(cast(HolderId, str(h)), int(dp), Tier(t)) for h, dp, t in locs
+                    )
+                    made.append(
+                        tree.graft(
+                            parent, [int(k) for k in keys], locations, float(hits), float(stamp)
+                        )
+                    )
+        except IndexRefusal:
+            raise
+        except (KeyError, TypeError, ValueError, IndexError) as exc:
+            raise MalformedEventError(f"bad snapshot: {exc!r}") from exc
+        return index
+
+    # ---- helpers --------------------------------------------------------------------------
+    def _tree(self, namespace: Namespace) -> RadixTree:
+        tree = self._trees.get(namespace)
+        if tree is None:
+            raise UnknownNamespaceError(f"namespace {namespace!r} is not registered")
+        return tree
+
+    def _count(self, exc: IndexRefusal) -> None:
+        self._refused[exc.reason] += 1
+        log.debug("index refused (%s): %s", exc.reason, exc)
+
+    def _refuse(self, exc: IndexRefusal) -> None:
+        self._count(exc)
+        raise exc
+
+
+def _tier(tier: int) -> Tier:
+    try:
+        return Tier(tier)
+    except ValueError as exc:
+        raise MalformedEventError(f"unknown tier {tier!r}") from exc
+
+
+def _location(loc: Location) -> Location:
+    """Normalise the tier to ``Tier`` so equal locations hash alike; refuse unknown tiers."""
+    if type(loc.tier) is Tier:
+        return loc
+    return Location(loc.holder, loc.dp_rank, _tier(loc.tier))
