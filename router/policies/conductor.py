@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radix_global.ops import IndexRefusal, MatchResult
-from radix_global.types import PoolId
+from radix_global.types import HolderId
 from router.admission import TTFT_SLO, SloConfig, check_ttft, reject
 from router.policies.base import (
     CandidateEstimate,
@@ -77,7 +77,8 @@ class ConductorPolicy(RoutingPolicy):
         if not candidates:
             return no_workers(req, self.name)
         match = self._match(req, view, now)
-        estimates = [self.estimate(req, c, match, view, now) for c in candidates]
+        pools = _pool_pages(match)
+        estimates = [self.estimate(req, c, match, view, now, pools) for c in candidates]
         best = self._pick(estimates)
         excess = check_ttft(req, best, self.slo)
         if excess is not None:
@@ -102,9 +103,13 @@ class ConductorPolicy(RoutingPolicy):
         match: MatchResult | None,
         view: ClusterView,
         now: float,
+        pools: dict[HolderId, int] | None = None,
     ) -> CandidateEstimate:
-        """The TTFT breakdown for one slot, choosing between recomputing and fetching."""
-        local_pages, pool_pages = _reachable_pages(worker, match)
+        """The TTFT breakdown for one slot, choosing between recomputing and fetching.
+        ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already."""
+        if pools is None:
+            pools = _pool_pages(match)
+        local_pages, pool_pages = _reachable_pages(worker, match, pools)
         ps = req.page_size
         n = req.input_tokens
         local_tokens = min(n, local_pages * ps)
@@ -156,14 +161,23 @@ class ConductorPolicy(RoutingPolicy):
         return estimates[i]
 
 
-def _reachable_pages(worker: WorkerState, match: MatchResult | None) -> tuple[int, int]:
+def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
+    """Longest run per holder over its dp ranks; looked up for each candidate's pool."""
+    out: dict[HolderId, int] = {}
+    if match is not None:
+        for (holder, _), m in match.matched.items():
+            if m.pool > out.get(holder, 0):
+                out[holder] = m.pool
+    return out
+
+
+def _reachable_pages(
+    worker: WorkerState, match: MatchResult | None, pools: dict[HolderId, int]
+) -> tuple[int, int]:
     """(local pages on this slot's GPU/host, pages in the pool this slot reads)."""
     if match is None:
         return 0, 0
     own = match.matched.get((worker.worker_id, worker.dp_rank))
     local = own.host if own is not None else 0
-    pool = 0
-    if worker.pool_id is not None:
-        pool_id: PoolId = worker.pool_id
-        pool = max((m.pool for (h, _), m in match.matched.items() if h == pool_id), default=0)
+    pool = pools.get(worker.pool_id, 0) if worker.pool_id is not None else 0
     return local, pool

@@ -50,7 +50,7 @@ def test_prefers_the_worker_with_the_cached_prefix() -> None:
     dec = d.route(request(0), workers(4), 0.0)
     assert dec.accepted and dec.worker_id == "w2"
     assert dec.prefix_tokens == 60 * PS and dec.fetch_tokens == 0
-    by_worker = {c.worker_id: c for c in dec.candidates}
+    by_worker = {str(c.worker_id): c for c in dec.candidates}
     assert by_worker["w2"].ttft_s < by_worker["w0"].ttft_s
     assert by_worker["w0"].local_prefix_tokens == 0  # w2's GPU cache is not w0's
 

@@ -71,7 +71,7 @@ def test_least_load_follows_outstanding_and_engine_reported_load() -> None:
     driver = PolicyDriver(get_policy("least_load"), CostModel())
     ws = workers(3)
     first = [driver.route(request(i), ws, 0.0).worker_id for i in range(3)]
-    assert sorted(first) == ["w0", "w1", "w2"]  # spread while equal
+    assert sorted(str(w) for w in first) == ["w0", "w1", "w2"]  # spread while equal
     driver.finished("r1", True, 1.0)  # its worker is now the only lighter one
     assert driver.route(request(9), ws, 1.0).worker_id == first[1]
     # engine-reported load from other routers counts too
