@@ -13,6 +13,7 @@ import argparse
 import asyncio
 import contextlib
 import hmac
+import inspect
 import json
 import logging
 import os
@@ -32,7 +33,7 @@ from radix_global.ops import (
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import RegistrationError, decode_worker_info
-from radix_global.service_state import EventFeed, Index, ServiceState, new_index, restore_index
+from radix_global.service_state import ServiceState, new_index, restore_index
 from radix_global.shards import stats_dict
 from radix_global.snapshot import (
     SnapshotError,
@@ -88,14 +89,18 @@ async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: s
 class _Servicer(pb_grpc.GlobalIndexServiceServicer):
     def __init__(self, server: IndexServer) -> None:
         self._server = server
-        self._state = server.state
+
+    @property
+    def _state(self) -> ServiceState:
+        return self._server.state
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
                     admin: bool = False) -> Any:
         if admin:
             await self._authorize(context)
         try:
-            return fn()
+            result = fn()
+            return (await result) if inspect.isawaitable(result) else result
         except Exception as exc:
             for kind, code in _CODES:
                 if isinstance(exc, kind):
@@ -119,10 +124,10 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
                         "unauthenticated")
 
     async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
-        def register() -> pb.RegisterReply:
+        async def register() -> pb.RegisterReply:
             info = decode_worker_info(request.worker_info_json)
             return pb.RegisterReply(worker_id=info.worker_id,
-                                    subscribed=self._state.register(info))
+                                    subscribed=await self._state.register(info))
         return await self._call(context, register, admin=True)
 
     async def Deregister(self, request: pb.WorkerRef, context: Any) -> pb.Ack:
@@ -197,14 +202,12 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
 class IndexServer:
     """One running index service: ``await IndexServer(config).start()``, then ``await stop()``."""
 
-    def __init__(self, config: ServiceConfig, feed_factory: Callable[[Index], EventFeed] | None
-                 = None) -> None:
+    def __init__(self, config: ServiceConfig) -> None:
         if config.shards < 1:
             raise ValueError(f"shards must be >= 1, got {config.shards}")
         self.config = config
-        self._feed_factory = feed_factory
         self.state = ServiceState(new_index(config.shards, config.half_life_s),
-                                  heartbeat_timeout_s=config.heartbeat_timeout_s)
+                                  config.heartbeat_timeout_s)
         self.port = 0
         self._server: grpc.aio.Server | None = None
         self._tasks: list[asyncio.Task[None]] = []
@@ -215,18 +218,17 @@ class IndexServer:
         snap = None
         if cfg.snapshot_path:
             snap = load_on_start(cfg.snapshot_path, cfg.start_empty_on_bad_snapshot)
-            if snap is not None:
-                self.state.index = restore_index(snap.index, cfg.shards)
-        if self._feed_factory is not None:
-            self.state.feed = self._feed_factory(self.state.index)
         if snap is not None:
-            self.state.restore_workers(snap.workers)
-            log.info("restored %s: %s", cfg.snapshot_path, stats_dict(self.state.index.stats()))
+            index = restore_index(snap.index, cfg.shards)
+            self.state = ServiceState(index, cfg.heartbeat_timeout_s)
+            await self.state.restore_workers(snap.workers)
+            log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
         self._server = grpc.aio.server()
         pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)
         self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         await self._server.start()
-        self._tasks.append(asyncio.create_task(self._reap_forever()))
+        period = max(0.05, min(1.0, cfg.heartbeat_timeout_s / 4))
+        self._tasks.append(asyncio.create_task(self.state.subscriber.watch(period)))
         if cfg.snapshot_path and cfg.snapshot_interval_s > 0:
             self._tasks.append(asyncio.create_task(snapshot_every(
                 cfg.snapshot_interval_s, cfg.snapshot_path, self.state.take_snapshot)))
@@ -246,11 +248,7 @@ class IndexServer:
             self._server = None
         if self.config.snapshot_path:
             await self.snapshot_now()
-        close = getattr(self.state.feed, "close", None)
-        if close is not None:
-            result = close()
-            if asyncio.iscoroutine(result):
-                await result
+        await self.state.subscriber.close()  # after the snapshot: closing drops the entries
 
     async def snapshot_now(self) -> SnapshotWritten:
         if not self.config.snapshot_path:
@@ -265,25 +263,9 @@ class IndexServer:
         return {"snapshot_path": self.config.snapshot_path,
                 "last_snapshot_bytes": last.size_bytes if last else None}
 
-    async def _reap_forever(self) -> None:
-        period = max(0.05, min(1.0, self.config.heartbeat_timeout_s / 4))
-        while True:
-            await asyncio.sleep(period)
-            self.state.reap()
-
-
-def _feed_factory() -> Callable[[Index], EventFeed] | None:
-    """The ZMQ subscriber feeding registered workers' KV events into the index."""
-    try:
-        from radix_global.subscriber import make_feed
-    except ImportError:
-        log.warning("radix_global.subscriber not available: workers' KV events are not followed")
-        return None
-    return make_feed
-
 
 async def _serve_until_signal(config: ServiceConfig) -> None:
-    server = await IndexServer(config, _feed_factory()).start()
+    server = await IndexServer(config).start()
     print(f"radix-global index: serving on {config.host}:{server.port}", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -1,7 +1,8 @@
 """What the index service keeps besides the gRPC plumbing: the index (one ``GlobalIndex`` or a
-``ShardedIndex``), the registered workers and their heartbeats, the event feed, and snapshots.
+``ShardedIndex``), the registered workers, the KV-event subscriber (``subscriber.py``: event
+feeds, heartbeats, timeouts), and snapshots.
 
-No sockets here: ``service.py`` wraps this in a gRPC server. Every method runs on the service's
+No gRPC here: ``service.py`` wraps this in a gRPC server. Every method runs on the service's
 event loop (the index is single-owner), and takes ``now`` from the injected clock.
 Rules: ``docs/interfaces.md`` section 2 (registration, heartbeats) and 7 (shards).
 """
@@ -9,26 +10,21 @@ Rules: ``docs/interfaces.md`` section 2 (registration, heartbeats) and 7 (shards
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any
 
 from radix_global.index import GlobalIndex
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import IndexSnapshot, SnapshotError
+from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
 
 log = logging.getLogger(__name__)
 
 Index = GlobalIndex | ShardedIndex
-
-
-class EventFeed(Protocol):
-    """Feeds a worker's KV events into the index (``subscriber.py``)."""
-
-    def subscribe(self, info: WorkerInfo) -> None: ...
-    def unsubscribe(self, worker_id: WorkerId) -> None: ...
 
 
 def new_index(shards: int, half_life_s: float | None = None) -> Index:
@@ -47,28 +43,22 @@ def restore_index(data: Any, shards: int) -> Index:
 
 
 class ServiceState:
-    """Registry + index + feed. Re-registering a worker id replaces its record."""
+    """Registry + index + event subscriber. Re-registering a worker id replaces its record; an
+    identical record only counts as a heartbeat (its index entries stay)."""
 
-    def __init__(
-        self,
-        index: Index,
-        feed: EventFeed | None = None,
-        clock: Callable[[], float] | None = None,
-        heartbeat_timeout_s: float = 20.0,
-    ) -> None:
-        import time
-
+    def __init__(self, index: Index, heartbeat_timeout_s: float = 20.0,
+                 clock: Callable[[], float] | None = None) -> None:
         self.index = index
-        self.feed = feed
-        self.clock = clock or time.time
-        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.clock = clock or time.time  # hotness clock: wall time, so snapshots stay comparable
         self.workers: dict[WorkerId, WorkerInfo] = {}
-        self.last_seen: dict[WorkerId, float] = {}
-        self.reaped = 0
+        # Liveness (heartbeats and events) and event feeds are the subscriber's.
+        self.subscriber = KVEventSubscriber(
+            index, timeout_s=heartbeat_timeout_s, on_timeout=self._timed_out
+        )
 
     # ---- workers --------------------------------------------------------------------------
-    def register(self, info: WorkerInfo) -> bool:
-        """Add or replace a worker; True when its KV events are now subscribed.
+    async def register(self, info: WorkerInfo) -> bool:
+        """Add or replace a worker; True when its KV events are now followed.
 
         Raises ``IdConflictError`` (pool id vs worker id) or ``PageSizeMismatchError`` before
         changing anything."""
@@ -79,60 +69,38 @@ class ServiceState:
         if info.pool_id is not None and info.pool_id in self.workers:
             raise IdConflictError(f"pool id {info.pool_id!r} is already a worker id")
         self.index.register_namespace(Namespace(info.namespace), info.page_size)
-        old = self.workers.get(wid)
-        if old is not None and old != info:
-            self._unsubscribe(wid)
-            if old.namespace != info.namespace or old.dp_size != info.dp_size:
-                self.index.remove_holder(wid)  # its pages are of another model or rank layout
+        if self.workers.get(wid) == info and self.subscriber.heartbeat(wid):
+            return info.kv_events_endpoint is not None
         self.workers[wid] = info
-        self.last_seen[wid] = self.clock()
-        subscribed = info.kv_events_endpoint is not None and self.feed is not None
-        if subscribed and old != info:
-            assert self.feed is not None
-            self.feed.subscribe(info)
-        return subscribed
+        await self.subscriber.add_worker(info)  # a changed record: old entries are dropped
+        return info.kv_events_endpoint is not None
 
-    def deregister(self, worker_id: WorkerId) -> None:
+    async def deregister(self, worker_id: WorkerId) -> None:
         """Forget a worker and drop its index entries (a pool's entries stay: the pool lives on)."""
-        if worker_id not in self.workers:
+        if self.workers.pop(worker_id, None) is None:
             raise UnknownWorkerError(f"worker {worker_id!r} is not registered")
-        self._unsubscribe(worker_id)
-        del self.workers[worker_id]
-        self.last_seen.pop(worker_id, None)
-        self.index.remove_holder(worker_id)
+        await self.subscriber.remove_worker(worker_id)
 
     def heartbeat(self, worker_id: WorkerId) -> None:
-        if worker_id not in self.workers:
+        if not self.subscriber.heartbeat(worker_id):
             raise UnknownWorkerError(f"worker {worker_id!r} is not registered; register again")
-        self.last_seen[worker_id] = self.clock()
 
-    def reap(self) -> list[WorkerId]:
-        """Deregister workers silent for longer than the heartbeat timeout."""
-        now = self.clock()
-        silent = [w for w, t in self.last_seen.items() if now - t > self.heartbeat_timeout_s]
-        for wid in silent:
-            silent_s = now - self.last_seen[wid]
-            log.warning("worker %s silent for %.1f s: removed", wid, silent_s)
-            self.deregister(wid)
-        self.reaped += len(silent)
-        return silent
-
-    def _unsubscribe(self, worker_id: WorkerId) -> None:
-        if self.feed is not None and self.workers[worker_id].kv_events_endpoint is not None:
-            self.feed.unsubscribe(worker_id)
+    def _timed_out(self, worker_id: WorkerId) -> None:
+        self.workers.pop(worker_id, None)
 
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:
         workers = list(self.workers.values())
         return IndexSnapshot(self.clock(), self.index.snapshot(), workers)
 
-    def restore_workers(self, workers: list[WorkerInfo]) -> None:
-        """Re-register a snapshot's workers (re-subscribing to their events); the heartbeat
-        clock restarts now, so a worker gone while the service was down is reaped after one
-        timeout."""
+    async def restore_workers(self, workers: list[WorkerInfo]) -> None:
+        """Re-register a snapshot's workers, without dropping the restored entries, and follow
+        their events again. Their heartbeat clock restarts now, so a worker gone while the
+        service was down is removed after one timeout. The first live event of a worker shows a
+        seq gap: the subscriber replays it or drops the worker's entries and resyncs."""
         for info in workers:
             try:
-                self.register(info)
+                await self.register(info)
             except Exception as exc:  # one bad record must not stop the restore
                 log.warning("snapshot worker %s not restored: %s", info.worker_id, exc)
 
@@ -140,5 +108,5 @@ class ServiceState:
         return {
             "workers": len(self.workers),
             "subscribed": sum(1 for w in self.workers.values() if w.kv_events_endpoint),
-            "reaped": self.reaped,
+            "events": self.subscriber.stats()._asdict(),
         }

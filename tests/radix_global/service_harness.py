@@ -8,33 +8,14 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from radix_global.registration import WorkerInfo
 from radix_global.service import IndexServer, ServiceConfig
-from radix_global.service_state import EventFeed, Index
-from radix_global.types import WorkerId
-
-
-class RecordingFeed:
-    """An EventFeed that records what the service asked it to follow."""
-
-    def __init__(self, index: Index) -> None:
-        self.index = index
-        self.subscribed: list[str] = []
-        self.unsubscribed: list[str] = []
-
-    def subscribe(self, info: WorkerInfo) -> None:
-        self.subscribed.append(info.worker_id)
-
-    def unsubscribe(self, worker_id: WorkerId) -> None:
-        self.unsubscribed.append(worker_id)
 
 
 class ServerThread:
     """``with ServerThread(config) as st: IndexClient(st.target)``; stop() writes the snapshot."""
 
-    def __init__(self, config: ServiceConfig,
-                 feed_factory: Callable[[Index], EventFeed] | None = None) -> None:
-        self.server = IndexServer(config, feed_factory)
+    def __init__(self, config: ServiceConfig) -> None:
+        self.server = IndexServer(config)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
 

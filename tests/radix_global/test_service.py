@@ -6,8 +6,10 @@ import time
 from pathlib import Path
 
 import grpc
+import msgspec
 import pytest
-from service_harness import RecordingFeed, ServerThread
+import zmq
+from service_harness import ServerThread
 
 from radix_global.client import AsyncIndexClient, IndexClient, NotAuthorizedError
 from radix_global.index import GlobalIndex
@@ -219,27 +221,49 @@ def test_two_shard_service_answers_like_one_index(tmp_path: Path) -> None:
         assert [client.match(NS, k) for k in PROMPTS] == [ref.match(NS, k, 1.0) for k in PROMPTS]
 
 
-def test_register_follows_the_workers_events_and_heartbeats_time_out() -> None:
-    feeds: list[RecordingFeed] = []
+def test_register_follows_the_workers_kv_events() -> None:
+    """Register with an events endpoint: the service subscribes (ZMQ) and indexes what the worker
+    publishes (SGLang's array-form KVEventBatch); deregistering drops it again."""
+    ctx = zmq.Context()
+    pub = ctx.socket(zmq.PUB)
+    try:
+        port = pub.bind_to_random_port("tcp://127.0.0.1")
+        endpoint = f"tcp://127.0.0.1:{port}"
+        keys = PROMPTS[3]
+        tokens = list(range(PAGE * len(keys)))
+        event = ["BlockStored", keys, None, tokens, PAGE, None, "GPU"]
+        with ServerThread(ServiceConfig()) as st, IndexClient(st.target) as client:
+            assert client.register(_worker(0, kv_events_endpoint=endpoint)) is True
+            deadline, seq = time.monotonic() + 10, 0
+            while time.monotonic() < deadline and client.match(NS, keys).best_pages == 0:
+                payload = msgspec.msgpack.encode([time.time(), [event], 0])
+                pub.send_multipart([b"kv-events", seq.to_bytes(8, "big"), payload])
+                seq += 1
+                time.sleep(0.05)  # the SUB joins asynchronously: publish until it hears
+            result = client.match(NS, keys)
+            assert result.matched == {(WorkerId("sgl-0"), 0): (len(keys), len(keys), len(keys))}
+            assert client.stats()["service"]["events"]["ops_applied"] >= 1
+            client.deregister(WorkerId("sgl-0"))
+            assert client.match(NS, keys).best_pages == 0
+    finally:
+        pub.close(linger=0)
+        ctx.term()
 
-    def make_feed(index):
-        feeds.append(RecordingFeed(index))
-        return feeds[-1]
 
+def test_heartbeats_time_out() -> None:
     config = ServiceConfig(heartbeat_timeout_s=0.4)
-    with ServerThread(config, make_feed) as st, IndexClient(st.target) as client:
-        assert client.register(_worker(0, kv_events_endpoint="tcp://127.0.0.1:5557")) is True
-        assert client.register(_worker(1)) is False
+    with ServerThread(config) as st, IndexClient(st.target) as client:
+        client.register(_worker(0))
+        client.register(_worker(1))
         client.apply_many(_ops())
-        assert feeds[0].subscribed == ["sgl-0"]
         deadline = time.monotonic() + 5
         while time.monotonic() < deadline and client.stats()["service"]["workers"] > 1:
             client.heartbeat(WorkerId("sgl-1"))  # only sgl-1 keeps beating
             time.sleep(0.1)
         assert client.stats()["service"]["workers"] == 1
-        assert feeds[0].unsubscribed == ["sgl-0"]
         holders = {h for h, _ in client.match(NS, PROMPTS[0]).matched}
         assert holders == {PoolId("pool-a")}, "a timed-out worker's pages must be gone"
+        assert client.match(NS, PROMPTS[1]).best_pages > 0  # sgl-1's pages stay
         with pytest.raises(UnknownWorkerError):
             client.heartbeat(WorkerId("sgl-0"))
 
