@@ -120,12 +120,14 @@ def build_model(recipe: ModelRecipe, vocab_size: int) -> Any:
         intermediate_size=recipe.intermediate_size, num_hidden_layers=recipe.num_hidden_layers,
         num_attention_heads=recipe.num_attention_heads,
         num_key_value_heads=recipe.num_key_value_heads,
-        max_position_embeddings=recipe.max_position_embeddings, rope_theta=recipe.rope_theta,
+        max_position_embeddings=recipe.max_position_embeddings,
+        rope_parameters={"rope_theta": recipe.rope_theta, "rope_type": "default"},
         tie_word_embeddings=False, bos_token_id=1, eos_token_id=2, pad_token_id=0,
-        torch_dtype="float32",
+        dtype="float32",
     )
     torch.manual_seed(recipe.seed)
-    model = LlamaForCausalLM(config).to(torch.float32)
+    model: Any = LlamaForCausalLM(config)
+    model = model.to(torch.float32)
     gen = torch.Generator().manual_seed(recipe.seed)
     with torch.no_grad():
         for name, param in sorted(model.named_parameters()):
@@ -179,6 +181,7 @@ def cached_model(recipe: ModelRecipe = DEFAULT_RECIPE) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{entry.name}-", dir=entry.parent))
     try:
         _build_into(tmp, recipe)
+        tmp.chmod(0o755)
         try:
             tmp.rename(entry)
         except OSError:  # another process won the race; its entry is equivalent
