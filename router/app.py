@@ -1,0 +1,88 @@
+"""The router's ASGI app (starlette) and its server (uvicorn).
+
+Front end: OpenAI ``/v1/completions``, ``/v1/chat/completions`` (SSE streaming passed through),
+SGLang ``/generate``, ``/v1/models``, ``/health``, ``/metrics``; admin API under ``/admin``
+(``router/admin.py``). The request path is in ``router/forward.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from router.admin import admin_routes
+from router.forward import Forward, error, handle
+from router.prompt import CHAT, COMPLETION, GENERATE
+from router.state import RouterState
+
+log = logging.getLogger("radix_global.router")
+
+
+def build_app(state: RouterState) -> Starlette:
+    async def completions(request: Request) -> Response:
+        return await _guarded(request, COMPLETION, "/v1/completions")
+
+    async def chat(request: Request) -> Response:
+        return await _guarded(request, CHAT, "/v1/chat/completions")
+
+    async def generate(request: Request) -> Response:
+        return await _guarded(request, GENERATE, "/generate")
+
+    async def _guarded(request: Request, kind: str, path: str) -> Response:
+        response: Response | Forward
+        try:
+            response = await handle(state, request, kind, path)
+        except Exception as exc:  # a bug must cost one request, never the router
+            log.exception("request to %s failed", path)
+            response = error(500, f"router error: {exc!r}", "internal_error")
+        status = getattr(response, "status_code", 200)
+        state.metrics.requests.labels(path, str(status)).inc()
+        return response  # type: ignore[return-value]  # Forward is an ASGI response too
+
+    async def models(request: Request) -> Response:
+        data = [{"id": m, "object": "model", "owned_by": "radix-global", "namespace": ns}
+                for m, ns in sorted(state.registry.models().items())]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        healthy = any(e.accepting for e in state.registry.all())
+        return JSONResponse({"status": "ok" if healthy else "no_workers",
+                             "workers": len(state.registry)}, status_code=200 if healthy else 503)
+
+    async def metrics(request: Request) -> Response:
+        from router.admin import diagnostics
+
+        diagnostics(state)  # refreshes the mismatch gauges
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    routes = [
+        Route("/v1/completions", completions, methods=["POST"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/generate", generate, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *admin_routes(state),
+    ]
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+def serve(state: RouterState) -> None:
+    import uvicorn
+
+    uvicorn.run(build_app(state), host=state.config.host, port=state.config.port,
+                log_level=state.config.log_level, access_log=False)

@@ -1,0 +1,248 @@
+"""The forwarding half of a request: an ASGI response that relays a worker's answer.
+
+See ``router/forward.py`` for the request half. Life cycle kept here: ``RoutingCore.routed`` when
+a worker is about to receive the request, ``first_token`` at the first streamed chunk,
+``finished`` exactly once (success, failure, retry elsewhere, or client gone).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import httpx
+from starlette.responses import JSONResponse, Response
+from starlette.types import Receive, Scope, Send
+
+from router.policies.base import Decision, RouteRequest
+from router.prompt import engine_cached_tokens
+from router.proxy import (
+    ClientGone,
+    UpstreamFailed,
+    UpstreamUnavailable,
+    forward_headers,
+    response_headers,
+    sse_error,
+    until_disconnect,
+)
+from router.state import RouterState
+from router.workers import WorkerEntry
+
+log = logging.getLogger("radix_global.router.forward")
+
+
+class Routed(NamedTuple):
+    decision: Decision
+    entry: WorkerEntry
+
+
+def _err(status: int, message: str, kind: str) -> JSONResponse:
+    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
+                        status_code=status)
+
+
+class Forward:
+    """ASGI response forwarding one routed request (with retries on refused connections)."""
+
+    def __init__(self, state: RouterState, req: RouteRequest, payload: dict[str, Any],
+                 salt: str | None, kind: str, path: str, model: str, first: Routed,
+                 headers: dict[str, str], *, stream: bool, t0: float,
+                 route: Callable[[set[str]], Routed | Response]) -> None:
+        self.state, self.req, self.payload, self.salt = state, req, payload, salt
+        self.kind, self.path, self.model, self.routed = kind, path, model, first
+        self.headers, self.stream, self.t0, self.route = headers, stream, t0, route
+        self.open = False  # routed and not yet finished
+        self.ttft: float | None = None
+        self.tail = b""
+
+    # --- life cycle ---------------------------------------------------------------------------
+    def _start(self, routed: Routed) -> None:
+        st = self.state
+        d, wid = routed.decision, routed.entry.info.worker_id
+        self.open = True  # the driver recorded it as routed when it decided
+        m = st.metrics
+        m.routed.labels(wid).inc()
+        m.outstanding.labels(wid).inc()
+        m.prompt_tokens.labels(wid).inc(self.req.input_tokens)
+        m.avoided_prefill_tokens.labels(wid).inc(d.prefix_tokens)
+        if d.fetch_tokens:
+            m.fetch_tokens.labels(wid).inc(d.fetch_tokens)
+            ns_bytes = st.routing.cost.kv_bytes_per_token(self.req.namespace)
+            m.kv_bytes_moved.labels(wid).inc(d.fetch_tokens * ns_bytes)
+            m.transfer_s.observe(d.predicted_transfer_s)
+        if d.predicted_ttft_s is not None:
+            m.predicted_ttft.observe(d.predicted_ttft_s)
+        m.queue_s.observe(d.predicted_queue_s)
+        routed.entry.routed += 1
+        if d.prefix_tokens - d.fetch_tokens > 0:
+            routed.entry.expected_hits += 1
+
+    def _finish(self, ok: bool, answer: Any = None) -> None:
+        if not self.open:
+            return
+        self.open = False
+        st, entry, d = self.state, self.routed.entry, self.routed.decision
+        now = st.clock()
+        st.routing.finished(self.req.request_id, ok, now)
+        wid = entry.info.worker_id
+        st.metrics.outstanding.labels(wid).dec()
+        cached, prompt = engine_cached_tokens(answer)
+        if isinstance(cached, int):
+            entry.cached_tokens += cached
+            entry.prompt_tokens += prompt if isinstance(prompt, int) else self.req.input_tokens
+            st.metrics.engine_cached_tokens.labels(wid).inc(cached)
+            if cached > 0:
+                entry.observed_hits += 1
+                if d.prefix_tokens - d.fetch_tokens > 0:
+                    entry.extra["confirmed_hits"] = entry.extra.get("confirmed_hits", 0) + 1
+        if not ok:
+            entry.failures += 1
+        st.totals["ok" if ok else "failed"] += 1
+        st.recent.append({
+            "request_id": self.req.request_id, "accepted": True, "worker_id": wid,
+            "dp_rank": d.dp_rank, "input_tokens": self.req.input_tokens,
+            "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
+            "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
+            "engine_cached_tokens": cached, "ok": ok})
+
+    # --- ASGI ---------------------------------------------------------------------------------
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await until_disconnect(receive, self._run(scope, receive, send))
+        except ClientGone:
+            self.state.metrics.client_aborts.inc()
+            self.state.totals["client_aborts"] += 1
+            if self.open:
+                await self.state.proxy.abort(self.routed.entry.info.url, self.req.request_id)
+        finally:
+            self._finish(False)
+
+    def _body_for(self, entry: WorkerEntry) -> bytes:
+        payload = dict(self.payload)
+        d = self.routed.decision
+        if entry.info.engine == "sglang":
+            if not isinstance(payload.get("rid"), list):
+                payload["rid"] = self.req.request_id
+            if entry.info.dp_size > 1:
+                payload["routed_dp_rank"] = d.dp_rank
+        if self.salt is not None:
+            payload["cache_salt"] = self.salt
+        return json.dumps(payload).encode()
+
+    async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
+        st = self.state
+        excluded: set[str] = set()
+        attempts = 0
+        while True:
+            entry = self.routed.entry
+            url = f"{entry.info.url}{self.path}"
+            body = self._body_for(entry)
+            headers = forward_headers(self.headers)
+            self._start(self.routed)
+            t = st.clock()
+            try:
+                if self.stream:
+                    upstream = await st.proxy.open_stream(url, body, headers)
+                else:
+                    upstream = await st.proxy.post(url, body, headers)
+                break
+            except UpstreamUnavailable as exc:
+                wid = entry.info.worker_id
+                log.warning("worker %s refused the request: %s", wid, exc)
+                st.metrics.upstream_errors.labels(wid, "unavailable").inc()
+                self._finish(False)
+                st.health.mark_dead(wid)
+                excluded.add(wid)
+                attempts += 1
+                nxt = self.route(excluded) if attempts <= st.config.max_retries else None
+                if not isinstance(nxt, Routed):
+                    resp = nxt if isinstance(nxt, Response) else _err(
+                        503, "no worker took the request", "service_unavailable")
+                    await resp(scope, receive, send)
+                    return
+                st.metrics.retries.inc()
+                self.routed = nxt
+            except UpstreamFailed as exc:
+                st.metrics.upstream_errors.labels(entry.info.worker_id, "failed").inc()
+                self._finish(False)
+                await _err(502, f"worker failed: {exc}", "upstream_error")(scope, receive, send)
+                return
+        st.metrics.stage_s.labels("proxy_connect").observe(st.clock() - t)
+        if self.stream:
+            await self._relay_stream(upstream, send)
+        else:
+            await self._relay_whole(upstream, send)
+
+    def _extra_headers(self) -> list[tuple[bytes, bytes]]:
+        d = self.routed.decision
+        return [(b"x-radix-worker", self.routed.entry.info.worker_id.encode()),
+                (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
+                (b"x-radix-request-id", self.req.request_id.encode())]
+
+    def _observe_first(self) -> None:
+        st = self.state
+        now = st.clock()
+        self.ttft = now - self.t0
+        st.routing.prefill_done(self.req.request_id, now)
+        wid = self.routed.entry.info.worker_id
+        st.metrics.actual_ttft.labels(wid).observe(self.ttft)
+        predicted = self.routed.decision.predicted_ttft_s
+        if predicted is not None:
+            st.metrics.ttft_error.observe(abs(self.ttft - predicted))
+
+    async def _relay_whole(self, upstream: httpx.Response, send: Send) -> None:
+        content = upstream.content
+        self.ttft = self.state.clock() - self.t0
+        headers = [(k.encode(), v.encode()) for k, v in response_headers(upstream.headers).items()]
+        await send({"type": "http.response.start", "status": upstream.status_code,
+                    "headers": [*headers, *self._extra_headers()]})
+        self.state.metrics.proxied_bytes.labels(self.routed.entry.info.worker_id).inc(len(content))
+        await send({"type": "http.response.body", "body": content, "more_body": False})
+        try:
+            answer = json.loads(content) if upstream.status_code == 200 else None
+        except ValueError:
+            answer = None
+        self._finish(upstream.status_code < 500, answer)
+
+    async def _relay_stream(self, upstream: httpx.Response, send: Send) -> None:
+        wid = self.routed.entry.info.worker_id
+        ok = upstream.status_code < 500
+        try:
+            headers = [(k.encode(), v.encode())
+                       for k, v in response_headers(upstream.headers).items()]
+            await send({"type": "http.response.start", "status": upstream.status_code,
+                        "headers": [*headers, *self._extra_headers()]})
+            relayed = 0
+            try:
+                async for chunk in upstream.aiter_raw():
+                    if self.ttft is None:
+                        self._observe_first()
+                    relayed += len(chunk)
+                    self.tail = (self.tail + chunk)[-65536:]
+                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            except httpx.HTTPError as exc:
+                ok = False
+                self.state.metrics.upstream_errors.labels(wid, "mid_stream").inc()
+                log.warning("worker %s failed mid-stream: %r", wid, exc)
+                await send({"type": "http.response.body",
+                            "body": sse_error(f"worker {wid} failed mid-stream: {exc!r}"),
+                            "more_body": True})
+            self.state.metrics.proxied_bytes.labels(wid).inc(relayed)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            await upstream.aclose()
+        self._finish(ok, _last_event(self.tail))
+
+
+def _last_event(tail: bytes) -> Any:
+    """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final)."""
+    for line in reversed(tail.split(b"\n")):
+        line = line.strip()
+        if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
+            try:
+                return json.loads(line[5:])
+            except ValueError:
+                return None
+    return None

@@ -1,0 +1,183 @@
+"""Liveness of workers: discovery and HTTP health checks of command-line workers, heartbeat
+expiry of registered ones. The only async part of the worker registry.
+
+A command-line worker (``--workers URL``) is described by its own ``/server_info`` (SGLang):
+served model name, model folder (tokenizer), page size, KV-event endpoint, dp size, role. It joins
+the registry once it answers, leaves after ``health_failures_to_remove`` failed checks (its index
+entries are dropped) and joins again when it answers again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+
+from radix_global.registration import RegistrationError, WorkerInfo
+from radix_global.types import Role
+from router.config import RouterConfig
+from router.tokenize import model_context_length
+from router.workers import RegistryError, Source, WorkerRegistry
+
+log = logging.getLogger("radix_global.router.health")
+
+
+def cli_worker_id(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 80}"
+
+
+def model_version(model_path: str | None) -> str:
+    """The namespace version of a model folder: a short hash of its config.json (or "0")."""
+    if model_path:
+        try:
+            return hashlib.sha256((Path(model_path) / "config.json").read_bytes()).hexdigest()[:12]
+        except OSError:
+            pass
+    return "0"
+
+
+def _events_endpoint(raw: Any, worker_url: str) -> str | None:
+    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except (ValueError, TypeError):
+        return None
+    endpoint = cfg.get("endpoint")
+    if not isinstance(endpoint, str):
+        return None
+    host = urlsplit(worker_url).hostname or "127.0.0.1"
+    for wildcard in ("*", "0.0.0.0"):
+        endpoint = endpoint.replace(f"//{wildcard}:", f"//{host}:")
+    return endpoint
+
+
+def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig
+                          ) -> tuple[WorkerInfo, str | None, int | None]:
+    """A registration record for a command-line worker from its ``/server_info`` answer."""
+    model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
+    model = config.served_model_name or server.get("served_model_name") or model_path or "default"
+    page_size = config.page_size or int(server.get("page_size") or 1)
+    mode = server.get("disaggregation_mode") or "null"
+    role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(mode, Role.MIXED)
+    version = config.model_version or model_version(model_path)
+    events = _events_endpoint(server.get("kv_events_config"), url)
+    topic = "kv-events"
+    if isinstance(server.get("kv_events_config"), str):
+        with contextlib.suppress(ValueError):
+            topic = json.loads(server["kv_events_config"]).get("topic") or topic
+    info = WorkerInfo(
+        worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
+        namespace=f"{model}@{version}", page_size=page_size, role=role,
+        dp_size=int(server.get("dp_size") or 1), engine="sglang", kv_events_endpoint=events,
+        kv_events_topic=topic,
+    )
+    context = config.context_length or server.get("context_length")
+    if not isinstance(context, int) and model_path:
+        context = model_context_length(model_path)
+    return info, model_path, context if isinstance(context, int) else None
+
+
+class HealthMonitor:
+    """Runs the periodic checks. ``on_change`` is called after any membership change."""
+
+    def __init__(self, registry: WorkerRegistry, config: RouterConfig, client: httpx.AsyncClient,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[], None] | None = None) -> None:
+        self.registry = registry
+        self.config = config
+        self.client = client
+        self.clock = clock
+        self.on_change = on_change
+        self._failures: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+
+    async def discover(self, url: str) -> bool:
+        """Ask a command-line worker who it is and add it; False if it does not answer yet."""
+        timeout = self.config.health_check_timeout_s
+        try:
+            health = await self.client.get(f"{url.rstrip('/')}/health", timeout=timeout)
+            if health.status_code != 200:
+                return False
+            resp = await self.client.get(f"{url.rstrip('/')}/server_info", timeout=timeout)
+            server = resp.json() if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return False
+        if not isinstance(server, dict):
+            server = {}
+        try:
+            info, model_path, context = info_from_server_info(url, server, self.config)
+            self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
+                              context_length=context)
+        except (RegistrationError, RegistryError) as exc:
+            log.error("worker %s refused: %s", url, exc)
+            return False
+        log.info("worker %s joined as %s (%s, page size %d)", url, info.worker_id,
+                 info.namespace, info.page_size)
+        return True
+
+    async def check_once(self) -> None:
+        now = self.clock()
+        changed = bool(self.registry.expire(now, self.config.heartbeat_timeout_s))
+        known = {e.info.url for e in self.registry.all() if e.source is Source.CLI}
+        for url in self.config.workers:
+            url = url.rstrip("/")
+            if url not in known:
+                changed |= await self.discover(url)
+                continue
+            ok = await self._healthy(url)
+            wid = cli_worker_id(url)
+            if ok:
+                self._failures[wid] = 0
+                continue
+            self._failures[wid] = self._failures.get(wid, 0) + 1
+            if self._failures[wid] >= self.config.health_failures_to_remove:
+                log.warning("worker %s failed %d health checks: removed", url, self._failures[wid])
+                self.mark_dead(wid)
+                changed = True
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def mark_dead(self, worker_id: str) -> None:
+        """Remove a worker now (failed checks, or refused connections on the request path)."""
+        if self.registry.find(worker_id) is not None:
+            self.registry.remove(worker_id)
+        self._failures[worker_id] = 0
+
+    async def _healthy(self, url: str) -> bool:
+        try:
+            resp = await self.client.get(f"{url}/health",
+                                         timeout=self.config.health_check_timeout_s)
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:  # a bug in one round must not stop liveness checking
+                log.exception("health check round failed")
+            await asyncio.sleep(self.config.health_check_interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

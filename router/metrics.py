@@ -1,0 +1,69 @@
+"""Prometheus metrics of the router, in a registry of their own (one per app instance).
+
+Per request the router records its decision (accepted/rejected and why), the tokens the chosen
+worker did not have to prefill (local cache + fetched), the KV bytes a fetch moves and its
+predicted transfer time, predicted vs observed TTFT, the time spent in each router stage, and the
+engine-reported cached tokens (per worker: hit rate). ``router_key_mismatch`` flags a worker whose
+engine never reports a hit where the router predicted one (router/engine disagreement).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
+                    10, 30, 60)
+
+
+class RouterMetrics:
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("router_requests", "Requests by endpoint and final HTTP status",
+                                ["endpoint", "status"], registry=r)
+        self.decisions = Counter("router_decisions", "Routing decisions (accepted or reason)",
+                                 ["model", "outcome"], registry=r)
+        self.routed = Counter("router_routed", "Requests forwarded, per worker", ["worker"],
+                              registry=r)
+        self.avoided_prefill_tokens = Counter(
+            "router_avoided_prefill_tokens", "Prompt tokens the chosen worker reuses (predicted)",
+            ["worker"], registry=r)
+        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed", ["worker"],
+                                     registry=r)
+        self.engine_cached_tokens = Counter(
+            "router_engine_cached_tokens", "Cached prompt tokens the engine reported", ["worker"],
+            registry=r)
+        self.fetch_tokens = Counter("router_fetch_tokens", "Tokens planned to fetch from a pool",
+                                    ["worker"], registry=r)
+        self.kv_bytes_moved = Counter("router_kv_bytes_moved", "KV bytes planned to move",
+                                      ["worker"], registry=r)
+        self.proxied_bytes = Counter("router_proxied_bytes", "Response bytes relayed", ["worker"],
+                                     registry=r)
+        self.transfer_s = Histogram("router_predicted_transfer_seconds",
+                                    "Predicted KV transfer time", buckets=_LATENCY_BUCKETS,
+                                    registry=r)
+        self.predicted_ttft = Histogram("router_predicted_ttft_seconds", "Predicted TTFT",
+                                        buckets=_LATENCY_BUCKETS, registry=r)
+        self.actual_ttft = Histogram("router_ttft_seconds", "Observed TTFT (first chunk)",
+                                     ["worker"], buckets=_LATENCY_BUCKETS, registry=r)
+        self.ttft_error = Histogram("router_ttft_prediction_error_seconds",
+                                    "|observed - predicted| TTFT", buckets=_LATENCY_BUCKETS,
+                                    registry=r)
+        self.queue_s = Histogram("router_predicted_queue_seconds", "Predicted queue time",
+                                 buckets=_LATENCY_BUCKETS, registry=r)
+        self.stage_s = Histogram("router_stage_seconds", "Router time per stage",
+                                 ["stage"], buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01,
+                                                     0.03, 0.1, 1), registry=r)
+        self.upstream_errors = Counter("router_upstream_errors", "Upstream failures by kind",
+                                       ["worker", "kind"], registry=r)
+        self.retries = Counter("router_retries", "Requests retried on another worker", registry=r)
+        self.client_aborts = Counter("router_client_aborts", "Client disconnects (engine aborted)",
+                                     registry=r)
+        self.outstanding = Gauge("router_outstanding_requests", "In-flight requests per worker",
+                                 ["worker"], registry=r)
+        self.workers = Gauge("router_workers", "Workers by model", ["model"], registry=r)
+        self.key_mismatch = Gauge("router_key_mismatch",
+                                  "1 if the worker never hits where the router expects a hit",
+                                  ["worker"], registry=r)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

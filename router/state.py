@@ -1,0 +1,97 @@
+"""Everything one router instance holds, built once from a :class:`RouterConfig`.
+
+Handlers get this object; tests build it with their own clock or policy.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from router.cluster_index import EmbeddedIndex, open_index
+from router.config import RouterConfig
+from router.cost import CostModel
+from router.health import HealthMonitor
+from router.metrics import RouterMetrics
+from router.policies import get_policy
+from router.policies.base import RoutingPolicy
+from router.policies.driver import PolicyDriver
+from router.proxy import Proxy
+from router.tenants import Tenants
+from router.tokenize import TokenizerCache
+from router.workers import WorkerEntry, WorkerRegistry
+
+log = logging.getLogger("radix_global.router")
+
+
+def _quiet_load(tok: Any) -> None:
+    try:
+        tok.load()
+    except Exception as exc:  # reported again, per request, when the tokenizer is needed
+        log.warning("tokenizer %s failed to load: %r", tok.path, exc)
+
+
+class RouterState:
+    def __init__(self, config: RouterConfig, *, policy: RoutingPolicy | None = None,
+                 clock: Callable[[], float] = time.monotonic,
+                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self.config = config
+        self.clock = clock
+        self.metrics = RouterMetrics()
+        self.index: EmbeddedIndex = open_index(config.index_url)
+        self.routing = PolicyDriver(policy or get_policy(config.policy, **config.policy_options),
+                                   CostModel(), self.index.view)
+        self.registry = WorkerRegistry(on_added=self._worker_added,
+                                       on_removed=self._worker_removed)
+        self.proxy = Proxy(config, transport=transport)
+        self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
+                                    on_change=self.refresh_gauges)
+        self.tokenizers = TokenizerCache()
+        self.tenants = Tenants.from_file(config.tenants_file)
+        self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
+        self.totals: collections.Counter[str] = collections.Counter()
+        self.started_clock = clock()
+
+    def _worker_added(self, entry: WorkerEntry) -> None:
+        self.index.check(entry)
+        self.index.worker_added(entry)
+        self.prewarm(entry)
+        self.refresh_gauges()
+
+    def prewarm(self, entry: WorkerEntry) -> None:
+        """Load the model's tokenizer in the background (importing transformers takes seconds),
+        so the first request does not pay for it."""
+        path = self.config.model_path or entry.model_path
+        if path:
+            tok = self.tokenizers.get(path)
+            threading.Thread(target=_quiet_load, args=(tok,), daemon=True).start()
+
+    def _worker_removed(self, entry: WorkerEntry) -> None:
+        self.index.worker_removed(entry)
+        self.routing.worker_removed(entry.worker_id)
+        log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
+        self.refresh_gauges()
+
+    def refresh_gauges(self) -> None:
+        counts: collections.Counter[str] = collections.Counter(
+            e.info.model for e in self.registry.all())
+        self.metrics.workers.clear()
+        for model, n in counts.items():
+            self.metrics.workers.labels(model).set(n)
+
+    async def start(self) -> None:
+        await self.index.start()
+        for url in self.config.workers:
+            await self.health.discover(url)
+        self.health.start()
+
+    async def stop(self) -> None:
+        await self.health.stop()
+        await self.index.stop()
+        await self.proxy.close()

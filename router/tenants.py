@@ -1,0 +1,102 @@
+"""API key -> tenant -> cache namespace (SGLang ``cache_salt``).
+
+A tenant's prompts are keyed with its own salt, so two tenants never share (or probe) each other's
+KV cache: the router keys pages with the salt and forwards it to the engine as ``cache_salt``, and
+the engine seeds its page-hash chain with it. A tenant may opt in to the shared namespace
+(``shared = true``): no salt, its common prefixes (system prompts) hit everyone's cache.
+
+File (TOML or YAML)::
+
+    [tenants.acme]
+    api_keys = ["sk-acme-1", "sk-acme-2"]
+    shared = false          # default: isolated
+
+Without a tenants file every request is in the shared namespace. With one, a request whose
+``Authorization: Bearer <key>`` names no tenant is refused (401): a typo must not silently put a
+tenant into the shared namespace.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any, NamedTuple
+
+
+class TenantError(ValueError):
+    """Unknown or missing API key (HTTP 401), or a bad tenants file."""
+
+
+class Tenant(NamedTuple):
+    name: str
+    salt: str | None  # None = shared namespace
+
+
+SHARED = Tenant(name="shared", salt=None)
+
+
+class Tenants:
+    """Immutable API-key table; :meth:`resolve` maps a request's key to its tenant."""
+
+    def __init__(self, by_key: dict[str, Tenant] | None = None) -> None:
+        self._by_key = dict(by_key or {})
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self._by_key)
+
+    def __len__(self) -> int:
+        return len({t.name for t in self._by_key.values()})
+
+    def resolve(self, authorization: str | None) -> Tenant:
+        if not self._by_key:
+            return SHARED
+        if not authorization or not authorization.startswith("Bearer "):
+            raise TenantError("missing API key (Authorization: Bearer <key>)")
+        tenant = self._by_key.get(authorization.removeprefix("Bearer ").strip())
+        if tenant is None:
+            raise TenantError("unknown API key")
+        return tenant
+
+    @classmethod
+    def from_mapping(cls, data: dict[str, Any]) -> Tenants:
+        table = data.get("tenants", data)
+        if not isinstance(table, dict):
+            raise TenantError("tenants must be a table of name -> {api_keys, shared}")
+        by_key: dict[str, Tenant] = {}
+        for name, spec in table.items():
+            if not isinstance(spec, dict) or not isinstance(spec.get("api_keys"), list):
+                raise TenantError(f"tenant {name!r} needs api_keys = [...]")
+            shared = spec.get("shared", False)
+            if not isinstance(shared, bool):
+                raise TenantError(f"tenant {name!r}: shared must be true or false")
+            tenant = Tenant(name=str(name), salt=None if shared else f"tenant:{name}")
+            for key in spec["api_keys"]:
+                if not isinstance(key, str) or not key:
+                    raise TenantError(f"tenant {name!r}: api keys must be non-empty strings")
+                if key in by_key:
+                    raise TenantError(f"API key listed for two tenants ({name!r})")
+                by_key[key] = tenant
+        return cls(by_key)
+
+    @classmethod
+    def from_file(cls, path: str | Path | None) -> Tenants:
+        if path is None:
+            return cls()
+        path = Path(path)
+        text = path.read_text()
+        if path.suffix == ".toml":
+            data = tomllib.loads(text)
+        else:
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        return cls.from_mapping(data)
+
+
+def effective_salt(tenant: Tenant, client_salt: object) -> str | None:
+    """The ``cache_salt`` to key and forward: the tenant's, refined by the client's own salt."""
+    client = client_salt if isinstance(client_salt, str) and client_salt else None
+    if tenant.salt and client:
+        return f"{tenant.salt}/{client}"
+    return tenant.salt or client

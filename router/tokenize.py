@@ -1,0 +1,108 @@
+"""Prompt -> token ids, exactly as the engine will tokenize it.
+
+The router's page keys must be the engine's, so the router loads the served model's own tokenizer
+and chat template (``transformers.AutoTokenizer`` from the model folder) and mirrors SGLang's
+rules: ``/generate`` and ``/v1/completions`` text is ``tokenizer.encode(text)``; chat messages are
+rendered with the chat template (``add_generation_prompt=True``) and the rendered text is encoded
+without adding special tokens again (SGLang's ``serving_chat`` does the same). Tokenizers load
+lazily, once per model folder. Requests that already carry token ids skip tokenization.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from pathlib import Path
+from typing import Any
+
+
+class PromptError(ValueError):
+    """A prompt that cannot be tokenized or holds invalid token ids (HTTP 400)."""
+
+
+class ModelTokenizer:
+    """One model folder's tokenizer, loaded on first use."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._tok: Any = None
+        self._lock = threading.Lock()
+
+    def _load(self) -> Any:
+        if self._tok is None:
+            with self._lock:
+                if self._tok is None:
+                    from transformers import AutoTokenizer
+
+                    self._tok = AutoTokenizer.from_pretrained(self.path)
+        return self._tok
+
+    def load(self) -> None:
+        self._load()
+
+    @property
+    def loaded(self) -> bool:
+        return self._tok is not None
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._load())
+
+    def encode_text(self, text: str) -> list[int]:
+        return list(self._load().encode(text))
+
+    def encode_chat(
+        self, messages: list[Any], tools: Any = None, template_kwargs: dict[str, Any] | None = None
+    ) -> list[int]:
+        tok = self._load()
+        try:
+            rendered = tok.apply_chat_template(
+                messages,
+                tokenize=False,
+                add_generation_prompt=True,
+                tools=tools,
+                return_dict=False,
+                **(template_kwargs or {}),
+            )
+        except Exception as exc:  # jinja errors, bad message shapes
+            raise PromptError(f"cannot apply the chat template: {exc}") from exc
+        return list(tok.encode(rendered, add_special_tokens=False))
+
+
+def model_context_length(path: str) -> int | None:
+    """``max_position_embeddings`` (or similar) from the model folder's config.json, if any."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    for key in ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length"):
+        if isinstance(config.get(key), int):
+            return int(config[key])
+    return None
+
+
+class TokenizerCache:
+    """Model folder -> :class:`ModelTokenizer`; thread-safe, loads nothing until asked."""
+
+    def __init__(self) -> None:
+        self._by_path: dict[str, ModelTokenizer] = {}
+        self._lock = threading.Lock()
+
+    def get(self, path: str) -> ModelTokenizer:
+        with self._lock:
+            tok = self._by_path.get(path)
+            if tok is None:
+                tok = self._by_path[path] = ModelTokenizer(path)
+            return tok
+
+
+def check_token_ids(ids: object, vocab_size: int | None) -> list[int]:
+    """Validate client-supplied token ids: a non-empty list of ints in ``[0, vocab_size)``."""
+    if not isinstance(ids, list) or not ids:
+        raise PromptError("input_ids must be a non-empty list of integers")
+    for t in ids:
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise PromptError(f"invalid token id {t!r}: must be a non-negative integer")
+        if vocab_size is not None and t >= vocab_size:
+            raise PromptError(f"invalid token id {t}: vocabulary size is {vocab_size}")
+    return ids

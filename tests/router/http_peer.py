@@ -1,0 +1,126 @@
+"""A minimal real HTTP peer speaking the SGLang worker protocol, on loopback, for router tests.
+
+Not a fake of our code: it answers the engine's wire protocol (``/health``, ``/server_info``,
+``/generate``, OpenAI endpoints with SSE, ``/abort_request``) so the router's real HTTP stack is
+exercised. Behaviour is steered per test through attributes (``mode``, ``cached_tokens``...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from typing import Any
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class ServerThread:
+    """Run an ASGI app under uvicorn in a thread, on a free loopback port."""
+
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
+                                                    log_level="warning", lifespan="on"))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    def start(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 20
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.01)
+        return self
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+class Upstream:
+    """State and app of one peer worker."""
+
+    def __init__(self, model: str = "tiny", model_path: str | None = None, page_size: int = 4,
+                 context_length: int = 512) -> None:
+        self.model, self.model_path = model, model_path
+        self.page_size, self.context_length = page_size, context_length
+        self.healthy = True
+        self.mode = "ok"  # ok | die_mid_stream | slow
+        self.cached_tokens = 0
+        self.chunks = 3
+        self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.aborted: list[str] = []
+        self.app = Starlette(routes=[
+            Route("/health", self._health), Route("/server_info", self._info),
+            Route("/generate", self._generate, methods=["POST"]),
+            Route("/v1/completions", self._openai, methods=["POST"]),
+            Route("/v1/chat/completions", self._openai, methods=["POST"]),
+            Route("/abort_request", self._abort, methods=["POST"]),
+        ])
+
+    async def _health(self, request: Request) -> Response:
+        return Response(status_code=200 if self.healthy else 503)
+
+    async def _info(self, request: Request) -> Response:
+        return JSONResponse({"served_model_name": self.model, "model_path": self.model_path,
+                             "tokenizer_path": self.model_path, "page_size": self.page_size,
+                             "context_length": self.context_length, "dp_size": 1,
+                             "kv_events_config": None})
+
+    async def _abort(self, request: Request) -> Response:
+        self.aborted.append((await request.json())["rid"])
+        return Response(status_code=200)
+
+    def _meta(self, body: dict[str, Any]) -> dict[str, Any]:
+        return {"cached_tokens": self.cached_tokens, "prompt_tokens": 10, "id": body.get("rid")}
+
+    async def _stream(self, make: Any) -> AsyncIterator[bytes]:
+        for i in range(self.chunks):
+            if self.mode == "slow":
+                await asyncio.sleep(0.2)
+            yield f"data: {json.dumps(make(i))}\n\n".encode()
+            if self.mode == "die_mid_stream":
+                raise RuntimeError("worker died mid-stream")
+        yield b"data: [DONE]\n\n"
+
+    async def _generate(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append(("/generate", body))
+        if body.get("stream"):
+            return StreamingResponse(self._stream(
+                lambda i: {"text": "x" * (i + 1), "meta_info": self._meta(body)}),
+                media_type="text/event-stream")
+        if self.mode == "slow":
+            await asyncio.sleep(5)
+        return JSONResponse({"text": "hello", "meta_info": self._meta(body)})
+
+    async def _openai(self, request: Request) -> Response:
+        body = await request.json()
+        self.requests.append((request.url.path, body))
+        usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
+                 "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+        if body.get("stream"):
+            return StreamingResponse(self._stream(
+                lambda i: {"id": "c", "object": "chat.completion.chunk",
+                           "choices": [{"index": 0, "delta": {"content": "x"}}],
+                           "usage": usage if i == self.chunks - 1 else None}),
+                media_type="text/event-stream")
+        return JSONResponse({"id": "c", "object": "chat.completion", "model": self.model,
+                             "choices": [{"index": 0, "message": {"role": "assistant",
+                                                                  "content": "hi"}}],
+                             "usage": usage})

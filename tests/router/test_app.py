@@ -1,0 +1,139 @@
+"""The router's HTTP front end against real loopback peers speaking the worker protocol."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+
+from radix_global.keys import page_keys
+
+
+def _sse_events(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def test_models_health_and_generate(upstreams, router_factory):
+    peer, server = upstreams(model="tiny")
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        models = c.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        assert c.get("/health").status_code == 200
+        r = c.post("/generate", json={"text": "hello world the system prompt"})
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "hello"
+        assert r.headers["x-radix-worker"] == "127.0.0.1:" + str(server.port)
+        # the engine receives the request with a router-assigned rid (for /abort_request)
+        path, body = peer.requests[-1]
+        assert path == "/generate" and body["rid"] == r.headers["x-radix-request-id"]
+        r = c.post("/generate", json={"input_ids": [5, 6, 7, 8, 9]})
+        assert r.status_code == 200, r.text
+        assert peer.requests[-1][1]["input_ids"] == [5, 6, 7, 8, 9]
+
+
+def test_two_models_each_with_its_own_pool(upstreams, router_factory):
+    _, a = upstreams(model="alpha")
+    peer_b, b = upstreams(model="beta")
+    router = router_factory(workers=(a.url, b.url))
+    router.wait_workers(2)
+    with router.client() as c:
+        assert sorted(m["id"] for m in c.get("/v1/models").json()["data"]) == ["alpha", "beta"]
+        for _ in range(3):
+            r = c.post("/v1/completions", json={"model": "beta", "prompt": "hello"})
+            assert r.status_code == 200
+            assert r.headers["x-radix-worker"].endswith(str(b.port))
+        assert len(peer_b.requests) == 3
+        assert c.post("/generate", json={"text": "hello"}).status_code == 400  # which model?
+
+
+def test_chat_stream_passthrough_and_usage(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.cached_tokens = 4
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        with c.stream("POST", "/v1/chat/completions", json={
+                "model": "tiny", "stream": True,
+                "messages": [{"role": "user", "content": "hello world"}]}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            text = r.read().decode()
+        events = _sse_events(text)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
+        stats = c.get("/admin/stats").json()
+    (worker,) = stats["workers"]
+    assert worker["routed"] == 1 and worker["hit_rate"] == 0.4  # 4 of 10 cached, from usage
+    assert stats["recent"][-1]["ttft_s"] is not None
+
+
+def test_tenant_salt_forwarded_and_keys_salted(upstreams, router_factory, tmp_path):
+    peer, server = upstreams()
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\napi_keys = ["k-acme"]\n'
+                       '[tenants.pub]\napi_keys = ["k-pub"]\nshared = true\n')
+    router = router_factory(workers=(server.url,), tenants_file=str(tenants))
+    router.wait_workers(1)
+    with router.client() as c:
+        body = {"model": "tiny", "prompt": "hello"}
+        assert c.post("/v1/completions", json=body).status_code == 401
+        bad = {"Authorization": "Bearer nope"}
+        assert c.post("/v1/completions", json=body, headers=bad).status_code == 401
+        ok = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k-acme"})
+        assert ok.status_code == 200
+        assert peer.requests[-1][1]["cache_salt"] == "tenant:acme"
+        c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k-pub"})
+        assert "cache_salt" not in peer.requests[-1][1]
+
+
+def test_rejection_is_429_with_retry_after_before_any_compute(upstreams, router_factory):
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor")
+    router.wait_workers(1)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": list(range(1, 40)), "ttft_slo_s": 1e-9})
+        assert r.status_code == 429, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert "ttft" in r.json()["error"]["message"]
+        assert peer.requests == []
+        assert c.post("/generate", json={"input_ids": [1, 2, 3]}).status_code == 200
+
+
+def test_metrics_and_admin_stats(upstreams, router_factory):
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        c.post("/generate", json={"text": "hello world"})
+        text = c.get("/metrics").text
+        assert 'router_decisions_total{model="tiny",outcome="accepted"} 1.0' in text
+        assert "router_stage_seconds_bucket" in text
+        assert c.get("/admin/diagnostics").json()["findings"][0]["problem"] == "no_kv_events"
+
+
+def test_router_keys_equal_engine_page_keys(tokenizer_dir):
+    """The router keys a prompt with the model's own tokenizer, page by page."""
+    from router.prompt import CHAT, prompt_token_ids
+    from router.tokenize import TokenizerCache
+
+    tok = TokenizerCache().get(tokenizer_dir)
+    ids = prompt_token_ids(CHAT, {"messages": [{"role": "user", "content": "w1 w2 w3"}]}, tok,
+                           None)
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = ref.apply_chat_template([{"role": "user", "content": "w1 w2 w3"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert ids == ref.encode(text, add_special_tokens=False)
+    assert page_keys(ids, 2) == page_keys(ref.encode(text, add_special_tokens=False), 2)
+
+
+def test_admin_needs_token_when_configured(upstreams, router_factory):
+    router = router_factory(admin_token="s3cret")
+    with httpx.Client(base_url=router.url) as c:
+        assert c.get("/admin/workers").status_code == 401
+        assert c.get("/admin/workers", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        r = c.get("/admin/workers", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and r.json() == {"workers": []}
