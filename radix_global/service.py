@@ -80,6 +80,12 @@ class ServiceConfig(msgspec.Struct, frozen=True):
     half_life_s: float | None = None  # hotness half-life; None: the index's default
 
 
+def is_loopback_peer(peer: str) -> bool:
+    """A gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) that
+    can only be this machine."""
+    return peer.startswith(("ipv4:127.", "ipv6:[::1]", "ipv6:[::ffff:127.", "unix:"))
+
+
 async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str,
                 reason: str) -> NoReturn:
     await context.abort(code, msg, trailing_metadata=((REASON_KEY, reason),))
@@ -112,7 +118,7 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
         token = self._server.config.admin_token
         if token is None:
             peer = context.peer()
-            if not peer.startswith(("ipv4:127.", "ipv6:[::1]", "unix:")):
+            if not is_loopback_peer(peer):
                 await _fail(context, grpc.StatusCode.UNAUTHENTICATED,
                             f"no admin token configured: admin calls only from loopback ({peer})",
                             "unauthenticated")

@@ -24,7 +24,8 @@ from radix_global.ops import (
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import RegistrationError, WorkerInfo, encode_worker_info
-from radix_global.service import ServiceConfig
+from radix_global.service import ServiceConfig, is_loopback_peer
+from radix_global.shards import ShardedIndex
 from radix_global.snapshot import SnapshotError
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
@@ -168,6 +169,35 @@ def test_admin_calls_need_the_token(served) -> None:
     stub = pb_grpc.GlobalIndexServiceStub(grpc.insecure_channel(st.target))
     code, _ = _code(stub.Deregister, pb.WorkerRef(worker_id="x"), metadata=())
     assert code == grpc.StatusCode.UNAUTHENTICATED
+
+
+def test_without_a_token_admin_calls_only_from_loopback() -> None:
+    assert is_loopback_peer("ipv4:127.0.0.1:50000") and is_loopback_peer("ipv6:[::1]:50000")
+    assert is_loopback_peer("unix:/tmp/sock") and is_loopback_peer("ipv6:[::ffff:127.0.0.1]:1")
+    assert not is_loopback_peer("ipv4:10.0.0.5:50000")
+    assert not is_loopback_peer("ipv6:[2001:db8::1]:50000")
+    assert not is_loopback_peer("ipv4:1.127.0.0:5")
+
+
+def test_sharded_index_over_two_remote_services() -> None:
+    """ShardedIndex over two IndexClients (each a real service): one prompt per service, the
+    same answers as one in-process index."""
+    ref = _reference()
+    with ServerThread(ServiceConfig()) as a, ServerThread(ServiceConfig()) as b:
+        clients = [IndexClient(a.target), IndexClient(b.target)]
+        try:
+            sharded = ShardedIndex(clients)
+            sharded.register_namespace(NS, PAGE)
+            for op in _ops():
+                sharded.apply(op)
+            for keys in PROMPTS:
+                assert sharded.match(NS, keys, 0.0) == ref.match(NS, keys, 0.0)
+            pages = [c.stats()["pages"] for c in clients]
+            assert sum(pages) == ref.stats().pages and min(pages) > 0
+            assert sharded.stats()["pages"] == ref.stats().pages
+        finally:
+            for c in clients:
+                c.close()
 
 
 def test_snapshot_and_restore_across_a_restart(tmp_path: Path) -> None:
