@@ -107,6 +107,7 @@ def admin_routes(state: RouterState) -> list[Route]:
 
     async def heartbeat(request: Request) -> Response:
         state.registry.heartbeat(request.path_params["worker_id"], state.clock())
+        state.index.heartbeat(request.path_params["worker_id"])
         return JSONResponse({"ok": True})
 
     async def listing(request: Request) -> Response:

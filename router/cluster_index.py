@@ -3,7 +3,8 @@
 Embedded (default): a :class:`radix_global.index.GlobalIndex` in the router process, fed by one
 ZMQ KV-event subscription per registered worker (``radix_global.subscriber``). The registry calls
 :meth:`worker_added` / :meth:`worker_removed`; a removed worker's entries are dropped at once.
-``--index URL`` selects the standalone gRPC index service instead (``radix_global.service``).
+``--index HOST:PORT`` selects the standalone gRPC index service instead (``radix_global.service``,
+client ``radix_global.client.IndexClient``).
 """
 
 from __future__ import annotations
@@ -75,6 +76,9 @@ class EmbeddedIndex:
             self._spawn(self._subscriber.remove_worker(WorkerId(entry.info.worker_id)))
         self.index.remove_holder(WorkerId(entry.info.worker_id))
 
+    def heartbeat(self, worker_id: str) -> None:
+        return None  # liveness is tracked by the registry; the subscriber's timeout is unused
+
     def _spawn(self, coro: Any) -> None:
         """Membership callbacks are synchronous; the subscriber's are coroutines: run them in
         order on the loop, keeping a reference so they are not garbage-collected."""
@@ -93,9 +97,64 @@ class EmbeddedIndex:
         return out
 
 
-def open_index(index_url: str | None) -> EmbeddedIndex:
+class RemoteIndex:
+    """The standalone index service (``radix-global index serve``) through its gRPC client.
+
+    The service subscribes to the workers' KV events itself; the router registers and deregisters
+    workers there and forwards their liveness as heartbeats. ``match`` is a blocking call on the
+    event loop (one loopback round trip per request).
+    """
+
+    def __init__(self, target: str, admin_token: str | None = None) -> None:
+        from radix_global.client import IndexClient
+
+        self.target = target.removeprefix("grpc://").removeprefix("http://")
+        self.client = IndexClient(self.target, admin_token=admin_token)
+
+    @property
+    def view(self) -> Any:
+        return self.client
+
+    async def start(self) -> None:
+        return None
+
+    async def stop(self) -> None:
+        self.client.close()
+
+    def check(self, entry: WorkerEntry) -> None:
+        return None  # the service refuses a page-size conflict itself (worker_added raises)
+
+    def worker_added(self, entry: WorkerEntry) -> None:
+        try:
+            self.client.register(entry.info)
+        except IndexRefusal as exc:
+            raise ConflictError(str(exc)) from exc
+
+    def worker_removed(self, entry: WorkerEntry) -> None:
+        try:
+            self.client.deregister(WorkerId(entry.info.worker_id))
+        except Exception as exc:  # unknown there already, or the service is down: logged only
+            log.warning("index service deregister of %s failed: %r", entry.info.worker_id, exc)
+
+    def heartbeat(self, worker_id: str) -> None:
+        try:
+            self.client.heartbeat(WorkerId(worker_id))
+        except Exception as exc:
+            log.warning("index service heartbeat of %s failed: %r", worker_id, exc)
+
+    def stats(self) -> dict[str, Any]:
+        try:
+            return {"mode": "service", "target": self.target, **self.client.stats()}
+        except Exception as exc:
+            return {"mode": "service", "target": self.target, "error": repr(exc)}
+
+
+ClusterIndex = EmbeddedIndex | RemoteIndex
+
+
+def open_index(index_url: str | None, admin_token: str | None = None) -> ClusterIndex:
+    """Embedded index by default; ``index_url`` (host:port of ``radix-global index serve``)
+    selects the standalone service."""
     if index_url is None:
         return EmbeddedIndex()
-    raise NotImplementedError(
-        f"--index {index_url}: the standalone index service client (radix_global.service) is not "
-        "integrated into the router yet; run without --index to embed the index")
+    return RemoteIndex(index_url, admin_token)

@@ -94,12 +94,14 @@ class HealthMonitor:
 
     def __init__(self, registry: WorkerRegistry, config: RouterConfig, client: httpx.AsyncClient,
                  clock: Callable[[], float] = time.monotonic,
-                 on_change: Callable[[], None] | None = None) -> None:
+                 on_change: Callable[[], None] | None = None,
+                 on_alive: Callable[[str], None] | None = None) -> None:
         self.registry = registry
         self.config = config
         self.client = client
         self.clock = clock
         self.on_change = on_change
+        self.on_alive = on_alive  # a passed check (forwarded as a heartbeat to the index)
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -140,6 +142,8 @@ class HealthMonitor:
             wid = cli_worker_id(url)
             if ok:
                 self._failures[wid] = 0
+                if self.on_alive is not None:
+                    self.on_alive(wid)
                 continue
             self._failures[wid] = self._failures.get(wid, 0) + 1
             if self._failures[wid] >= self.config.health_failures_to_remove:

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from router.cluster_index import EmbeddedIndex, open_index
+from router.cluster_index import ClusterIndex, open_index
 from router.config import RouterConfig
 from router.cost import CostModel
 from router.health import HealthMonitor
@@ -44,14 +44,15 @@ class RouterState:
         self.config = config
         self.clock = clock
         self.metrics = RouterMetrics()
-        self.index: EmbeddedIndex = open_index(config.index_url)
+        self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token())
         self.routing = PolicyDriver(policy or get_policy(config.policy, **config.policy_options),
                                    CostModel(), self.index.view)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
         self.proxy = Proxy(config, transport=transport)
         self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
-                                    on_change=self.refresh_gauges)
+                                    on_change=self.refresh_gauges,
+                                    on_alive=self.index.heartbeat)
         self.tokenizers = TokenizerCache()
         self.tenants = Tenants.from_file(config.tenants_file)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)

@@ -54,8 +54,3 @@ def test_bad_config_is_refused(tmp_path, text, match):
 def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         RouterConfig().port = 1  # type: ignore[misc]
-
-
-def test_index_url_without_service_is_a_clear_error(capsys):
-    assert main(["--index", "grpc://127.0.0.1:1"]) == 2
-    assert "standalone index service" in capsys.readouterr().err

@@ -55,7 +55,7 @@ def _register(c: httpx.Client, info: WorkerInfo, token: str = "t") -> httpx.Resp
 
 def test_registration_api(upstreams, router_factory):
     peer, server = upstreams()
-    router = router_factory(admin_token="t")
+    router = router_factory(admin_token="t", heartbeat_timeout_s=600)
     auth = {"Authorization": "Bearer t"}
     info = WorkerInfo(worker_id="sgl-0", url=server.url, model="tiny", namespace="tiny@1",
                       page_size=4)
@@ -87,7 +87,7 @@ def test_registration_api(upstreams, router_factory):
 
 
 def test_removed_worker_index_entries_are_dropped(upstreams, router_factory):
-    router = router_factory(admin_token="t")
+    router = router_factory(admin_token="t", heartbeat_timeout_s=600)
     _, server = upstreams()
     info = WorkerInfo(worker_id="sgl-0", url=server.url, model="tiny", namespace="tiny@1",
                       page_size=4)
@@ -126,3 +126,41 @@ def test_failed_cli_worker_leaves_and_rejoins(upstreams, router_factory):
     router.wait_workers(1, timeout=5)
     time.sleep(0.1)
     assert router.state.registry.all()[0].info.model == "tiny"
+
+
+def test_router_with_standalone_index_service(upstreams, router_factory):
+    """``--index``: workers registered at the router are registered at the index service."""
+    import asyncio
+    import threading
+
+    from radix_global.service import IndexServer, ServiceConfig
+
+    loop = asyncio.new_event_loop()
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    server = asyncio.run_coroutine_threadsafe(
+        IndexServer(ServiceConfig(admin_token="t")).start(), loop).result(30)
+    try:
+        _, peer = upstreams()
+        router = router_factory(admin_token="t", index_url=f"127.0.0.1:{server.port}",
+                                policy="conductor", heartbeat_timeout_s=600)
+        info = WorkerInfo(worker_id="sgl-0", url=peer.url, model="tiny", namespace="tiny@1",
+                          page_size=4)
+        with router.client() as c:
+            assert _register(c, info).status_code == 201
+            stats = c.get("/admin/stats", headers={"Authorization": "Bearer t"}).json()
+            assert stats["index"]["mode"] == "service"
+            assert stats["index"]["service"]["workers"] == 1
+            r = c.post("/generate", json={"input_ids": list(range(1, 20))})
+            assert r.status_code == 200 and r.headers["x-radix-worker"] == "sgl-0"
+            bad = WorkerInfo(worker_id="sgl-1", url=peer.url, model="other", namespace="tiny@1",
+                             page_size=8)
+            assert _register(c, bad).status_code == 409  # the service refuses the page size
+            assert c.delete("/admin/workers/sgl-0", headers={"Authorization": "Bearer t"}
+                            ).status_code == 200
+            stats = c.get("/admin/stats", headers={"Authorization": "Bearer t"}).json()
+            assert stats["index"]["service"]["workers"] == 0
+    finally:
+        asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
