@@ -137,3 +137,17 @@ def test_admin_needs_token_when_configured(upstreams, router_factory):
         assert c.get("/admin/workers", headers={"Authorization": "Bearer wrong"}).status_code == 401
         r = c.get("/admin/workers", headers={"Authorization": "Bearer s3cret"})
         assert r.status_code == 200 and r.json() == {"workers": []}
+
+
+def test_status_command_prints_the_cluster(upstreams, router_factory, capsys):
+    from router.status import main as status_main
+
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        c.post("/generate", json={"input_ids": [1, 2, 3]})
+    assert status_main(["--router", router.url]) == 0
+    out = capsys.readouterr().out
+    assert f"127.0.0.1:{server.port}" in out and "tiny" in out and "no_kv_events" in out
+    assert status_main(["--router", "http://127.0.0.1:9"]) == 1
