@@ -181,8 +181,19 @@ class AsyncIndexClient:
     async def heartbeat(self, worker_id: WorkerId) -> None:
         await self._call("Heartbeat", pb.WorkerRef(worker_id=worker_id), lambda r: None)
 
+    async def register_namespace(self, namespace: Namespace, page_size: int) -> None:
+        req = pb.NamespaceRequest(namespace=namespace, page_size=page_size)
+        await self._call("RegisterNamespace", req, lambda r: None)
+
     async def apply(self, op: IndexOp) -> None:
         await self._call("Apply", _Requests.apply([op]), _apply_reply)
+
+    async def apply_many(self, ops: Iterable[IndexOp]) -> tuple[int, dict[str, int]]:
+        return await self._call("Apply", _Requests.apply(ops),
+                                lambda r: (r.applied, dict(r.refused)))
+
+    async def remove_holder(self, holder: HolderId) -> None:
+        await self._call("RemoveHolder", pb.HolderRef(holder=holder), lambda r: None)
 
     async def match(self, namespace: Namespace, keys: Sequence[PageKey],
                     now: float | None = None) -> MatchResult:

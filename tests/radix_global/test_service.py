@@ -20,6 +20,7 @@ from radix_global.ops import (
     RemovePages,
     StorePages,
     UnknownNamespaceError,
+    UnknownParentError,
 )
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
@@ -306,10 +307,17 @@ async def test_async_client(tmp_path: Path) -> None:
     try:
         async with AsyncIndexClient(f"127.0.0.1:{server.port}", admin_token=TOKEN) as client:
             assert await client.register(_worker(0)) is False
+            await client.register_namespace(Namespace("other@2"), 8)
             for op in _ops()[:4]:
                 await client.apply(op)
+            assert await client.apply_many(_ops()[4:8]) == (4, {})
             result = await client.match(NS, PROMPTS[0])
             assert result.best_pages == len(PROMPTS[0])
+            await client.remove_holder(WorkerId("sgl-0"))
+            assert (await client.match(NS, PROMPTS[0])).best_pages == 0
+            with pytest.raises(UnknownParentError):
+                await client.apply(StorePages(NS, Location(WorkerId("sgl-0"), 0, Tier.GPU),
+                                              PageKey(5), [PageKey(6)]))
             assert (await client.stats())["service"]["workers"] == 1
             with pytest.raises(UnknownNamespaceError):
                 await client.hot_prefixes(Namespace("x@1"), 1)
