@@ -225,10 +225,16 @@ class IndexServer:
         if cfg.snapshot_path:
             snap = load_on_start(cfg.snapshot_path, cfg.start_empty_on_bad_snapshot)
         if snap is not None:
-            index = restore_index(snap.index, cfg.shards)
-            self.state = ServiceState(index, cfg.heartbeat_timeout_s)
-            await self.state.restore_workers(snap.workers)
-            log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
+            try:
+                index = restore_index(snap.index, cfg.shards)
+            except SnapshotError as exc:
+                if not cfg.start_empty_on_bad_snapshot:
+                    raise
+                log.warning("ignoring snapshot (starting empty as asked): %s", exc)
+            else:
+                self.state = ServiceState(index, cfg.heartbeat_timeout_s)
+                await self.state.restore_workers(snap.workers)
+                log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
         self._server = grpc.aio.server()
         pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)
         self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.index import GlobalIndex
+from radix_global.ops import IndexRefusal
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import IndexSnapshot, SnapshotError
@@ -34,12 +35,16 @@ def new_index(shards: int, half_life_s: float | None = None) -> Index:
 
 def restore_index(data: Any, shards: int) -> Index:
     """The index of a snapshot; refuses one taken with another shard count (re-sharding would
-    need every chain re-routed, which the routing map of a snapshot cannot tell reliably)."""
-    sharded = isinstance(data, dict) and data.get("sharded") is True
-    had = len(data["shards"]) if sharded else 1
-    if had != shards:
-        raise SnapshotError(f"snapshot was taken with {had} shard(s), service runs {shards}")
-    return ShardedIndex.restore(data) if sharded else GlobalIndex.restore(data)
+    need every chain re-routed, which the routing map of a snapshot cannot tell reliably).
+    Every failure is a :class:`SnapshotError`."""
+    try:
+        sharded = isinstance(data, dict) and data.get("sharded") is True
+        had = len(data["shards"]) if sharded else 1
+        if had != shards:
+            raise SnapshotError(f"snapshot was taken with {had} shard(s), service runs {shards}")
+        return ShardedIndex.restore(data) if sharded else GlobalIndex.restore(data)
+    except (IndexRefusal, KeyError, TypeError, ValueError, IndexError) as exc:
+        raise SnapshotError(f"snapshot index state cannot be restored: {exc}") from exc
 
 
 class ServiceState:

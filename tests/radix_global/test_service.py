@@ -27,7 +27,7 @@ from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import RegistrationError, WorkerInfo, encode_worker_info
 from radix_global.service import ServiceConfig, is_loopback_peer
 from radix_global.shards import ShardedIndex
-from radix_global.snapshot import SnapshotError
+from radix_global.snapshot import IndexSnapshot, SnapshotError, encode_snapshot, write_snapshot
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
 
@@ -236,6 +236,12 @@ def test_periodic_snapshot_and_bad_snapshot_on_start(tmp_path: Path) -> None:
     with pytest.raises(SnapshotError, match="truncated"):
         ServerThread(ServiceConfig(snapshot_path=str(path))).start()
     lenient = ServiceConfig(snapshot_path=str(path), start_empty_on_bad_snapshot=True)
+    with ServerThread(lenient) as st, IndexClient(st.target) as client:
+        assert client.stats()["pages"] == 0
+    # A well-formed file whose index state is not an index: refused too, or skipped if asked.
+    write_snapshot(path, encode_snapshot(IndexSnapshot(0.0, {"version": 1}, [])))
+    with pytest.raises(SnapshotError, match="cannot be restored"):
+        ServerThread(ServiceConfig(snapshot_path=str(path))).start()
     with ServerThread(lenient) as st, IndexClient(st.target) as client:
         assert client.stats()["pages"] == 0
 
