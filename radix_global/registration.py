@@ -30,6 +30,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     kv_events_replay_endpoint: str | None = None  # ZMQ ROUTER replay endpoint
     kv_events_topic: str = "kv-events"
     pool_id: str | None = None  # the L3 pool this worker reads and writes, if any
+    pool_events_endpoint: str | None = None  # ZMQ PUB of this worker's L3 stores/removals
     bootstrap_port: int | None = None  # SGLang PD bootstrap port (prefill workers)
 
     def __post_init__(self) -> None:

@@ -1,0 +1,206 @@
+"""Pure part of ``radix-global sglang``: our flags + the user's SGLang flags -> SGLang's argv.
+
+Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
+
+``--radix-global URL``       router/index to join (omit: standalone worker with the pool only)
+``--worker-id ID``           default ``sgl-<host>-<port>``
+``--admin-token TOKEN``      default env ``RADIX_GLOBAL_ADMIN_TOKEN``
+``--role mixed|prefill|decode``  optional; must agree with ``--disaggregation-mode``
+``--namespace NS``           default ``<served model>@<config.json hash>``
+``--pool-id ID``             default ``shm-<hostname>``; ``--pool-capacity-gb``, ``--pool-root``
+``--heartbeat-interval S``   default 5
+
+What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
+--hicache-write-policy write_through --hicache-storage-backend dynamic
+--hicache-storage-backend-extra-config {...}``), KV events (``--kv-events-config`` with a loopback
+ZMQ publisher and replay socket), and on ``--device cpu`` the HiCache settings that work there
+(``--hicache-io-backend direct --hicache-mem-layout layer_first``). A user flag that contradicts
+one of these is a :class:`LaunchError` naming it; a compatible one is kept.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from radix_global.types import Role
+
+BACKEND = {"backend_name": "radix_global_pool", "module_path": "sglang_patch.storage",
+           "class_name": "RadixGlobalPoolStorage", "interface_v1": 1,
+           "hicache_storage_pass_prefix_keys": True}
+ROLE_OF_MODE = {None: Role.MIXED, "null": Role.MIXED, "prefill": Role.PREFILL,
+                "decode": Role.DECODE}
+
+
+class LaunchError(ValueError):
+    """An impossible or contradictory combination of flags, explained."""
+
+
+@dataclass(frozen=True)
+class OurFlags:
+    radix_global: str | None
+    worker_id: str | None
+    admin_token: str | None
+    role: Role | None
+    namespace: str | None
+    pool_id: str
+    pool_capacity_gb: float
+    pool_root: str | None
+    heartbeat_interval: float
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    """What to run and what to register."""
+
+    sglang_argv: list[str]  # arguments for ``python -m sglang.launch_server``
+    flags: OurFlags
+    device: str
+    host: str
+    port: int
+    role: Role
+    model_path: str
+    kv_events_endpoint: str | None
+    kv_events_replay_endpoint: str | None
+    pool_events_endpoint: str | None
+    backend_config: dict[str, object] = field(default_factory=dict)
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radix-global sglang", add_help=False,
+                                description="SGLang server that joins radix-global")
+    p.add_argument("--radix-global", default=None, metavar="URL")
+    p.add_argument("--worker-id", default=None)
+    p.add_argument("--admin-token", default=None)
+    p.add_argument("--role", choices=[r.value for r in Role], default=None)
+    p.add_argument("--namespace", default=None)
+    p.add_argument("--pool-id", default=f"shm-{socket.gethostname()}")
+    p.add_argument("--pool-capacity-gb", type=float, default=1.0)
+    p.add_argument("--pool-root", default=None)
+    p.add_argument("--heartbeat-interval", type=float, default=5.0)
+    return p
+
+
+def flag_value(argv: Sequence[str], name: str) -> str | None:
+    """Value of ``--name V`` / ``--name=V`` in an SGLang command line (last one wins)."""
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == name and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(name + "="):
+            value = arg.split("=", 1)[1]
+    return value
+
+
+def has_flag(argv: Sequence[str], name: str) -> bool:
+    return any(a == name or a.startswith(name + "=") for a in argv)
+
+
+def _without(argv: list[str], name: str) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
+               default_namespace: str | None = None) -> LaunchPlan:
+    """Split ``argv`` into ours and SGLang's, check them, and add the flags that join the cluster.
+    ``ports`` (kv events, replay, pool events) default to free loopback ports; the namespace is
+    ``--namespace`` or else ``default_namespace`` (the caller hashes the model folder)."""
+    ours_ns, rest = parser().parse_known_args(list(argv))
+    ours = OurFlags(ours_ns.radix_global, ours_ns.worker_id, ours_ns.admin_token,
+                    Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
+                    ours_ns.pool_id, ours_ns.pool_capacity_gb, ours_ns.pool_root,
+                    ours_ns.heartbeat_interval)
+    model_path = flag_value(rest, "--model-path") or flag_value(rest, "--model")
+    if not model_path:
+        raise LaunchError("--model-path is required")
+    mode = flag_value(rest, "--disaggregation-mode")
+    if mode not in ROLE_OF_MODE:
+        raise LaunchError(f"unknown --disaggregation-mode {mode!r}")
+    role = ROLE_OF_MODE[mode]
+    if ours.role is not None and ours.role != role:
+        raise LaunchError(f"--role {ours.role.value} contradicts --disaggregation-mode "
+                          f"{mode or 'null'} (role {role.value}); drop one")
+    _refuse_conflicts(rest)
+    device = flag_value(rest, "--device") or "cuda"
+    kv_port, replay_port, pool_port = ports or (free_port(), free_port(), free_port())
+    kv_ep = replay_ep = None
+    args = list(rest)
+    if ours.radix_global:
+        kv_ep = f"tcp://127.0.0.1:{kv_port}"
+        replay_ep = f"tcp://127.0.0.1:{replay_port}"
+        args += ["--kv-events-config", json.dumps({
+            "publisher": "zmq", "endpoint": kv_ep, "bind": True, "topic": "kv-events",
+            "replay_endpoint": replay_ep})]
+    pool_ep = f"tcp://127.0.0.1:{pool_port}" if ours.radix_global else None
+    backend: dict[str, object] = dict(BACKEND)
+    user_extra = flag_value(rest, "--hicache-storage-backend-extra-config")
+    if user_extra:
+        try:
+            backend = {**json.loads(user_extra), **BACKEND}
+        except json.JSONDecodeError as exc:
+            raise LaunchError(f"--hicache-storage-backend-extra-config is not JSON: {exc}") from exc
+        args = _without(args, "--hicache-storage-backend-extra-config")
+    backend.update({"pool_id": ours.pool_id,
+                    "pool_capacity_bytes": int(ours.pool_capacity_gb * (1 << 30))})
+    if ours.pool_root:
+        backend["pool_root"] = ours.pool_root
+    if ours.namespace or default_namespace:
+        backend["namespace"] = ours.namespace or default_namespace
+    if pool_ep:
+        backend["pool_events_endpoint"] = pool_ep
+    if not has_flag(args, "--enable-hierarchical-cache"):
+        args.append("--enable-hierarchical-cache")
+    if not has_flag(args, "--hicache-write-policy"):
+        args += ["--hicache-write-policy", "write_through"]
+    if device == "cpu":
+        if not has_flag(args, "--hicache-io-backend"):
+            args += ["--hicache-io-backend", "direct"]
+        if not has_flag(args, "--hicache-mem-layout"):
+            args += ["--hicache-mem-layout", "layer_first"]
+    args += ["--hicache-storage-backend", "dynamic"]
+    args += ["--hicache-storage-backend-extra-config", json.dumps(backend)]
+    return LaunchPlan(args, ours, device, flag_value(rest, "--host") or "127.0.0.1",
+                      int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
+                      replay_ep, pool_ep, backend)
+
+
+def _refuse_conflicts(rest: Sequence[str]) -> None:
+    backend = flag_value(rest, "--hicache-storage-backend")
+    if backend is not None and backend != "dynamic":
+        raise LaunchError(f"--hicache-storage-backend {backend}: radix-global provides the L3 "
+                          "backend (its shared pool); remove the flag")
+    if has_flag(rest, "--kv-events-config"):
+        raise LaunchError("--kv-events-config: radix-global configures the KV-event publisher "
+                          "itself (loopback ZMQ, replay socket); remove the flag")
+    policy = flag_value(rest, "--hicache-write-policy")
+    if policy is not None and policy != "write_through":
+        raise LaunchError(f"--hicache-write-policy {policy}: the global cache needs "
+                          "write_through, so that every computed page reaches the shared pool")
+    if has_flag(rest, "--disable-radix-cache"):
+        raise LaunchError("--disable-radix-cache: the global cache needs SGLang's radix cache "
+                          "(HiCache and the L3 pool sit under it)")
+    device = flag_value(rest, "--device")
+    io = flag_value(rest, "--hicache-io-backend")
+    if device == "cpu" and io not in (None, "direct"):
+        raise LaunchError(f"--hicache-io-backend {io} has no CPU implementation; use direct")
+    layout = flag_value(rest, "--hicache-mem-layout")
+    if device == "cpu" and layout not in (None, "layer_first"):
+        raise LaunchError(f"--hicache-mem-layout {layout} is not supported on CPU "
+                          "(only layer_first has a CPU transfer path)")

@@ -1,0 +1,173 @@
+"""``radix-global sglang [SGLang flags] --radix-global URL``: SGLang that joins radix-global.
+
+Also ``python -m sglang_patch.launch_server``. Flags: see ``sglang_patch/launch_plan.py``.
+
+This process is a supervisor: it checks the environment (SGLang version, dependencies), starts
+``python -m sglang.launch_server`` with the planned flags in its own process group (on ``--device
+cpu`` with the CPU patches, which reach SGLang's spawned scheduler through
+``cpu_compat.child_env()``), waits until it is healthy, registers it (``register.py``), sends
+heartbeats, and on exit (SIGTERM/SIGINT or the server dying) deregisters and stops the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.metadata
+import importlib.util
+import logging
+import os
+import signal
+import subprocess
+import sys
+import time
+from typing import Any
+
+import httpx
+
+from radix_global.registration import RegistrationError, WorkerInfo
+from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
+from sglang_patch.register import Registrar, RegistrationRefused, namespace_for
+
+log = logging.getLogger("radix_global.sglang")
+SGLANG_VERSION = "0.5.23"
+REQUIRED_MODULES = ("torch", "zmq", "msgspec", "xxhash", "numpy", "httpx")
+READY_TIMEOUT_ENV = "RADIX_GLOBAL_READY_TIMEOUT"
+
+
+def check_environment(plan: LaunchPlan) -> None:
+    """Fail before starting anything when SGLang or a dependency is missing or the wrong one."""
+    try:
+        version = importlib.metadata.version("sglang")
+    except importlib.metadata.PackageNotFoundError as exc:
+        raise LaunchError(f"SGLang is not installed; radix-global needs sglang=={SGLANG_VERSION}"
+                          ) from exc
+    if version != SGLANG_VERSION:
+        raise LaunchError(f"SGLang {version} is installed; radix-global's storage backend and "
+                          f"patches are built for sglang=={SGLANG_VERSION}")
+    missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
+    if missing:
+        raise LaunchError(f"missing Python packages: {', '.join(missing)}")
+    if plan.flags.worker_id and plan.flags.worker_id == plan.flags.pool_id:
+        raise LaunchError("--worker-id and --pool-id must differ (one id space for holders)")
+
+
+def server_env(plan: LaunchPlan) -> dict[str, str]:
+    from sglang_patch import cpu_compat
+
+    repo = str(cpu_compat.REPO_ROOT)
+    if plan.device == "cpu":
+        from sglang_patch import hicache_cpu  # noqa: F401  (registers its patches for the child)
+
+        return cpu_compat.child_env()
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    return env
+
+
+def wait_ready(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> dict[str, Any]:
+    """Poll ``/health`` until it answers 200, then return ``/server_info``."""
+    deadline = time.monotonic() + timeout_s
+    with httpx.Client(timeout=5.0) as client:
+        while time.monotonic() < deadline:
+            if proc.poll() is not None:
+                raise LaunchError(f"SGLang exited with code {proc.returncode} before it was ready")
+            try:
+                if client.get(f"{base}/health").status_code == 200:
+                    info = client.get(f"{base}/server_info")
+                    return dict(info.json()) if info.status_code == 200 else {}
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+    raise LaunchError(f"SGLang did not become healthy within {timeout_s:.0f} s")
+
+
+def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> WorkerInfo:
+    base = f"http://{plan.host}:{plan.port}"
+    bootstrap = server.get("disaggregation_bootstrap_port")
+    return WorkerInfo(
+        worker_id=plan.flags.worker_id or f"sgl-{plan.host}-{plan.port}",
+        url=base,
+        model=str(server.get("served_model_name") or plan.model_path),
+        namespace=namespace,
+        page_size=int(server.get("page_size") or 1),
+        role=plan.role,
+        dp_size=int(server.get("dp_size") or 1),
+        engine="sglang",
+        kv_events_endpoint=plan.kv_events_endpoint,
+        kv_events_replay_endpoint=plan.kv_events_replay_endpoint,
+        pool_id=plan.flags.pool_id,
+        pool_events_endpoint=plan.pool_events_endpoint,
+        bootstrap_port=int(bootstrap) if plan.role.value == "prefill" and bootstrap else None,
+    )
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is not None:
+        return
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+
+
+def run(argv: list[str]) -> int:
+    model_path = flag_value(argv, "--model-path") or flag_value(argv, "--model") or ""
+    served = flag_value(argv, "--served-model-name") or model_path
+    default_ns = namespace_for(served.replace("/", "-"), model_path) if model_path else None
+    plan = build_plan(argv, default_namespace=default_ns)
+    check_environment(plan)
+    cmd = [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv]
+    log.info("starting: %s", " ".join(cmd))
+    proc = subprocess.Popen(cmd, env=server_env(plan), start_new_session=True)
+    registrar: Registrar | None = None
+    stopping = False
+
+    def on_signal(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        server = wait_ready(proc, f"http://{plan.host}:{plan.port}",
+                            float(os.environ.get(READY_TIMEOUT_ENV, "900")))
+        namespace = str(plan.backend_config.get("namespace") or default_ns)
+        info = worker_info(plan, server, namespace)
+        if plan.flags.radix_global:
+            registrar = Registrar(plan.flags.radix_global, info, plan.flags.admin_token,
+                                  plan.flags.heartbeat_interval)
+            registrar.register()
+            registrar.start_heartbeats()
+            print(f"radix-global: {info.worker_id} joined {plan.flags.radix_global} "
+                  f"(namespace {namespace}, pool {plan.flags.pool_id})", flush=True)
+        else:
+            print(f"radix-global: {info.worker_id} serving standalone with pool "
+                  f"{plan.flags.pool_id} (namespace {namespace})", flush=True)
+        return proc.wait()
+    except KeyboardInterrupt:
+        return 0 if stopping else 130
+    finally:
+        if registrar is not None:
+            registrar.stop()
+        _stop(proc)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else list(argv)
+    if not args or args[0] in ("-h", "--help"):
+        parser().print_help()
+        print("\nEvery other flag goes to sglang.launch_server (see its --help).")
+        return 0
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    try:
+        return run(args)
+    except (LaunchError, RegistrationRefused, RegistrationError) as exc:
+        print(f"radix-global sglang: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Register a worker with the router / index and keep it registered (``docs/interfaces.md`` s. 2).
+
+- :func:`namespace_for` / :func:`model_version`: the namespace ``<model>@<version>``, where the
+  version is a hash of the model folder's ``config.json`` unless given (so two model versions never
+  share a tree).
+- :class:`Registrar`: ``POST {url}/admin/workers`` (``WorkerInfo`` JSON, ``Authorization: Bearer``
+  admin token), a heartbeat thread (``POST .../{id}/heartbeat`` every interval; a ``404`` means the
+  router forgot us: register again), and ``DELETE .../{id}`` on shutdown.
+
+Failures are typed: a refusal (4xx other than 404 on heartbeat) is a :class:`RegistrationRefused`
+with the router's message; an unreachable router is retried until ``connect_timeout_s``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import threading
+import time
+from pathlib import Path
+
+import httpx
+
+from radix_global.registration import WorkerInfo, encode_worker_info
+
+log = logging.getLogger(__name__)
+TOKEN_ENV = "RADIX_GLOBAL_ADMIN_TOKEN"
+
+
+class RegistrationRefused(RuntimeError):
+    """The router answered a registration with an error status (bad record, conflict, auth)."""
+
+
+def model_version(model_path: str) -> str:
+    """First 12 hex digits of SHA-256 over the model folder's ``config.json`` (or the path)."""
+    config = Path(model_path) / "config.json"
+    data = config.read_bytes() if config.is_file() else model_path.encode()
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def namespace_for(model: str, model_path: str, version: str | None = None) -> str:
+    return f"{model}@{version or model_version(model_path)}"
+
+
+class Registrar:
+    """Keeps one worker registered with the router at ``base_url`` until :meth:`stop`."""
+
+    def __init__(
+        self,
+        base_url: str,
+        info: WorkerInfo,
+        admin_token: str | None = None,
+        heartbeat_interval_s: float = 5.0,
+        connect_timeout_s: float = 60.0,
+        client: httpx.Client | None = None,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.info = info
+        token = admin_token if admin_token is not None else os.environ.get(TOKEN_ENV)
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self._client = client or httpx.Client(timeout=5.0, headers=headers)
+        if client is not None and headers:
+            self._client.headers.update(headers)
+        self.heartbeat_interval_s = heartbeat_interval_s
+        self.connect_timeout_s = connect_timeout_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.registrations = 0
+        self.heartbeats = 0
+
+    def _url(self, suffix: str = "") -> str:
+        return f"{self.base_url}/admin/workers{suffix}"
+
+    def register(self) -> None:
+        """POST the record, retrying while the router is unreachable; raise if it refuses."""
+        deadline = time.monotonic() + self.connect_timeout_s
+        body = encode_worker_info(self.info)
+        while True:
+            try:
+                resp = self._client.post(self._url(), content=body,
+                                         headers={"Content-Type": "application/json"})
+            except httpx.TransportError as exc:
+                if time.monotonic() > deadline:
+                    raise RegistrationRefused(
+                        f"router {self.base_url} unreachable for {self.connect_timeout_s:.0f} s: "
+                        f"{exc}") from exc
+                if self._stop.wait(1.0):
+                    return
+                continue
+            if resp.status_code in (200, 201):
+                self.registrations += 1
+                log.info("registered %s with %s", self.info.worker_id, self.base_url)
+                return
+            raise RegistrationRefused(
+                f"router refused registration of {self.info.worker_id}: HTTP "
+                f"{resp.status_code} {resp.text.strip()[:500]}")
+
+    def heartbeat(self) -> None:
+        """One heartbeat; re-registers when the router does not know us (404)."""
+        resp = self._client.post(self._url(f"/{self.info.worker_id}/heartbeat"))
+        if resp.status_code == 404:
+            log.warning("router forgot %s; registering again", self.info.worker_id)
+            self.register()
+        elif resp.status_code >= 400:
+            log.warning("heartbeat refused: HTTP %s %s", resp.status_code, resp.text[:200])
+        else:
+            self.heartbeats += 1
+
+    def start_heartbeats(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="radix-global-heartbeat",
+                                        daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.heartbeat_interval_s):
+            try:
+                self.heartbeat()
+            except (httpx.HTTPError, RegistrationRefused) as exc:  # keep trying: router restarts
+                log.warning("heartbeat to %s failed: %s", self.base_url, exc)
+
+    def stop(self, deregister: bool = True) -> None:
+        """Stop heartbeats and (by default) ``DELETE`` the registration; never raises."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+        if deregister and self.registrations:
+            try:
+                self._client.delete(self._url(f"/{self.info.worker_id}"))
+            except httpx.HTTPError as exc:
+                log.warning("deregistration of %s failed: %s", self.info.worker_id, exc)
+        self._client.close()

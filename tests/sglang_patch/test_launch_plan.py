@@ -1,0 +1,81 @@
+"""Pure flag planning of `radix-global sglang` (no processes)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from radix_global.types import Role
+from sglang_patch.launch_plan import LaunchError, build_plan, flag_value
+
+BASE = ["--model-path", "/m", "--port", "31000", "--device", "cpu", "--page-size", "4"]
+
+
+def extra_config(plan):
+    return json.loads(flag_value(plan.sglang_argv, "--hicache-storage-backend-extra-config"))
+
+
+def test_joins_cluster_with_events_pool_and_cpu_hicache():
+    plan = build_plan([*BASE, "--radix-global", "http://127.0.0.1:9000", "--pool-id", "p1",
+                       "--hicache-storage-prefetch-policy", "wait_complete"],
+                      ports=(5001, 5002, 5003), default_namespace="m@abc")
+    argv = plan.sglang_argv
+    assert "--radix-global" not in argv and "--pool-id" not in argv
+    assert flag_value(argv, "--hicache-storage-prefetch-policy") == "wait_complete"  # passthrough
+    assert "--enable-hierarchical-cache" in argv
+    assert flag_value(argv, "--hicache-write-policy") == "write_through"
+    assert flag_value(argv, "--hicache-storage-backend") == "dynamic"
+    assert flag_value(argv, "--hicache-io-backend") == "direct"
+    assert flag_value(argv, "--hicache-mem-layout") == "layer_first"
+    events = json.loads(flag_value(argv, "--kv-events-config"))
+    assert events == {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5001", "bind": True,
+                      "topic": "kv-events", "replay_endpoint": "tcp://127.0.0.1:5002"}
+    cfg = extra_config(plan)
+    assert cfg["module_path"] == "sglang_patch.storage" and cfg["interface_v1"] == 1
+    assert cfg["pool_id"] == "p1" and cfg["namespace"] == "m@abc"
+    assert cfg["pool_events_endpoint"] == "tcp://127.0.0.1:5003"
+    assert plan.role is Role.MIXED and plan.port == 31000
+
+
+def test_standalone_without_radix_global_has_pool_but_no_events():
+    plan = build_plan(BASE, ports=(1, 2, 3))
+    assert flag_value(plan.sglang_argv, "--kv-events-config") is None
+    assert "pool_events_endpoint" not in extra_config(plan)
+
+
+def test_user_extra_config_is_merged_ours_win():
+    user = json.dumps({"prefetch_threshold": 8, "module_path": "evil"})
+    plan = build_plan([*BASE, "--hicache-storage-backend-extra-config", user], ports=(1, 2, 3))
+    cfg = extra_config(plan)
+    assert cfg["prefetch_threshold"] == 8 and cfg["module_path"] == "sglang_patch.storage"
+    assert plan.sglang_argv.count("--hicache-storage-backend-extra-config") == 1
+
+
+def test_role_from_disaggregation_mode_and_contradiction():
+    plan = build_plan([*BASE, "--disaggregation-mode", "prefill", "--role", "prefill"],
+                      ports=(1, 2, 3))
+    assert plan.role is Role.PREFILL
+    with pytest.raises(LaunchError, match="contradicts"):
+        build_plan([*BASE, "--disaggregation-mode", "decode", "--role", "prefill"])
+    with pytest.raises(LaunchError, match="contradicts"):
+        build_plan([*BASE, "--role", "decode"])
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--hicache-storage-backend", "file"], "provides the L3"),
+    (["--kv-events-config", "{}"], "configures the KV-event"),
+    (["--hicache-write-policy", "write_back"], "write_through"),
+    (["--disable-radix-cache"], "radix cache"),
+    (["--hicache-io-backend", "kernel"], "no CPU implementation"),
+    (["--hicache-mem-layout", "page_first"], "not supported on CPU"),
+    (["--hicache-storage-backend-extra-config", "{nope"], "not JSON"),
+])
+def test_impossible_combinations_fail_with_a_message(flags, message):
+    with pytest.raises(LaunchError, match=message):
+        build_plan([*BASE, *flags], ports=(1, 2, 3))
+
+
+def test_model_path_required():
+    with pytest.raises(LaunchError, match="model-path"):
+        build_plan(["--device", "cpu"])
