@@ -1,0 +1,279 @@
+"""Router overhead: latency a router adds per request, ours against ``sglang-router``.
+
+Setup (all on loopback, each in its own process): an upstream HTTP server that answers every
+request at once (``--serve-upstream``; a raw ASGI app, this benchmark only), our router
+(``radix-global router --policy conductor``) and ``sglang-router`` (``--policy cache_aware``), both
+in front of that upstream. The client (this process, asyncio + httpx) sends requests directly to
+the upstream and through each router; added latency = router latency - direct latency, at the
+median and p99, for text prompts (``/v1/completions``, routers tokenize) and token-id prompts
+(``/generate`` with ``input_ids``), at 1 and 32 concurrent clients. Targets are measured in
+interleaved rounds so machine-load drift hits them alike. Our router's time per stage (tokenize,
+policy, proxy connect) comes from its ``router_stage_seconds`` metric (mean per request).
+
+Run: ``python -m benchmarks.router_overhead`` (table + ``benchmarks/results/router_overhead.json``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results" / "router_overhead.json"
+
+# ---- the upstream: answers at once ----------------------------------------------------------
+
+
+def upstream_app(model_path: str) -> Any:
+    info = json.dumps({"served_model_name": "tiny", "model_path": model_path,
+                       "tokenizer_path": model_path, "page_size": 16, "dp_size": 1,
+                       "context_length": 8192}).encode()
+    gen = json.dumps({"text": "ok", "meta_info": {"cached_tokens": 0, "prompt_tokens": 1,
+                                                  "completion_tokens": 1}}).encode()
+    cmpl = json.dumps({"id": "c", "object": "text_completion", "model": "tiny",
+                       "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
+                       "usage": {"prompt_tokens": 1, "completion_tokens": 1,
+                                 "total_tokens": 2}}).encode()
+    models = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
+    model_info = json.dumps({"model_path": model_path, "tokenizer_path": model_path,
+                             "is_generation": True}).encode()
+    by_path = {"/generate": gen, "/v1/completions": cmpl, "/server_info": info,
+               "/get_server_info": info, "/v1/models": models, "/get_model_info": model_info,
+               "/model_info": model_info}
+
+    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        more = True
+        while more:  # drain the request body
+            message = await receive()
+            more = message.get("more_body", False)
+        body = by_path.get(scope["path"], b"{}")
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"application/json"),
+                                (b"content-length", str(len(body)).encode())]})
+        await send({"type": "http.response.body", "body": body})
+
+    return app
+
+
+def serve_upstream(port: int, model_path: str) -> None:
+    import uvicorn
+
+    uvicorn.run(upstream_app(model_path), host="127.0.0.1", port=port, log_level="warning",
+                access_log=False)
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    with log.open("wb") as f:
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+                                start_new_session=True)
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    if proc.poll() is None:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+
+
+def wait_ready(url: str, probe: dict[str, Any], timeout: float = 120) -> None:
+    """Until ``url`` answers ``probe`` (a POST) with 200."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while time.monotonic() < deadline:
+        try:
+            r = httpx.post(url, json=probe, timeout=30)
+            if r.status_code == 200:
+                return
+            last = r.status_code
+        except httpx.HTTPError as exc:
+            last = exc
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} not ready: {last!r}")
+
+
+# ---- client ---------------------------------------------------------------------------------
+
+
+async def run_batch(base: str, path: str, body: dict[str, Any], concurrency: int, total: int
+                    ) -> list[float]:
+    lat: list[float] = []
+    payload = json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
+    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
+        per = total // concurrency
+
+        async def worker() -> None:
+            for _ in range(per):
+                t = time.perf_counter()
+                r = await client.post(path, content=payload, headers=headers)
+                lat.append(time.perf_counter() - t)
+                if r.status_code != 200:
+                    raise RuntimeError(f"{base}{path}: HTTP {r.status_code} {r.text[:200]}")
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return lat
+
+
+def stage_sums(metrics_url: str) -> dict[str, tuple[float, float]]:
+    text = httpx.get(metrics_url, timeout=10).text
+    out: dict[str, list[float]] = {}
+    for line in text.splitlines():
+        if line.startswith("router_stage_seconds_sum") or line.startswith(
+                "router_stage_seconds_count"):
+            name, value = line.rsplit(" ", 1)
+            stage = name.split('stage="')[1].split('"')[0]
+            slot = out.setdefault(stage, [0.0, 0.0])
+            slot[0 if "_sum" in name else 1] = float(value)
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+def pct(values: list[float], q: float) -> float:
+    s = sorted(values)
+    return s[min(len(s) - 1, int(q * len(s)))]
+
+
+# ---- main -----------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--model-path", help=argparse.SUPPRESS)
+    p.add_argument("--prompt-tokens", type=int, default=1024)
+    p.add_argument("--requests", type=int, default=320, help="per target, input, concurrency")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--json", default=str(RESULTS))
+    args = p.parse_args(argv)
+    if args.serve_upstream:
+        serve_upstream(args.serve_upstream, args.model_path)
+        return 0
+
+    from radix_global.trace import synthetic_word
+    from sglang_patch.make_model import main as make_model
+
+    work = Path(tempfile.mkdtemp(prefix="router-overhead-"))
+    model = work / "model"
+    make_model([str(model)])
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model)
+    text = " ".join(synthetic_word(i % 4000) for i in range(args.prompt_tokens))
+    ids = tok.encode(text)[: args.prompt_tokens]
+    inputs = {"text": ("/v1/completions", {"model": "tiny", "prompt": text, "max_tokens": 1}),
+              "ids": ("/generate", {"model": "tiny", "input_ids": ids,
+                                    "sampling_params": {"max_new_tokens": 1}})}
+
+    up_port, ours_port, sgl_port = free_port(), free_port(), free_port()
+    up = f"http://127.0.0.1:{up_port}"
+    procs = [spawn([sys.executable, "-m", "benchmarks.router_overhead", "--serve-upstream",
+                    str(up_port), "--model-path", str(model)], work / "upstream.log")]
+    try:
+        wait_ready(f"{up}/generate", {"input_ids": [1]})
+        procs.append(spawn([sys.executable, "-m", "radix_global.cli", "router", "--workers", up,
+                            "--policy", "conductor", "--port", str(ours_port),
+                            "--log-level", "warning"], work / "ours.log"))
+        procs.append(spawn([sys.executable, "-m", "sglang_router.launch_router", "--host",
+                            "127.0.0.1", "--port", str(sgl_port), "--worker-urls", up,
+                            "--policy", "cache_aware", "--log-level", "warn"], work / "sgl.log"))
+        targets = {"direct": up, "radix-global": f"http://127.0.0.1:{ours_port}",
+                   "sglang-router": f"http://127.0.0.1:{sgl_port}"}
+        for base in targets.values():
+            for path, body in inputs.values():
+                wait_ready(f"{base}{path}", body)
+                asyncio.run(run_batch(base, path, body, 4, 200))  # warm up connections, caches
+        lat: dict[tuple[str, str, int], list[float]] = {}
+        stages: dict[tuple[str, int], dict[str, list[float]]] = {}
+        for _ in range(args.rounds):
+            for conc in (1, 32):
+                for inp, (path, body) in inputs.items():
+                    for name, base in targets.items():
+                        before = stage_sums(f"{base}/metrics") if name == "radix-global" else {}
+                        n = max(conc, args.requests // args.rounds // conc * conc)
+                        lat.setdefault((name, inp, conc), []).extend(
+                            asyncio.run(run_batch(base, path, body, conc, n)))
+                        if before:
+                            after = stage_sums(f"{base}/metrics")
+                            acc = stages.setdefault((inp, conc), {})
+                            for stage, (s1, c1) in after.items():
+                                s0, c0 = before.get(stage, (0.0, 0.0))
+                                if c1 > c0:
+                                    acc.setdefault(stage, []).append((s1 - s0) / (c1 - c0))
+    finally:
+        for proc in reversed(procs):
+            stop(proc)
+
+    rows = []
+    for conc in (1, 32):
+        for inp in inputs:
+            direct = lat[("direct", inp, conc)]
+            for name in ("radix-global", "sglang-router"):
+                own = lat[(name, inp, conc)]
+                row = {"router": name, "input": inp, "concurrency": conc, "requests": len(own),
+                       "median_ms": statistics.median(own) * 1e3,
+                       "p99_ms": pct(own, 0.99) * 1e3,
+                       "direct_median_ms": statistics.median(direct) * 1e3,
+                       "direct_p99_ms": pct(direct, 0.99) * 1e3}
+                row["added_median_ms"] = row["median_ms"] - row["direct_median_ms"]
+                row["added_p99_ms"] = row["p99_ms"] - row["direct_p99_ms"]
+                if name == "radix-global":
+                    row["stages_mean_ms"] = {k: statistics.mean(v) * 1e3
+                                             for k, v in stages.get((inp, conc), {}).items()}
+                rows.append(row)
+    print(f"{'router':<14} {'input':<5} {'conc':>4} {'median':>8} {'p99':>8} "
+          f"{'+median':>8} {'+p99':>8}  stages (mean ms)")
+    for r in rows:
+        st = " ".join(f"{k}={v:.3f}" for k, v in r.get("stages_mean_ms", {}).items())
+        print(f"{r['router']:<14} {r['input']:<5} {r['concurrency']:>4} {r['median_ms']:>8.3f} "
+              f"{r['p99_ms']:>8.3f} {r['added_median_ms']:>8.3f} {r['added_p99_ms']:>8.3f}  {st}")
+    ratios = {}
+    for conc in (1, 32):
+        for inp in inputs:
+            ours = next(r for r in rows if r["router"] == "radix-global" and r["input"] == inp
+                        and r["concurrency"] == conc)
+            peer = next(r for r in rows if r["router"] == "sglang-router" and r["input"] == inp
+                        and r["concurrency"] == conc)
+            ratios[f"{inp}@{conc}"] = (ours["added_median_ms"] / peer["added_median_ms"]
+                                       if peer["added_median_ms"] > 0 else None)
+    result = {"prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
+              "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows,
+              "added_median_ratio_ours_over_sglang_router": ratios,
+              "command": "python -m benchmarks.router_overhead " + " ".join(argv or sys.argv[1:])}
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"ratio ours/sglang-router (added median): {ratios}")
+    print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
