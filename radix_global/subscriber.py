@@ -5,12 +5,14 @@ Contract (``docs/interfaces.md`` sections 2 and 5):
 * Per registered worker (:class:`WorkerInfo`) and data-parallel rank ``r`` (SGLang and vLLM offset
   the publisher's tcp port by ``r``), a SUB socket connects to the ``kv_events_endpoint`` with the
   worker's topic. Messages are ``(topic, seq: 8-byte big-endian, payload)``.
-* Per publisher, seq must be the previous one + 1. On a gap (including a first message after seq
-  0: events before we joined) the missing batches are asked from ``kv_events_replay_endpoint``
-  (DEALER to the engine's ROUTER: send the start seq as 8 bytes big-endian, receive ``(topic, seq,
-  payload)`` - or ``(seq, payload)`` from vLLM - until seq -1). Without a replay endpoint, or when
-  the replay times out or does not cover the gap, the worker's index entries are dropped and the
-  index resyncs from live events. A seq that goes back to 0 is a restarted engine: resync too.
+* On joining, the publisher's replay buffer is applied from seq 0 (catch-up: the engine may have
+  cached pages before we subscribed). Per publisher, seq must then be the previous one + 1. On a
+  gap (including a first live message after seq 0) the missing batches are asked from
+  ``kv_events_replay_endpoint`` (DEALER to the engine's ROUTER: send the start seq as 8 bytes
+  big-endian, receive ``(topic, seq, payload)`` - or ``(seq, payload)`` from vLLM - until seq -1).
+  Without a replay endpoint, or when the replay times out or does not cover the gap, the worker's
+  index entries are dropped and the index resyncs from live events. A seq that goes back to 0
+  is a restarted engine: resync too.
 * A worker not heard from (events or :meth:`heartbeat`) for ``timeout_s`` by the injected clock is
   removed and its entries dropped (:meth:`check_timeouts`, or the :meth:`watch` loop).
 * Nothing here raises on bad input: malformed messages and refused operations are counted.
@@ -80,6 +82,7 @@ class _Publisher:
     endpoint: str
     replay_endpoint: str | None
     last_seq: int | None = None  # None: nothing applied yet
+    caught_up_to: int | None = None  # last seq the join catch-up applied, until live passes it
     task: asyncio.Task[None] | None = None
 
 
@@ -208,6 +211,8 @@ class KVEventSubscriber:
         sock.setsockopt(zmq.SUBSCRIBE, feed.info.kv_events_topic.encode())
         sock.connect(pub.endpoint)
         try:
+            if pub.replay_endpoint is not None:
+                await self._catch_up(feed, pub)
             while True:
                 frames = await sock.recv_multipart()
                 try:
@@ -225,7 +230,9 @@ class KVEventSubscriber:
             return
         seq = int.from_bytes(frames[1], "big")
         expected = 0 if pub.last_seq is None else pub.last_seq + 1
-        if seq == 0 and pub.last_seq is not None:
+        if pub.caught_up_to is not None and seq > pub.caught_up_to:
+            pub.caught_up_to = None
+        if seq == 0 and pub.last_seq is not None and pub.caught_up_to is None:
             log.warning("%s rank %d: seq restarted at 0", feed.info.worker_id, pub.rank)
             self._resync(feed, pub, seq)
         elif seq < expected:
@@ -256,6 +263,21 @@ class KVEventSubscriber:
         self._index.remove_holder(WorkerId(feed.info.worker_id))
         feed.decoder.forget()
         pub.last_seq = seq - 1
+
+    async def _catch_up(self, feed: _Feed, pub: _Publisher) -> None:
+        """Apply what the publisher still buffers from before we joined (seq 0 on). Live messages
+        arriving meanwhile wait in the SUB socket and are skipped as duplicates."""
+        assert pub.replay_endpoint is not None
+        self._counts["replays"] += 1
+        batches = await self._request_replay(pub.replay_endpoint, 0)
+        if batches is None:
+            self._counts["replay_failures"] += 1
+            return
+        for s, payload in batches:
+            if pub.last_seq is not None and s != pub.last_seq + 1:
+                break
+            self._apply(feed, payload)
+            pub.last_seq = pub.caught_up_to = s
 
     async def _fill_gap(self, feed: _Feed, pub: _Publisher, seq: int) -> bool:
         """Replay the batches before ``seq``; True when all of them were applied."""
