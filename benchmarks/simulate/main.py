@@ -65,7 +65,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    console = Console()
+    # Wide enough for the fig5 table when the output is a file or a pipe, not a terminal.
+    console = Console(width=200) if not sys.stdout.isatty() else Console()
     chosen = [e.strip() for e in args.experiments.split(",") if e.strip()]
     unknown = [e for e in chosen if e not in EXPERIMENTS]
     if unknown:

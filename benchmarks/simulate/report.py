@@ -47,15 +47,20 @@ def fig5_table(res: Mapping[str, list[dict[str, Any]]], paper: Mapping[str, floa
 
 
 def fig10_table(res: Mapping[str, Any], paper_hit: float, paper_prefill: float) -> Table:
-    t = Table(title="Fig. 10: global pool vs local caches (10 instances x 3M tokens)")
-    for col in ("metric", "local caches", "global pool", "ratio (ours)", "ratio (paper)"):
+    t = Table(title="Fig. 10: global pool vs local caches (10 instances x 3M tokens each)")
+    for col in ("metric", "local, conductor", "local, least_load", "global pool",
+                "global/local conductor", "global/local least_load", "paper ratio"):
         t.add_column(col, justify="right" if col != "metric" else "left")
-    loc, glo = res["local_cache_aware"], res["global_cache_aware"]
-    t.add_row("cache hit rate", _f(loc["hit_rate"], 3), _f(glo["hit_rate"], 3),
-              _f(res["hit_rate_ratio"]), _f(paper_hit))
-    t.add_row("prefill compute (s)", _f(loc["prefill_compute_s"], 0),
-              _f(glo["prefill_compute_s"], 0), _f(res["prefill_time_ratio"]), _f(paper_prefill))
-    t.add_row("mean TTFT (s)", _f(loc["mean_ttft_s"]), _f(glo["mean_ttft_s"]), "", "")
+    lc, ll, glo = (res[k] for k in ("local_cache_aware", "load_balancing", "global_cache_aware"))
+    t.add_row("cache hit rate", _f(lc["hit_rate"], 3), _f(ll["hit_rate"], 3),
+              _f(glo["hit_rate"], 3), _f(res["hit_rate_ratio_vs_local_cache_aware"]),
+              _f(res["hit_rate_ratio_vs_load_balancing"]), _f(paper_hit))
+    t.add_row("prefill compute (s)", _f(lc["prefill_compute_s"], 0),
+              _f(ll["prefill_compute_s"], 0), _f(glo["prefill_compute_s"], 0),
+              _f(res["prefill_time_ratio_vs_local_cache_aware"]),
+              _f(res["prefill_time_ratio_vs_load_balancing"]), _f(paper_prefill))
+    t.add_row("mean TTFT (s)", _f(lc["mean_ttft_s"]), _f(ll["mean_ttft_s"]),
+              _f(glo["mean_ttft_s"]), "", "", "")
     return t
 
 
