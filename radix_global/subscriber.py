@@ -13,6 +13,9 @@ Contract (``docs/interfaces.md`` sections 2 and 5):
   Without a replay endpoint, or when the replay times out or does not cover the gap, the worker's
   index entries are dropped and the index resyncs from live events. A seq that goes back to 0
   is a restarted engine: resync too.
+* A worker's ``pool_events_endpoint`` (its L3 backend's stream: no replay, own seq) is followed
+  too, applied to holder ``pool_id``. A gap there is counted but drops nothing: the pool is shared
+  by many workers, and removing a worker never drops pool entries.
 * A worker not heard from (events or :meth:`heartbeat`) for ``timeout_s`` by the injected clock is
   removed and its entries dropped (:meth:`check_timeouts`, or the :meth:`watch` loop).
 * Nothing here raises on bad input: malformed messages and refused operations are counted.
@@ -39,7 +42,7 @@ import zmq.asyncio
 from radix_global.events import EngineKind, EventDecoder
 from radix_global.ops import IndexOp, IndexRefusal, MalformedEventError
 from radix_global.registration import WorkerInfo
-from radix_global.types import HolderId, Namespace, WorkerId
+from radix_global.types import HolderId, Namespace, PoolId, WorkerId
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +84,8 @@ class _Publisher:
     rank: int
     endpoint: str
     replay_endpoint: str | None
+    decoder: EventDecoder  # the worker's, or (pool stream) one with holder = pool id
+    is_pool: bool = False
     last_seq: int | None = None  # None: nothing applied yet
     caught_up_to: int | None = None  # last seq the join catch-up applied, until live passes it
     task: asyncio.Task[None] | None = None
@@ -92,6 +97,12 @@ class _Feed:
     decoder: EventDecoder
     last_heard: float
     publishers: list[_Publisher] = field(default_factory=list)
+
+
+def _decoders(feed: _Feed) -> list[EventDecoder]:
+    out = [feed.decoder]
+    out += [p.decoder for p in feed.publishers if p.decoder is not feed.decoder]
+    return out
 
 
 class KVEventSubscriber:
@@ -133,6 +144,8 @@ class KVEventSubscriber:
         )
         feed = _Feed(info, decoder, self._clock())
         self._feeds[wid] = feed
+        if info.pool_events_endpoint is not None and info.pool_id is not None:
+            self._add_pool_stream(feed, info)
         if info.kv_events_endpoint is None:
             return  # heartbeat-only worker: nothing to subscribe to
         for rank in range(info.dp_size):
@@ -141,6 +154,7 @@ class KVEventSubscriber:
                 rank,
                 offset_endpoint(info.kv_events_endpoint, rank),
                 None if replay is None else offset_endpoint(replay, rank),
+                decoder,
             )
             pub.task = asyncio.create_task(self._follow(feed, pub), name=f"kv-sub-{wid}-{rank}")
             feed.publishers.append(pub)
@@ -156,9 +170,19 @@ class KVEventSubscriber:
         for t in tasks:
             with contextlib.suppress(asyncio.CancelledError):
                 await t
-        self._retired_refusals.update(feed.decoder.refused)
+        for d in _decoders(feed):
+            self._retired_refusals.update(d.refused)
         self._index.remove_holder(worker_id)
         return True
+
+    def _add_pool_stream(self, feed: _Feed, info: WorkerInfo) -> None:
+        assert info.pool_events_endpoint is not None and info.pool_id is not None
+        decoder = EventDecoder(
+            PoolId(info.pool_id), Namespace(info.namespace), info.page_size, EngineKind.SGLANG
+        )
+        pub = _Publisher(0, info.pool_events_endpoint, None, decoder, is_pool=True)
+        pub.task = asyncio.create_task(self._follow(feed, pub), name=f"kv-pool-{info.worker_id}")
+        feed.publishers.append(pub)
 
     def heartbeat(self, worker_id: WorkerId) -> bool:
         """Record a heartbeat; False if the worker is unknown (it must re-register)."""
@@ -198,7 +222,8 @@ class KVEventSubscriber:
     def stats(self) -> SubscriberStats:
         refused = Counter(self._retired_refusals)
         for f in self._feeds.values():
-            refused.update(f.decoder.refused)
+            for d in _decoders(f):
+                refused.update(d.refused)
         c = self._counts
         return SubscriberStats(
             len(self._feeds), c["batches"], c["ops_applied"], dict(refused), c["gaps"],
@@ -219,14 +244,14 @@ class KVEventSubscriber:
                     await self._on_message(feed, pub, frames)
                 except Exception:  # never let one message stop the feed
                     log.exception("%s: failed to handle a KV-event message", feed.info.worker_id)
-                    feed.decoder.refuse(MalformedEventError("internal error handling message"))
+                    pub.decoder.refuse(MalformedEventError("internal error handling message"))
         finally:
             sock.close(linger=0)
 
     async def _on_message(self, feed: _Feed, pub: _Publisher, frames: list[bytes]) -> None:
         feed.last_heard = self._clock()
         if len(frames) != 3 or len(frames[1]) != 8:
-            feed.decoder.refuse(MalformedEventError(f"expected 3 frames, got {len(frames)}"))
+            pub.decoder.refuse(MalformedEventError(f"expected 3 frames, got {len(frames)}"))
             return
         seq = int.from_bytes(frames[1], "big")
         expected = 0 if pub.last_seq is None else pub.last_seq + 1
@@ -244,25 +269,29 @@ class KVEventSubscriber:
                 self._resync(feed, pub, seq)
             if pub.last_seq is not None and seq <= pub.last_seq:
                 return  # the replay already applied it
-        self._apply(feed, frames[2])
+        self._apply(pub, frames[2])
         pub.last_seq = seq
 
-    def _apply(self, feed: _Feed, payload: bytes) -> None:
-        decoded = feed.decoder.decode(payload)
+    def _apply(self, pub: _Publisher, payload: bytes) -> None:
+        decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
         for op in decoded.ops:
             try:
                 self._index.apply(op)
             except IndexRefusal as exc:
-                feed.decoder.refuse(exc)
+                pub.decoder.refuse(exc)
             else:
                 self._counts["ops_applied"] += 1
 
     def _resync(self, feed: _Feed, pub: _Publisher, seq: int) -> None:
+        pub.last_seq = seq - 1
+        if pub.is_pool:
+            # The pool is shared: one worker's lost batch must not wipe what the others reported.
+            # Missed stores cost hits, missed removals a failed prefetch (interfaces s.5).
+            return
         self._counts["resyncs"] += 1
         self._index.remove_holder(WorkerId(feed.info.worker_id))
         feed.decoder.forget()
-        pub.last_seq = seq - 1
 
     async def _catch_up(self, feed: _Feed, pub: _Publisher) -> None:
         """Apply what the publisher still buffers from before we joined (seq 0 on). Live messages
@@ -276,7 +305,7 @@ class KVEventSubscriber:
         for s, payload in batches:
             if pub.last_seq is not None and s != pub.last_seq + 1:
                 break
-            self._apply(feed, payload)
+            self._apply(pub, payload)
             pub.last_seq = pub.caught_up_to = s
 
     async def _fill_gap(self, feed: _Feed, pub: _Publisher, seq: int) -> bool:
@@ -294,7 +323,7 @@ class KVEventSubscriber:
                 continue
             if s != (0 if pub.last_seq is None else pub.last_seq + 1):
                 break  # the publisher's buffer no longer holds what we missed
-            self._apply(feed, payload)
+            self._apply(pub, payload)
             pub.last_seq = s
         covered = pub.last_seq is not None and pub.last_seq >= seq - 1
         if not covered:

@@ -310,3 +310,30 @@ async def test_dp_ranks_get_one_subscription_each(env: Any) -> None:
     finally:
         for p in pubs:
             p.close()
+
+
+@pytest.mark.asyncio
+async def test_pool_stream_applies_to_pool_holder_and_survives_gaps(env: Any) -> None:
+    from sglang_patch.pool.events import block_removed, block_stored
+
+    ctx, index, sub, _ = env
+    events, pool = ScriptedPublisher(ctx, replay=False), ScriptedPublisher(ctx, replay=False)
+    ka, kb = keys.page_keys(A, PS), keys.page_keys(B, PS)
+    try:
+        await sub.add_worker(info(events, pool_id="shm-0", pool_events_endpoint=pool.endpoint))
+        await asyncio.gather(events.wait_subscribed(), pool.wait_subscribed())
+        await pool.send([block_stored(ka, None, PS)])
+        await until(lambda: index.match(NS, ka, 0.0).best_pages == 4)
+        m = index.match(NS, ka, 0.0)
+        assert m.matched == {("shm-0", 0): (0, 0, 4)}  # pool tier only, holder = pool id
+        await pool.send([block_removed(ka[2:])], drop=True)  # a lost pool batch
+        await pool.send([block_stored(kb, None, PS)])
+        await until(lambda: index.match(NS, kb, 0.0).best_pages == 2)
+        s = sub.stats()
+        assert (s.gaps, s.resyncs) == (1, 0)
+        assert index.match(NS, ka, 0.0).best_pages == 4  # nothing dropped for a pool gap
+        await sub.remove_worker(WorkerId("w0"))
+        assert index.match(NS, ka, 0.0).best_pages == 4  # the pool outlives the worker
+    finally:
+        events.close()
+        pool.close()
