@@ -101,6 +101,15 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
     )
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGTERM it when the supervisor dies, even by SIGKILL, so a
+    crashed wrapper never leaves an unregistered engine running (Linux prctl)."""
+    import ctypes
+
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     if proc.poll() is not None:
         return
@@ -116,12 +125,13 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 def run(argv: list[str]) -> int:
     model_path = flag_value(argv, "--model-path") or flag_value(argv, "--model") or ""
     served = flag_value(argv, "--served-model-name") or model_path
-    default_ns = namespace_for(served.replace("/", "-"), model_path) if model_path else None
+    default_ns = namespace_for(served, model_path) if model_path else None
     plan = build_plan(argv, default_namespace=default_ns)
     check_environment(plan)
     cmd = [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv]
     log.info("starting: %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=server_env(plan), start_new_session=True)
+    proc = subprocess.Popen(cmd, env=server_env(plan), start_new_session=True,
+                            preexec_fn=_die_with_parent)
     registrar: Registrar | None = None
     stopping = False
 

@@ -94,6 +94,26 @@ class ShmPagePool(PagePool):
         self.capacity_pages = nslots
         self._per_seg = per_seg
 
+    @classmethod
+    def open_existing(cls, pool_id: str, root: str = DEFAULT_ROOT) -> ShmPagePool:
+        """Open a pool some other process created, with its geometry (tools and tests)."""
+        try:
+            nslots, page_bytes, _ = m.SlotMeta.read_geometry(os.path.join(root, pool_id, "meta"))
+        except (OSError, ValueError) as exc:
+            raise PoolError(f"no pool {pool_id!r} under {root}: {exc}") from exc
+        return cls(pool_id, page_bytes, nslots * page_bytes, root)
+
+    def valid_keys_locations(self) -> list[tuple[str, int, int]]:
+        """(segment path, offset, length) of every stored page (tests that corrupt the pool)."""
+        with self._locked():
+            slots = np.flatnonzero(self._meta.slots["state"] == m.VALID)
+            out = []
+            for slot in slots:
+                seg, idx = divmod(int(slot), self._per_seg)
+                out.append((os.path.join(self.dir, f"seg-{seg}"), idx * self.page_bytes,
+                            int(self._meta.slots["length"][slot])))
+            return out
+
     def _map_segment(self, index: int, per_seg: int, page_bytes: int) -> np.ndarray:
         path = os.path.join(self.dir, f"seg-{index}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)

@@ -149,3 +149,11 @@ def test_two_processes_concurrently_never_see_wrong_bytes(pool_id):
     assert sum(good for _, good, _, _ in results) > 50  # cross-process hits happened
     stats = ShmPagePool(pool_id, PAGE, 32 * PAGE).stats()
     assert stats.pages == 32 and stats.evictions == 300 - 32
+
+
+def test_open_existing_takes_the_creators_geometry(pool_id):
+    first = ShmPagePool(pool_id, PAGE, 8 * PAGE)
+    first.put("k", [page(9)])
+    other = ShmPagePool.open_existing(pool_id)
+    assert other.page_bytes == PAGE and other.capacity_pages == 8 and other.exists("k")
+    assert len(other.valid_keys_locations()) == 1
