@@ -10,12 +10,12 @@ client disconnects. Every outcome reaches the cost model and policy (``RoutingCo
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import math
 import uuid
 from typing import Any
 
+import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 
@@ -83,8 +83,8 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     except ClientDisconnect:
         return Response(status_code=499)
     try:
-        payload = json.loads(body)
-    except ValueError as exc:
+        payload = msgspec.json.decode(body)  # several times faster than json on token-id lists
+    except msgspec.DecodeError as exc:
         return error(400, f"malformed JSON: {exc}")
     if not isinstance(payload, dict):
         return error(400, "request body must be a JSON object")

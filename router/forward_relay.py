@@ -7,12 +7,11 @@ a worker is about to receive the request, ``first_token`` at the first streamed 
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
-import httpx
+import msgspec
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -21,6 +20,7 @@ from router.prompt import engine_cached_tokens
 from router.proxy import (
     ClientGone,
     UpstreamFailed,
+    UpstreamResponse,
     UpstreamUnavailable,
     forward_headers,
     response_headers,
@@ -129,7 +129,7 @@ class Forward:
                 payload["routed_dp_rank"] = d.dp_rank
         if self.salt is not None:
             payload["cache_salt"] = self.salt
-        return json.dumps(payload).encode()
+        return msgspec.json.encode(payload)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         st = self.state
@@ -192,7 +192,7 @@ class Forward:
         if predicted is not None:
             st.metrics.ttft_error.observe(abs(self.ttft - predicted))
 
-    async def _relay_whole(self, upstream: httpx.Response, send: Send) -> None:
+    async def _relay_whole(self, upstream: UpstreamResponse, send: Send) -> None:
         content = upstream.content
         self.ttft = self.state.clock() - self.t0
         headers = [(k.encode(), v.encode()) for k, v in response_headers(upstream.headers).items()]
@@ -201,12 +201,12 @@ class Forward:
         self.state.metrics.proxied_bytes.labels(self.routed.entry.info.worker_id).inc(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
         try:
-            answer = json.loads(content) if upstream.status_code == 200 else None
-        except ValueError:
+            answer = msgspec.json.decode(content) if upstream.status_code == 200 else None
+        except msgspec.DecodeError:
             answer = None
         self._finish(upstream.status_code < 500, answer)
 
-    async def _relay_stream(self, upstream: httpx.Response, send: Send) -> None:
+    async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
         wid = self.routed.entry.info.worker_id
         ok = upstream.status_code < 500
         try:
@@ -222,7 +222,7 @@ class Forward:
                     relayed += len(chunk)
                     self.tail = (self.tail + chunk)[-65536:]
                     await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except httpx.HTTPError as exc:
+            except UpstreamFailed as exc:
                 ok = False
                 self.state.metrics.upstream_errors.labels(wid, "mid_stream").inc()
                 log.warning("worker %s failed mid-stream: %r", wid, exc)
@@ -242,7 +242,7 @@ def _last_event(tail: bytes) -> Any:
         line = line.strip()
         if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
             try:
-                return json.loads(line[5:])
-            except ValueError:
+                return msgspec.json.decode(line[5:].strip())
+            except msgspec.DecodeError:
                 return None
     return None

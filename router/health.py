@@ -37,13 +37,14 @@ def cli_worker_id(url: str) -> str:
 
 
 def model_version(model_path: str | None) -> str:
-    """The namespace version of a model folder: a short hash of its config.json (or "0")."""
-    if model_path:
-        try:
-            return hashlib.sha256((Path(model_path) / "config.json").read_bytes()).hexdigest()[:12]
-        except OSError:
-            pass
-    return "0"
+    """The namespace version of a model folder: the first 12 hex digits of SHA-256 over its
+    config.json (or over the path). Same rule as ``sglang_patch.register.model_version``, so a
+    command-line worker and a registered worker of one model land in one namespace."""
+    if not model_path:
+        return "0"
+    config = Path(model_path) / "config.json"
+    data = config.read_bytes() if config.is_file() else model_path.encode()
+    return hashlib.sha256(data).hexdigest()[:12]
 
 
 def _events_endpoint(raw: Any, worker_url: str) -> str | None:
@@ -79,7 +80,7 @@ def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig
             topic = json.loads(server["kv_events_config"]).get("topic") or topic
     info = WorkerInfo(
         worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
-        namespace=f"{model}@{version}", page_size=page_size, role=role,
+        namespace=f"{str(model).replace('/', '-')}@{version}", page_size=page_size, role=role,
         dp_size=int(server.get("dp_size") or 1), engine="sglang", kv_events_endpoint=events,
         kv_events_topic=topic,
     )

@@ -1,4 +1,8 @@
-"""Forwarding to a worker: one pooled ``httpx.AsyncClient``, plain and streamed pass-through.
+"""Forwarding to a worker: pooled keep-alive connections, plain and streamed pass-through.
+
+The data plane uses ``aiohttp``'s client: on the router-overhead benchmark it costs a fraction of
+``httpx.AsyncClient``'s per-request time (``docs/benchmarks.md``); the control plane (health
+checks, ``/server_info``, aborts) uses ``httpx`` (:attr:`Proxy.client`).
 
 Failure classes matter to the caller: :class:`UpstreamUnavailable` means the worker never saw the
 request (connection refused / connect timeout), so it is safe to retry on another worker;
@@ -14,9 +18,10 @@ import asyncio
 import contextlib
 import json
 import logging
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
 from typing import Any, TypeVar
 
+import aiohttp
 import httpx
 
 from router.config import RouterConfig
@@ -24,7 +29,7 @@ from router.config import RouterConfig
 log = logging.getLogger("radix_global.router.proxy")
 T = TypeVar("T")
 
-# Request headers worth passing on; hop-by-hop and length headers are recomputed by httpx.
+# Request headers worth passing on; hop-by-hop and length headers are recomputed.
 _FORWARD_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
 _DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive",
                           "content-encoding", "date", "server"}
@@ -48,8 +53,9 @@ def forward_headers(headers: Any) -> dict[str, str]:
     return out
 
 
-def response_headers(headers: httpx.Headers) -> dict[str, str]:
-    return {k: v for k, v in headers.items() if k.lower() not in _DROP_RESPONSE_HEADERS}
+def response_headers(headers: Any) -> dict[str, str]:
+    items: Iterable[tuple[str, str]] = headers.items()
+    return {k: v for k, v in items if k.lower() not in _DROP_RESPONSE_HEADERS}
 
 
 def sse_error(message: str, code: int = 502) -> bytes:
@@ -58,40 +64,78 @@ def sse_error(message: str, code: int = 502) -> bytes:
     return f"data: {body}\n\ndata: [DONE]\n\n".encode()
 
 
-class Proxy:
-    """Owns the connection pool to all workers."""
+class UpstreamResponse:
+    """A worker's answer: status and headers at once, the body whole or as chunks."""
 
-    def __init__(self, config: RouterConfig, transport: httpx.AsyncBaseTransport | None = None):
-        limits = httpx.Limits(max_connections=config.max_connections,
-                              max_keepalive_connections=config.max_connections)
+    def __init__(self, resp: aiohttp.ClientResponse, content: bytes | None = None) -> None:
+        self._resp = resp
+        self.status_code = resp.status
+        self.headers = resp.headers
+        self.content = content if content is not None else b""
+
+    async def aiter_raw(self) -> AsyncIterator[bytes]:
+        """Body chunks as they arrive; a broken connection raises :class:`UpstreamFailed`."""
+        try:
+            async for chunk in self._resp.content.iter_any():
+                yield chunk
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamFailed(repr(exc)) from exc
+
+    async def aclose(self) -> None:
+        self._resp.close()
+
+
+class Proxy:
+    """Owns the connection pools to all workers."""
+
+    def __init__(self, config: RouterConfig) -> None:
+        self.config = config
         self.client = httpx.AsyncClient(
-            timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s),
-            limits=limits, transport=transport)
+            timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s))
+        self._session: aiohttp.ClientSession | None = None
+
+    def _data(self) -> aiohttp.ClientSession:
+        # Created lazily: an aiohttp session belongs to the running event loop.
+        if self._session is None:
+            cfg = self.config
+            self._session = aiohttp.ClientSession(
+                connector=aiohttp.TCPConnector(limit=cfg.max_connections, ttl_dns_cache=300),
+                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
+                                              sock_read=cfg.request_timeout_s),
+                auto_decompress=False, skip_auto_headers=("User-Agent",))
+        return self._session
 
     async def close(self) -> None:
         await self.client.aclose()
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
 
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> httpx.Response:
-        """POST and read the whole answer."""
+    async def _send(self, url: str, body: bytes, headers: dict[str, str]
+                    ) -> aiohttp.ClientResponse:
         try:
-            resp = await self.client.post(url, content=body, headers=headers)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
+            return await self._data().post(url, data=body, headers=headers)
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             raise UpstreamUnavailable(f"{url}: {exc!r}") from exc
-        except httpx.HTTPError as exc:
+        except (TimeoutError, aiohttp.ClientError) as exc:
             raise UpstreamFailed(f"{url}: {exc!r}") from exc
-        return resp
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        """POST and read the whole answer."""
+        resp = await self._send(url, body, headers)
+        try:
+            content = await resp.read()
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            raise UpstreamFailed(f"{url}: {exc!r}") from exc
+        finally:
+            resp.release()
+        return UpstreamResponse(resp, content)
 
     async def open_stream(self, url: str, body: bytes, headers: dict[str, str]
-                          ) -> httpx.Response:
+                          ) -> UpstreamResponse:
         """POST and return once the status line and headers arrived; the caller reads the body
         with ``aiter_raw()`` and must ``aclose()`` the response."""
-        request = self.client.build_request("POST", url, content=body, headers=headers)
-        try:
-            return await self.client.send(request, stream=True)
-        except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-            raise UpstreamUnavailable(f"{url}: {exc!r}") from exc
-        except httpx.HTTPError as exc:
-            raise UpstreamFailed(f"{url}: {exc!r}") from exc
+        return UpstreamResponse(await self._send(url, body, headers))
 
     async def abort(self, base_url: str, rid: str) -> None:
         """Ask an SGLang worker to abort ``rid``; best effort (the worker may be gone)."""

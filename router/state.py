@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import httpx
-
 from router.cluster_index import ClusterIndex, open_index
 from router.config import RouterConfig
 from router.cost import CostModel
@@ -39,8 +37,7 @@ def _quiet_load(tok: Any) -> None:
 
 class RouterState:
     def __init__(self, config: RouterConfig, *, policy: RoutingPolicy | None = None,
-                 clock: Callable[[], float] = time.monotonic,
-                 transport: httpx.AsyncBaseTransport | None = None) -> None:
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
         self.metrics = RouterMetrics()
@@ -49,7 +46,7 @@ class RouterState:
                                    CostModel(), self.index.view)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
-        self.proxy = Proxy(config, transport=transport)
+        self.proxy = Proxy(config)
         self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat)
