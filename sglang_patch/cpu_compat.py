@@ -117,9 +117,19 @@ def apply(device: str = "cpu") -> AppliedPatches:
         return AppliedPatches(device, tuple(sorted(_APPLIED)), tuple(sorted(_SKIPPED)))
 
 
-def _patch_modules() -> list[str]:
-    """Modules a child must import so their patches register (a script's __main__ cannot be)."""
-    return sorted({p.install.__module__ for p in _REGISTRY.values()} - {__name__, "__main__"})
+def _listed_modules(env: Mapping[str, str]) -> set[str]:
+    return set(filter(None, env.get(ENV_PATCH_MODULES, "").split(",")))
+
+
+def _patch_modules(env: Mapping[str, str] | None = None) -> list[str]:
+    """Modules a child must import so their patches register (a script's __main__ cannot be).
+
+    The union of this process's registry and what ``env`` already lists, so a launcher that did
+    not import a patch module itself still hands it on to its children.
+    """
+    mods = {p.install.__module__ for p in _REGISTRY.values()} | _listed_modules(
+        os.environ if env is None else env)
+    return sorted(mods - {__name__, "__main__"})
 
 
 def child_env(base: Mapping[str, str] | None = None, device: str = "cpu") -> dict[str, str]:
@@ -132,7 +142,7 @@ def child_env(base: Mapping[str, str] | None = None, device: str = "cpu") -> dic
     env["PYTHONPATH"] = os.pathsep.join(paths)
     env[ENV_FLAG] = device
     env["SGLANG_USE_CPU_ENGINE"] = "1"
-    env[ENV_PATCH_MODULES] = ",".join(_patch_modules())
+    env[ENV_PATCH_MODULES] = ",".join(_patch_modules(env))
     return env
 
 
@@ -141,9 +151,14 @@ def apply_from_env() -> AppliedPatches | None:
     device = os.environ.get(ENV_FLAG, "")
     if not device:
         return None
-    for name in filter(None, os.environ.get(ENV_PATCH_MODULES, "").split(",")):
-        importlib.import_module(name)
+    import_listed_patch_modules()
     return apply(device)
+
+
+def import_listed_patch_modules() -> None:
+    """Import every module ``RADIX_GLOBAL_CPU_PATCH_MODULES`` lists (their patches register)."""
+    for name in sorted(_listed_modules(os.environ)):
+        importlib.import_module(name)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +340,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] == "--":
         args = args[1:]
+    import_listed_patch_modules()
     apply("cpu")
     os.environ.update(child_env())
     import runpy

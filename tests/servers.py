@@ -12,7 +12,9 @@ Contract
   pytorch --disable-overlap-schedule``. Defaults (dropped when ``extra_args`` sets the same flag):
   ``--dtype float32`` (SGLang's "auto" turns a float32 checkpoint into float16, ~3x slower on
   this CPU), ``--max-total-tokens 65536`` (otherwise SGLang sizes the KV pool from the machine's
-  free RAM: gigabytes, zero-filled, on a shared box), ``--log-level info``.
+  free RAM: gigabytes, zero-filled, on a shared box), ``--log-level info``. With
+  ``--enable-hierarchical-cache`` the HiCache CPU patches (``sglang_patch.hicache_cpu``) are
+  registered so the scheduler process applies them.
 - Ready = ``GET /health`` answers 200 (SGLang answers 503 until its warm-up request is done).
   Startup failure (process exit or ``startup_timeout``) raises ``ServerStartError`` carrying the
   log tail. Startup takes ~15 s on an idle 2-core machine, minutes when the cores are shared.
@@ -128,6 +130,9 @@ def sglang_server(
         os.close(fd)
         log_path = name
     log = Path(log_path)
+    if "--enable-hierarchical-cache" in extra_args:
+        # Registers the HiCache host-pool patches so child_env() hands them to the scheduler.
+        import sglang_patch.hicache_cpu  # noqa: F401
     child_env = cpu_compat.child_env({**os.environ, **(env or {})})
     url = f"http://{host}:{port}"
     with open(log, "wb") as out:

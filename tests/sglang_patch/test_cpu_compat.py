@@ -93,6 +93,19 @@ def test_child_interpreter_applies_patches_via_child_env() -> None:
     assert proc.returncode != 0 and "ModuleNotFoundError" in proc.stderr
 
 
+def test_listed_patch_modules_survive_a_launcher_that_did_not_import_them() -> None:
+    env = cpu_compat.child_env({cpu_compat.ENV_PATCH_MODULES: "json"})
+    assert "json" in env[cpu_compat.ENV_PATCH_MODULES].split(",")
+    out = _run("""
+        import os, sys
+        from sglang_patch import cpu_compat
+        cpu_compat.import_listed_patch_modules()
+        cpu_compat.apply("cpu")
+        print("MODS", os.environ[cpu_compat.ENV_PATCH_MODULES], "json" in sys.modules)
+    """, env={**cpu_compat.child_env(), cpu_compat.ENV_PATCH_MODULES: "json"})
+    assert "MODS json True" in out
+
+
 def test_child_env_is_unchanged_for_other_devices() -> None:
     base = {"PYTHONPATH": "/x"}
     assert cpu_compat.child_env(base, device="cuda") == base
