@@ -296,3 +296,57 @@ def test_real_sglang_cache_events_decode_to_router_keys(sgl: Any) -> None:
     removed = [k for op in d.decode(payload).ops for k in op.keys]  # type: ignore[union-attr]
     assert sorted(removed) == sorted(got)
     assert d.rekeyed_entries == 0 and not d.refused
+
+
+# vLLM's wire shapes (vllm/distributed/kv_events.py, current main): tagged, omit_defaults structs
+# in a map-encoded batch, optional fields omitted. Declared here field-for-field (vLLM is not
+# installed) so the bytes are what msgspec produces for vLLM, not hand-built dicts.
+class _VBase(msgspec.Struct, tag=True, omit_defaults=True):
+    pass
+
+
+class BlockStored(_VBase):
+    block_hashes: list[bytes | int]
+    parent_block_hash: bytes | int | None
+    token_ids: list[int]
+    block_size: int
+    lora_id: int | None
+    medium: str | None
+    lora_name: str | None
+    extra_keys: list[Any] | None = None
+    group_idx: int | None = None
+    kv_cache_spec_kind: str | None = None
+    kv_cache_spec_sliding_window: int | None = None
+
+
+class BlockRemoved(_VBase):
+    block_hashes: list[bytes | int]
+    medium: str | None
+    group_idx: int | None = None
+
+
+class AllBlocksCleared(_VBase):
+    pass
+
+
+class _VBatch(msgspec.Struct, omit_defaults=True):
+    ts: float
+    events: list[BlockStored | BlockRemoved | AllBlocksCleared]
+    data_parallel_rank: int | None = None
+
+
+def test_vllm_msgspec_structs_round_trip() -> None:
+    toks = _tokens(8, seed=9)
+    h = [bytes([i]) * 32 for i in range(3)]
+    d = decoder("vllm")
+    stored = BlockStored(h[:2], None, toks, PS, None, "GPU", None, kv_cache_spec_kind="full")
+    payload = enc(_VBatch(1.0, [stored, BlockRemoved([h[1]], "GPU"), AllBlocksCleared()], 3))
+    out = d.decode(payload)
+    want = keys.page_keys(toks, PS)
+    loc = Location(W, 3, Tier.GPU)
+    assert out.ops == [
+        StorePages(NS, loc, None, want),
+        RemovePages(NS, loc, [want[1]]),
+        ClearHolder(W, None),
+    ]
+    assert out.refusals == [] and d.rekeyed_entries == 0
