@@ -237,7 +237,10 @@ class KVEventSubscriber:
         sock.connect(pub.endpoint)
         try:
             if pub.replay_endpoint is not None:
-                await self._catch_up(feed, pub)
+                try:
+                    await self._catch_up(feed, pub)
+                except Exception:  # a failed catch-up only costs history, never the feed
+                    log.exception("%s: catch-up replay failed", feed.info.worker_id)
             while True:
                 frames = await sock.recv_multipart()
                 try:
