@@ -26,7 +26,7 @@ from radix_global.registration import WorkerInfo
 from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, WorkerId
 
-pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.asyncio, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.asyncio, pytest.mark.timeout(300)]
 NS = Namespace("tiny@1")
 PS = 4
 W = WorkerId("sgl-0")
