@@ -25,13 +25,18 @@ evictions start) or ``--full`` (whole trace, 3M-token GPU tiers). JSON to
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import statistics
 import sys
 import time
+import tracemalloc
+from array import array
 from collections import OrderedDict, deque
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from radix_global import keys as page_keying
 from radix_global.index import GlobalIndex
@@ -112,6 +117,25 @@ def choose(workers: list[Worker], matched: dict[Any, Any]) -> Worker:
     return min(pool, key=lambda w: len(w.gpu.pages))
 
 
+def index_heap_bytes(index: GlobalIndex) -> int:
+    """Heap bytes of the index alone: a copy rebuilt under tracemalloc from its msgpack snapshot
+    (decoded inside the trace, then dropped, so the copy's own key objects are counted)."""
+    wire = msgspec.msgpack.encode(index.snapshot())
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        data = msgspec.msgpack.decode(wire)
+        copy = GlobalIndex.restore(data)
+        del data
+        gc.collect()
+        size = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    del copy
+    return size
+
+
 def check_consistency(
     index: GlobalIndex, workers: list[Worker], pool: LruTier, prompts: deque[list[PageKey]]
 ) -> tuple[int, int]:
@@ -134,7 +158,7 @@ def check_consistency(
     return checked, errors
 
 
-def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
+def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[array[int]]]:
     gpu_pages = args.worker_tokens // PAGE_SIZE
     workers = [
         Worker(WorkerId(f"w{i}"), gpu_pages, gpu_pages * args.host_factor)
@@ -148,7 +172,7 @@ def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
     match_wall_us: list[float] = []
     pages_applied = ops_applied = 0
     series: list[dict[str, Any]] = []
-    kept_prompts: list[list[int]] = []
+    kept_prompts: list[array[int]] = []
     recent: deque[list[PageKey]] = deque(maxlen=20)
     clock = 0.0
     n = prompt_pages = 0
@@ -156,7 +180,7 @@ def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
     for n, req in enumerate(read_trace(args.trace, limit=args.limit), 1):
         tokens = synthesize_prompt(req.hash_ids, req.input_length, TOKENS_PER_HASH_ID)
         if len(kept_prompts) < args.baseline_prompts:
-            kept_prompts.append(tokens)
+            kept_prompts.append(array("l", tokens))  # compact: a list of ints costs 36 B/token
         # CPU time of this thread (the machine is shared: wall time also counts other processes)
         t0 = cpu()
         prompt = page_keying.page_keys(tokens, PAGE_SIZE)
@@ -193,6 +217,7 @@ def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
                     "index_pages": st.pages,
                     "index_nodes": st.nodes,
                     "evicted_pages": evicted,
+                    "index_mib": round(index.footprint_bytes() / 2**20, 1),
                 }
             )
     stats = index.stats()
@@ -217,6 +242,8 @@ def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
         "pages_applied_per_s": round(pages_applied / apply_s),
         "index_pages": stats.pages,
         "index_nodes": stats.nodes,
+        "index_mib": round(index.footprint_bytes() / 2**20, 1),
+        "index_heap_mib": round(index_heap_bytes(index) / 2**20, 1),
         "refused": stats.refused,
         "consistency_checked": checked,
         "consistency_errors": errors,
@@ -225,7 +252,7 @@ def replay(args: argparse.Namespace) -> tuple[dict[str, Any], list[list[int]]]:
     return out, kept_prompts
 
 
-def sglang_baseline(prompts: list[list[int]]) -> dict[str, Any]:
+def sglang_baseline(packed: list[array[int]]) -> dict[str, Any]:
     """SGLang's RadixCache.match_prefix vs our index, one holder, on the same prompts."""
     try:
         from sglang_patch import cpu_compat
@@ -238,6 +265,7 @@ def sglang_baseline(prompts: list[list[int]]) -> dict[str, Any]:
         print(f"!!! SGLang baseline SKIPPED: cannot import sglang on CPU: {exc!r}", file=sys.stderr)
         return {"skipped": repr(exc)}
     import_s = time.perf_counter() - t0
+    prompts = [p.tolist() for p in packed]
     cache = RadixCache.create_simulated(page_size=PAGE_SIZE)
     for tokens in prompts:
         cache.insert(InsertParams(key=RadixKey(token_ids=tokens, extra_key=None)))
@@ -295,8 +323,9 @@ def print_report(res: dict[str, Any]) -> None:
     for k, v in res.get("baseline", {}).items():
         table.add_row(f"baseline.{k}", str(v))
     console.print(table)
-    mem = Table(title="memory over time (flat once evictions balance inserts)")
-    for col in ("requests", "rss_mib", "index_pages", "index_nodes", "evicted_pages"):
+    mem = Table(title="memory over time (RSS includes the simulated workers' LRUs)")
+    cols = ("requests", "rss_mib", "index_pages", "index_nodes", "evicted_pages", "index_mib")
+    for col in cols:
         mem.add_column(col, justify="right")
     for row in res["memory_series"]:
         mem.add_row(*(str(row[c]) for c in row))

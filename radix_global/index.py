@@ -149,6 +149,10 @@ class GlobalIndex:
             refused=dict(self._refused),
         )
 
+    def footprint_bytes(self) -> int:
+        """Approximate bytes held by all trees (see ``RadixTree.footprint_bytes``)."""
+        return sum(t.footprint_bytes() for t in self._trees.values())
+
     # ---- snapshot -------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:
         """Plain-data copy of every tree: per namespace its page size and its nodes in

@@ -11,6 +11,7 @@ location and no child is freed at once, so memory follows what the holders reall
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Iterator, Sequence
 from typing import cast
 
@@ -64,6 +65,16 @@ class RadixTree:
 
     def __contains__(self, key: int) -> bool:
         return key in self._table
+
+    def footprint_bytes(self) -> int:
+        """Bytes held by the tree's own objects (nodes, runs, key ints, table, holder map);
+        location sets are shared and left out. ``sys.getsizeof`` accounting, no allocation."""
+        size = sys.getsizeof(self._table) + sys.getsizeof(self._by_holder)
+        size += sum(sys.getsizeof(s) for s in self._by_holder.values())
+        for node in self.iter_nodes():
+            size += sys.getsizeof(node) + sys.getsizeof(node.keys) + sys.getsizeof(node.children)
+            size += sum(map(sys.getsizeof, node.keys))
+        return size
 
     # ---- mutations ------------------------------------------------------------------------
     def store(self, loc: Location, parent: PageKey | None, keys: Sequence[PageKey]) -> None:
@@ -182,6 +193,8 @@ class RadixTree:
         Counts one decayed hit on every tree node the query walks through."""
         if now > self.clock:
             self.clock = now
+        if type(keys) is not list:
+            keys = list(keys)  # run slices compare against lists
         bump = self.decay.bump
         path: list[tuple[LocSet, int]] = []  # (node's locations, pages of the query before it)
         node, i, n = self.root, 0, len(keys)

@@ -197,3 +197,11 @@ def test_hot_prefixes_skips_a_node_whose_child_carries_its_hits() -> None:
         t.match(keys(1, 2, 3), now=0.0)
     (hot,) = t.hot_prefixes(top_k=5, now=0.0)
     assert hot.keys == (1, 2, 3) and hot.holders == 1
+
+
+def test_match_accepts_any_sequence() -> None:
+    t = RadixTree()
+    t.store(A_GPU, None, keys(1, 2, 3))
+    assert t.match((PageKey(1), PageKey(2), PageKey(4)), 0.0).matched == {
+        (A, 0): HolderMatch(2, 2, 2)
+    }
