@@ -42,7 +42,7 @@ class RouterConfig:
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 20.0
     health_check_interval_s: float = 2.0
-    health_check_timeout_s: float = 2.0
+    health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
     health_failures_to_remove: int = 3
     # Proxy.
     connect_timeout_s: float = 5.0

@@ -96,13 +96,15 @@ class HealthMonitor:
     def __init__(self, registry: WorkerRegistry, config: RouterConfig, client: httpx.AsyncClient,
                  clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[], None] | None = None,
-                 on_alive: Callable[[str], None] | None = None) -> None:
+                 on_alive: Callable[[str], None] | None = None,
+                 busy: Callable[[str], bool] | None = None) -> None:
         self.registry = registry
         self.config = config
         self.client = client
         self.clock = clock
         self.on_change = on_change
         self.on_alive = on_alive  # a passed check (forwarded as a heartbeat to the index)
+        self.busy = busy  # worker id -> has requests of ours in flight
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
 
@@ -134,14 +136,18 @@ class HealthMonitor:
         now = self.clock()
         changed = bool(self.registry.expire(now, self.config.heartbeat_timeout_s))
         known = {e.info.url for e in self.registry.all() if e.source is Source.CLI}
-        for url in self.config.workers:
-            url = url.rstrip("/")
+        urls = [u.rstrip("/") for u in self.config.workers]
+        # Checked concurrently: SGLang's /health runs a 1-token generation and answers only
+        # once the scheduler replies, which takes seconds on a busy worker.
+        results = await asyncio.gather(*(
+            self._healthy(u) if u in known else self.discover(u) for u in urls))
+        for url, result in zip(urls, results, strict=True):
             if url not in known:
-                changed |= await self.discover(url)
+                changed |= result is True
                 continue
-            ok = await self._healthy(url)
             wid = cli_worker_id(url)
-            if ok:
+            if result is True or (result is None and self.busy is not None and self.busy(wid)):
+                # alive, or too busy with our own requests to answer in time: not a failure
                 self._failures[wid] = 0
                 if self.on_alive is not None:
                     self.on_alive(wid)
@@ -160,10 +166,13 @@ class HealthMonitor:
             self.registry.remove(worker_id)
         self._failures[worker_id] = 0
 
-    async def _healthy(self, url: str) -> bool:
+    async def _healthy(self, url: str) -> bool | None:
+        """True: healthy; False: refused or an error status; None: no answer in time."""
         try:
             resp = await self.client.get(f"{url}/health",
                                          timeout=self.config.health_check_timeout_s)
+        except httpx.TimeoutException:
+            return None
         except httpx.HTTPError:
             return False
         return resp.status_code == 200

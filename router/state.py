@@ -49,12 +49,19 @@ class RouterState:
         self.proxy = Proxy(config)
         self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
                                     on_change=self.refresh_gauges,
-                                    on_alive=self.index.heartbeat)
+                                    on_alive=self.index.heartbeat, busy=self._busy)
         self.tokenizers = TokenizerCache()
         self.tenants = Tenants.from_file(config.tenants_file)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
+
+    def _busy(self, worker_id: str) -> bool:
+        entry = self.registry.find(worker_id)
+        if entry is None:
+            return False
+        return any(self.routing.cost.outstanding((entry.worker_id, r)) > 0
+                   for r in range(entry.info.dp_size))
 
     def _worker_added(self, entry: WorkerEntry) -> None:
         self.index.check(entry)
