@@ -1,4 +1,4 @@
-"""HiCache (SGLang's host-memory KV tier) on ``--device cpu``: two patches, registered with
+"""HiCache (SGLang's host-memory KV tier) on ``--device cpu``: three patches, registered with
 ``sglang_patch.cpu_compat`` and applied only for device ``cpu``.
 
 - ``hicache-host-alloc-plain``: SGLang allocates the host KV pool through
@@ -9,6 +9,11 @@
   calls ``transfer_kv_direct`` from ``sgl_kernel.kvcacheio`` (CUDA) or SGLang's XPU module; on CPU
   ``pool_host.mha`` never imports it. We provide the same operation in pure torch: per layer,
   ``dst[dst_indices] = src[src_indices]`` (an index copy; the device "GPU" pool is host memory).
+
+- ``hicache-host-reserve-small``: before allocating the host pool SGLang keeps
+  ``HICACHE_HOST_MEMORY_RESERVE_BYTES`` = 10 GiB of RAM free for the rest of a GPU server. On a
+  small CPU box (24 GiB, shared by several engines) that refuses even a 0.1 GB pool, so device
+  ``cpu`` reserves 1 GiB instead (SGLang's own free-memory check still runs).
 
 How they reach SGLang's scheduler process: ``cpu_compat.child_env()`` lists this module in
 ``RADIX_GLOBAL_CPU_PATCH_MODULES``, and the ``child_site/sitecustomize.py`` of every spawned
@@ -75,6 +80,19 @@ def _install_transfer() -> None:
     mha.transfer_kv_direct = transfer_kv_direct_torch
 
 
+RESERVE_REASON = (
+    "SGLang keeps 10 GiB of host RAM free before sizing the host pool (sized for GPU servers); a "
+    "small shared CPU box then refuses even a 0.1 GB pool, so device 'cpu' keeps 1 GiB"
+)
+CPU_HOST_RESERVE_BYTES = 1 << 30
+
+
+def _install_reserve() -> None:
+    from sglang.srt.mem_cache.pool_host import base
+
+    base.HICACHE_HOST_MEMORY_RESERVE_BYTES = CPU_HOST_RESERVE_BYTES
+
+
 def _is_cpu(device: str) -> bool:
     return device == "cpu"
 
@@ -85,4 +103,7 @@ cpu_compat.register_patch(
 cpu_compat.register_patch(
     cpu_compat.Patch("hicache-transfer-kv-direct-torch", TRANSFER_REASON, _is_cpu,
                      _install_transfer)
+)
+cpu_compat.register_patch(
+    cpu_compat.Patch("hicache-host-reserve-small", RESERVE_REASON, _is_cpu, _install_reserve)
 )

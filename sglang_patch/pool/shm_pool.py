@@ -35,14 +35,16 @@ NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 _SEG_TARGET_BYTES = 256 << 20
 
 
-def _as_bytes(buf: object) -> np.ndarray:
-    return np.frombuffer(memoryview(buf).cast("B"), dtype=np.uint8)  # type: ignore[arg-type]
+def _as_bytes(buf: object) -> memoryview:
+    """A flat byte view (no copy); memoryview slice assignment is a plain C memcpy."""
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
-def _checksum(arrays: Sequence[np.ndarray]) -> int:
+def _checksum(views: Sequence[memoryview]) -> int:
     h = xxhash.xxh3_64()
-    for arr in arrays:
-        h.update(arr.data)
+    for view in views:
+        h.update(view)
     return h.intdigest()
 
 
@@ -88,7 +90,7 @@ class ShmPagePool(PagePool):
                 raise PoolError(f"pool {pool_id} exists with page_bytes={have_bytes}, "
                                 f"asked for {page_bytes}")
             self._meta = m.SlotMeta(meta_path, nslots)
-            self._segments = [self._map_segment(i, per_seg, page_bytes)
+            self._segments: list[memoryview] = [self._map_segment(i, per_seg, page_bytes)
                               for i in range(-(-nslots // per_seg))]
         self.page_bytes = page_bytes
         self.capacity_pages = nslots
@@ -114,14 +116,17 @@ class ShmPagePool(PagePool):
                             int(self._meta.slots["length"][slot])))
             return out
 
-    def _map_segment(self, index: int, per_seg: int, page_bytes: int) -> np.ndarray:
+    def _map_segment(self, index: int, per_seg: int, page_bytes: int) -> memoryview:
         path = os.path.join(self.dir, f"seg-{index}")
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         try:
             size = per_seg * page_bytes
             if os.fstat(fd).st_size < size:
                 os.ftruncate(fd, size)  # sparse on tmpfs: memory is used only when written
-            return np.frombuffer(mmap.mmap(fd, size), dtype=np.uint8)
+            # MAP_POPULATE: map every page now, so no copy pays a page fault per 4 KiB later
+            # (the pool's memory is its capacity, allocated once by the first process).
+            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
+            return memoryview(mmap.mmap(fd, size, flags=flags))
         finally:
             os.close(fd)
 
@@ -134,7 +139,7 @@ class ShmPagePool(PagePool):
             finally:
                 fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
 
-    def _slot_bytes(self, slot: int, length: int) -> np.ndarray:
+    def _slot_bytes(self, slot: int, length: int) -> memoryview:
         seg, idx = divmod(slot, self._per_seg)
         start = idx * self.page_bytes
         return self._segments[seg][start : start + length]
@@ -168,6 +173,7 @@ class ShmPagePool(PagePool):
         for arr in arrays:
             dst[offset : offset + len(arr)] = arr
             offset += len(arr)
+        del dst
         with self._locked():
             if meta.find(digest) >= 0:  # another process stored it meanwhile: keep theirs
                 rec["state"][slot] = m.FREE
@@ -216,11 +222,7 @@ class ShmPagePool(PagePool):
             gen = int(meta.slots["gen"][slot])
             checksum = int(meta.slots["checksum"][slot])
             meta.slots["last_used"][slot] = meta.tick()
-        src = self._slot_bytes(slot, length)
-        offset = 0
-        for arr in arrays:
-            np.copyto(arr, src[offset : offset + len(arr)])
-            offset += len(arr)
+        self._copy_out(self._slot_bytes(slot, length), arrays)
         if int(meta.slots["gen"][slot]) != gen or meta.slots["state"][slot] != m.VALID:
             with self._locked():
                 meta.bump(m.H_MID_READ)
@@ -235,6 +237,13 @@ class ShmPagePool(PagePool):
         with self._locked():
             meta.bump(m.H_HITS)
         return True
+
+    @staticmethod
+    def _copy_out(src: memoryview, views: Sequence[memoryview]) -> None:
+        offset = 0
+        for view in views:
+            view[:] = src[offset : offset + len(view)]
+            offset += len(view)
 
     def _remove_slot_if(self, slot: int, gen: int) -> bool:
         meta = self._meta

@@ -97,15 +97,15 @@ def test_eviction_mid_read_is_a_miss(pool_id, monkeypatch):
     pool = ShmPagePool(pool_id, PAGE, 1 * PAGE)
     pool.put("old", [page(6)])
     other = ShmPagePool(pool_id, PAGE, 1 * PAGE)
-    real_copyto = np.copyto
+    real_copy = ShmPagePool._copy_out
 
-    def copy_then_evict(dst, src):  # another process evicts and rewrites the slot mid-copy
-        real_copyto(dst, src)
+    def copy_then_evict(src, views):  # another process evicts and rewrites the slot mid-copy
+        real_copy(src, views)
         other.put("new", [page(7)])
 
-    monkeypatch.setattr(np, "copyto", copy_then_evict)
+    monkeypatch.setattr(ShmPagePool, "_copy_out", staticmethod(copy_then_evict))
     assert not pool.get_into("old", [np.zeros(PAGE, np.uint8)])
-    monkeypatch.setattr(np, "copyto", real_copyto)
+    monkeypatch.setattr(ShmPagePool, "_copy_out", staticmethod(real_copy))
     assert pool.stats().evicted_mid_read == 1
     out = np.zeros(PAGE, np.uint8)
     assert pool.get_into("new", [out]) and np.array_equal(out, page(7))

@@ -132,7 +132,27 @@ def _check_corrupt_is_miss(pool_id: str) -> None:
     assert reader.batch_exists([key]) == 0
 
 
+def _check_cpu_hicache_patches() -> None:
+    """The CPU patches (sglang_patch/hicache_cpu.py) are installed and do what SGLang needs."""
+    import torch
+    from sglang.srt.mem_cache.pool_host import base, common, mha
+
+    from sglang_patch import hicache_cpu
+
+    buf = common.ALLOC_MEMORY_FUNCS["cpu"]((2, 3), dtype=torch.float32, device="cpu",
+                                           pin_memory=False, allocator=None)
+    assert buf.shape == (2, 3) and buf.device.type == "cpu"
+    assert base.HICACHE_HOST_MEMORY_RESERVE_BYTES == hicache_cpu.CPU_HOST_RESERVE_BYTES
+    src = [torch.arange(40.0).reshape(10, 4), -torch.arange(40.0).reshape(10, 4)]
+    dst = [torch.zeros(6, 4), torch.zeros(6, 4)]
+    mha.transfer_kv_direct(src_layers=src, dst_layers=dst, src_indices=torch.tensor([8, 9]),
+                           dst_indices=torch.tensor([0, 5]), page_size=2)
+    assert torch.equal(dst[0][5], src[0][9]) and torch.equal(dst[1][0], src[1][8])
+    assert torch.equal(dst[0][1], torch.zeros(4))
+
+
 def _all_checks(prefix: str, port: int) -> None:
+    _check_cpu_hicache_patches()
     _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
     _check_roundtrip(f"{prefix}-pf", "page_first", f"tcp://127.0.0.1:{port + 1}")
     _check_corrupt_is_miss(f"{prefix}-bad")
