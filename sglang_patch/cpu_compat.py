@@ -351,4 +351,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # Run the canonical module's main: under `python -m` this file is also imported as
+    # sglang_patch.cpu_compat (by child_site or by patch modules), and there must be ONE registry.
+    from sglang_patch import cpu_compat as _canonical
+
+    sys.exit(_canonical.main())

@@ -118,7 +118,7 @@ def sglang_server(
     env: Mapping[str, str] | None = None,
     port: int | None = None,
     host: str = "127.0.0.1",
-    startup_timeout: float = 300.0,
+    startup_timeout: float = 420.0,
     stop_timeout: float = 15.0,
     log_path: str | os.PathLike[str] | None = None,
 ) -> Iterator[RunningServer]:

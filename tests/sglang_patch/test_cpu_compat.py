@@ -134,3 +134,14 @@ def test_sglang_scheduler_imports_on_cpu() -> None:
         print("IMPORTED")
     """, timeout=300)
     assert "IMPORTED" in out
+
+
+@pytest.mark.sglang
+@pytest.mark.slow
+def test_module_launcher_runs_sglang_launch_server() -> None:
+    proc = subprocess.run(
+        [PY, "-m", "sglang_patch.cpu_compat", "--", "--help"], capture_output=True, text=True,
+        timeout=300, env=cpu_compat.child_env(), cwd=str(cpu_compat.REPO_ROOT),
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "--model-path" in proc.stdout and "--attention-backend" in proc.stdout
