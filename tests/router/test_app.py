@@ -151,3 +151,48 @@ def test_status_command_prints_the_cluster(upstreams, router_factory, capsys):
     out = capsys.readouterr().out
     assert f"127.0.0.1:{server.port}" in out and "tiny" in out and "no_kv_events" in out
     assert status_main(["--router", "http://127.0.0.1:9"]) == 1
+
+
+def _index_prompt(router, worker_id: str, ids: list[int], page_size: int = 4) -> None:
+    """Put the prompt's pages in the index as the worker's KV events would."""
+    from radix_global.ops import StorePages
+    from radix_global.types import Location, Namespace, Tier, WorkerId
+
+    ns = Namespace(router.state.registry.models()["tiny"])
+    loc = Location(WorkerId(worker_id), 0, Tier.GPU)
+    router.state.index.index.apply(StorePages(ns, loc, None, page_keys(ids, page_size)))
+
+
+def test_disagreement_is_flagged_not_silent(upstreams, router_factory):
+    """The index predicts hits on a worker whose engine never reports one -> flagged."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", mismatch_min_requests=3)
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ids = list(range(10, 42))
+    _index_prompt(router, wid, ids)
+    with router.client() as c:
+        peer.cached_tokens = 0  # the engine keys pages differently: it never hits
+        for _ in range(3):
+            r = c.post("/generate", json={"input_ids": ids})
+            assert int(r.headers["x-radix-prefix-tokens"]) > 0
+        problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
+        assert "predicted_hits_never_observed" in problems
+        assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
+
+
+def test_agreement_is_not_flagged(upstreams, router_factory):
+    """Control for the test above: the same flow with engine hits raises no finding."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", mismatch_min_requests=3)
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ids = list(range(10, 42))
+    _index_prompt(router, wid, ids)
+    with router.client() as c:
+        peer.cached_tokens = 28
+        for _ in range(3):
+            c.post("/generate", json={"input_ids": ids})
+        problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
+        assert "predicted_hits_never_observed" not in problems
+        assert f'router_key_mismatch{{worker="{wid}"}} 0.0' in c.get("/metrics").text
