@@ -7,9 +7,12 @@ a worker is about to receive the request, ``first_token`` at the first streamed 
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import random
 from collections.abc import Callable
 from typing import Any, NamedTuple
+from urllib.parse import urlsplit
 
 import msgspec
 from starlette.responses import JSONResponse, Response
@@ -56,6 +59,7 @@ class Forward:
         self.open = False  # routed and not yet finished
         self.ttft: float | None = None
         self.tail = b""
+        self.decode_entry: WorkerEntry | None = None
 
     # --- life cycle ---------------------------------------------------------------------------
     def _start(self, routed: Routed) -> None:
@@ -116,17 +120,21 @@ class Forward:
             self.state.totals["client_aborts"] += 1
             if self.open:
                 await self.state.proxy.abort(self.routed.entry.info.url, self.req.request_id)
+                if self.decode_entry is not None:
+                    await self.state.proxy.abort(self.decode_entry.info.url, self.req.request_id)
         finally:
             self._finish(False)
 
-    def _body_for(self, entry: WorkerEntry) -> bytes:
+    def _body_for(self, entry: WorkerEntry, extra: dict[str, Any] | None = None,
+                  dp_rank: int | None = None) -> bytes:
         payload = dict(self.payload)
         d = self.routed.decision
         if entry.info.engine == "sglang":
             if not isinstance(payload.get("rid"), list):
                 payload["rid"] = self.req.request_id
             if entry.info.dp_size > 1:
-                payload["routed_dp_rank"] = d.dp_rank
+                payload["routed_dp_rank"] = d.dp_rank if dp_rank is None else dp_rank
+            payload.update(extra or {})
         if self.salt is not None:
             payload["cache_salt"] = self.salt
         return msgspec.json.encode(payload)
@@ -138,15 +146,10 @@ class Forward:
         while True:
             entry = self.routed.entry
             url = f"{entry.info.url}{self.path}"
-            body = self._body_for(entry)
-            headers = forward_headers(self.headers)
             self._start(self.routed)
             t = st.clock()
             try:
-                if self.stream:
-                    upstream = await st.proxy.open_stream(url, body, headers)
-                else:
-                    upstream = await st.proxy.post(url, body, headers)
+                upstream = await self._send(url)
                 break
             except UpstreamUnavailable as exc:
                 wid = entry.info.worker_id
@@ -174,6 +177,45 @@ class Forward:
             await self._relay_stream(upstream, send)
         else:
             await self._relay_whole(upstream, send)
+
+    async def _send(self, url: str) -> UpstreamResponse:
+        """Send to the chosen worker. PD disaggregation (the decision names a decode worker):
+        send to the prefill and the decode worker at once with one bootstrap room, as SGLang's
+        PD protocol wants; the client gets the decode worker's answer."""
+        st, entry, d = self.state, self.routed.entry, self.routed.decision
+        headers = forward_headers(self.headers)
+        self.decode_entry = st.registry.find(d.decode_worker_id) if d.decode_worker_id else None
+        if self.decode_entry is None:
+            body = self._body_for(entry)
+            if self.stream:
+                return await st.proxy.open_stream(url, body, headers)
+            return await st.proxy.post(url, body, headers)
+        decode = self.decode_entry
+        pd = {"bootstrap_host": urlsplit(entry.info.url).hostname,
+              "bootstrap_port": entry.info.bootstrap_port,
+              "bootstrap_room": random.getrandbits(63)}
+        prefill = asyncio.ensure_future(st.proxy.post(url, self._body_for(entry, pd), headers))
+        self._prefill_task = prefill  # its answer is dropped; a failure aborts the decode side
+        prefill.add_done_callback(self._prefill_done)
+        decode_url = f"{decode.info.url}{self.path}"
+        body = self._body_for(decode, pd, dp_rank=d.decode_dp_rank)
+        try:
+            if self.stream:
+                return await st.proxy.open_stream(decode_url, body, headers)
+            return await st.proxy.post(decode_url, body, headers)
+        except BaseException:
+            prefill.cancel()
+            raise
+
+    def _prefill_done(self, task: asyncio.Future[UpstreamResponse]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        failed = exc is not None or task.result().status_code >= 400
+        if failed and self.decode_entry is not None:
+            log.warning("prefill of %s failed (%r): aborting its decode", self.req.request_id, exc)
+            abort = self.state.proxy.abort(self.decode_entry.info.url, self.req.request_id)
+            self._abort_task = asyncio.ensure_future(abort)
 
     def _extra_headers(self) -> list[tuple[bytes, bytes]]:
         d = self.routed.decision

@@ -83,11 +83,17 @@ def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig
         namespace=f"{str(model).replace('/', '-')}@{version}", page_size=page_size, role=role,
         dp_size=int(server.get("dp_size") or 1), engine="sglang", kv_events_endpoint=events,
         kv_events_topic=topic,
+        bootstrap_port=_bootstrap_port(server) if role is Role.PREFILL else None,
     )
     context = config.context_length or server.get("context_length")
     if not isinstance(context, int) and model_path:
         context = model_context_length(model_path)
     return info, model_path, context if isinstance(context, int) else None
+
+
+def _bootstrap_port(server: dict[str, Any]) -> int | None:
+    port = server.get("disaggregation_bootstrap_port")
+    return port if isinstance(port, int) else None
 
 
 class HealthMonitor:

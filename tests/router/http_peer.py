@@ -56,8 +56,8 @@ class Upstream:
     """State and app of one peer worker."""
 
     def __init__(self, model: str = "tiny", model_path: str | None = None, page_size: int = 4,
-                 context_length: int = 512) -> None:
-        self.model, self.model_path = model, model_path
+                 context_length: int = 512, role: str = "null") -> None:
+        self.model, self.model_path, self.role = model, model_path, role
         self.page_size, self.context_length = page_size, context_length
         self.healthy = True
         self.mode = "ok"  # ok | die_mid_stream | slow
@@ -80,7 +80,8 @@ class Upstream:
         return JSONResponse({"served_model_name": self.model, "model_path": self.model_path,
                              "tokenizer_path": self.model_path, "page_size": self.page_size,
                              "context_length": self.context_length, "dp_size": 1,
-                             "kv_events_config": None})
+                             "kv_events_config": None, "disaggregation_mode": self.role,
+                             "disaggregation_bootstrap_port": 8998})
 
     async def _abort(self, request: Request) -> Response:
         self.aborted.append((await request.json())["rid"])
@@ -107,7 +108,8 @@ class Upstream:
                 media_type="text/event-stream")
         if self.mode == "slow":
             await asyncio.sleep(5)
-        return JSONResponse({"text": "hello", "meta_info": self._meta(body)})
+        text = "hello" if self.role == "null" else f"hello from {self.role}"
+        return JSONResponse({"text": text, "meta_info": self._meta(body)})
 
     async def _openai(self, request: Request) -> Response:
         body = await request.json()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 
@@ -196,3 +197,23 @@ def test_agreement_is_not_flagged(upstreams, router_factory):
         problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
         assert "predicted_hits_never_observed" not in problems
         assert f'router_key_mismatch{{worker="{wid}"}} 0.0' in c.get("/metrics").text
+
+
+def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory):
+    """A prefill worker's decision pairs a decode worker: both get the request with one
+    bootstrap room (SGLang's PD protocol); the client gets the decode worker's answer."""
+    prefill, p_server = upstreams(role="prefill")
+    decode, d_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, d_server.url), policy="conductor")
+    router.wait_workers(2)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]})
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "hello from decode"
+    deadline = time.monotonic() + 5
+    while not prefill.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (_, p_body), (_, d_body) = prefill.requests[-1], decode.requests[-1]
+    assert p_body["bootstrap_room"] == d_body["bootstrap_room"]
+    assert p_body["bootstrap_host"] == "127.0.0.1" and p_body["bootstrap_port"] == 8998
+    assert p_body["rid"] == d_body["rid"] == r.headers["x-radix-request-id"]
