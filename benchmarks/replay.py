@@ -30,7 +30,9 @@ from benchmarks.replay_plan import (
     ReplayScaling,
     choose_tokens_per_hash_id,
     plan_requests,
+    select_conversations,
     shared_prefix_tokens,
+    time_scale_for,
 )
 from benchmarks.replay_stats import RequestResult, SloTargets, summarize
 from radix_global.trace import TraceFormatError, prompt_text, read_trace
@@ -205,6 +207,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("trace", help="Mooncake-format JSONL trace")
     p.add_argument("--router", required=True, help="base URL of the router (or one worker)")
     p.add_argument("--limit", type=int, default=None, help="replay only the first N lines")
+    p.add_argument("--conversations", type=int, default=None, metavar="K",
+                   help="replay the turns of the first K multi-turn conversations")
+    p.add_argument("--min-turns", type=int, default=3, help="with --conversations")
+    p.add_argument("--duration-s", type=float, default=None,
+                   help="set --time-scale so the replay's sends span this many seconds")
     p.add_argument("--tokens-per-hash-id", type=int, default=None,
                    help="tokens per Mooncake block (default: chosen for --target-mean-prompt)")
     p.add_argument("--target-mean-prompt", type=int, default=2048)
@@ -228,10 +235,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def plan_from_args(args: argparse.Namespace) -> tuple[list[PlannedRequest], ReplayScaling]:
-    trace = list(read_trace(args.trace, args.limit))
+    trace = list(read_trace(args.trace))
+    if args.conversations:
+        trace = select_conversations(trace, args.conversations, args.min_turns)
+    trace = trace[: args.limit] if args.limit else trace
+    if not trace:
+        raise PlanError("no requests selected from the trace")
+    time_scale = time_scale_for(trace, args.duration_s) if args.duration_s else args.time_scale
     tpb = args.tokens_per_hash_id or choose_tokens_per_hash_id(
         trace, args.target_mean_prompt, args.page_size, args.max_prompt_tokens)
-    scaling = ReplayScaling(tpb, args.time_scale, args.output_scale, args.max_output_tokens,
+    scaling = ReplayScaling(tpb, time_scale, args.output_scale, args.max_output_tokens,
                             args.max_prompt_tokens)
     return plan_requests(trace, scaling), scaling
 

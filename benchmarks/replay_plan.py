@@ -121,3 +121,30 @@ def shared_prefix_tokens(plan: Sequence[PlannedRequest], tokens_per_hash_id: int
         for k in range(1, len(ids) + 1):
             seen.add(ids[:k])
     return total
+
+
+def conversation_key(req: TraceRequest) -> tuple[int, ...]:
+    """Requests of one conversation share their first two blocks (system prompt + first turn);
+    later turns extend the earlier turn's blocks."""
+    return req.hash_ids[:2]
+
+
+def select_conversations(trace: Sequence[TraceRequest], k: int, min_turns: int = 3
+                         ) -> list[TraceRequest]:
+    """The turns of the first ``k`` conversations (by first appearance) that have at least
+    ``min_turns`` turns, in trace order. Contiguous slices of the conversation trace hold few
+    repeat turns (turns of one conversation are minutes apart); this keeps the multi-turn reuse
+    of the whole trace in a short replay (time-compressed with ``time_scale``)."""
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, req in enumerate(trace):
+        groups.setdefault(conversation_key(req), []).append(i)
+    chosen = [v for v in groups.values() if len(v) >= min_turns][:k]
+    return [trace[i] for i in sorted(i for v in chosen for i in v)]
+
+
+def time_scale_for(trace: Sequence[TraceRequest], duration_s: float) -> float:
+    """The ``time_scale`` that makes the trace's timestamps span ``duration_s`` seconds."""
+    if not trace or duration_s <= 0:
+        raise PlanError("need a non-empty trace and a positive duration")
+    span_s = (max(r.timestamp_ms for r in trace) - min(r.timestamp_ms for r in trace)) / 1000.0
+    return duration_s / span_s if span_s > 0 else 1.0

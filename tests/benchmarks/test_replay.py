@@ -197,3 +197,14 @@ def test_cli_bad_trace_exits_2(tmp_path: Path) -> None:
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"timestamp": 0}\n')
     assert replay.main([str(bad), "--router", "http://127.0.0.1:9", "--no-progress"]) == 2
+
+
+def test_conversation_selection_keeps_multi_turn_requests() -> None:
+    from benchmarks.replay_plan import select_conversations, time_scale_for
+
+    trace = [TraceRequest(0, 512, 1, (0, 1)), TraceRequest(1000, 512, 1, (0, 2)),
+             TraceRequest(2000, 1024, 1, (0, 1, 3)), TraceRequest(3000, 1024, 1, (0, 2, 4)),
+             TraceRequest(4000, 1536, 1, (0, 1, 3, 5)), TraceRequest(5000, 512, 1, (0, 9))]
+    assert select_conversations(trace, k=5, min_turns=2) == trace[:5]
+    assert select_conversations(trace, k=1, min_turns=3) == [trace[0], trace[2], trace[4]]
+    assert time_scale_for(trace, 10.0) == pytest.approx(2.0)

@@ -1,0 +1,310 @@
+"""Start and stop a local CPU cluster for benchmarks: SGLang engines and a router in front.
+
+    with LocalCluster(run_dir) as cluster:
+        engines = cluster.start_engines(EngineSet("ours", model_dir, n=2), router_port=p)
+        router = cluster.start_router(RouterSpec("ours", "conductor"), engines, port=p)
+        ...                                      # replay against router.url
+        cluster.stop(router)
+
+Engine kinds
+- ``stock``: plain SGLang on CPU (``python -m sglang_patch.cpu_compat -- ...``), local radix cache
+  only. With ``kv_events=True`` it also publishes SGLang's KV events on a loopback ZMQ port (what
+  our router needs to see caches when the pool is off; sglang-router ignores them).
+- ``ours``: ``radix-global sglang ... --radix-global ROUTER`` (HiCache write-through into the L3
+  shared-memory pool, KV + pool events, registration with the router). Each engine set gets a
+  fresh pool id under ``pool_root`` (so no contender inherits another's pool); the pool is
+  destroyed when the cluster closes.
+
+Router kinds: ``ours`` (``radix-global router --policy P``; with ``stock`` engines they are given
+as ``--workers``, ``ours`` engines register themselves) and ``sglang-router`` (the PyPI
+``sglang_router.launch_router --policy P --worker-urls ...``).
+
+Every process runs in its own process group with its log in ``run_dir``; waits are bounded and a
+start-up failure raises :class:`ClusterError` with the log tail. ``close`` stops everything
+(SIGTERM to the group, SIGKILL after ``stop_timeout_s``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import NamedTuple
+
+import httpx
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
+             "pytorch", "--disable-overlap-schedule", "--dtype", "float32")
+MAX_ENGINES = 3
+
+
+class ClusterError(RuntimeError):
+    """A process of the cluster did not start (the message holds its log tail)."""
+
+
+@dataclass(frozen=True)
+class EngineSet:
+    kind: str  # stock | ours
+    model_dir: str
+    n: int = 2
+    page_size: int = 16
+    max_total_tokens: int = 32768
+    kv_events: bool = True  # stock only: publish KV events for our router
+    pool_capacity_gb: float = 0.5  # ours only
+    pool_root: str = "/dev/shm/radix-global"
+    extra_args: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("stock", "ours"):
+            raise ValueError(f"unknown engine kind {self.kind!r}")
+        if not 1 <= self.n <= MAX_ENGINES:
+            raise ValueError(f"1..{MAX_ENGINES} engines on this machine, not {self.n}")
+
+
+@dataclass(frozen=True)
+class RouterSpec:
+    kind: str  # ours | sglang-router
+    policy: str
+    options: dict[str, str] = field(default_factory=dict)  # extra --flag value pairs
+
+
+class Proc(NamedTuple):
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
+        except OSError:
+            return "<no log>"
+
+
+class Engines(NamedTuple):
+    spec: EngineSet
+    procs: list[Proc]
+    pool_id: str | None
+
+    @property
+    def urls(self) -> list[str]:
+        return [p.url for p in self.procs]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def cpu_env() -> dict[str, str]:
+    from sglang_patch import cpu_compat
+
+    return cpu_compat.child_env({**os.environ})
+
+
+def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
+                pool_id: str | None) -> list[str]:
+    common = ["--model-path", spec.model_dir, "--host", "127.0.0.1", "--port", str(port),
+              *CPU_FLAGS, "--page-size", str(spec.page_size),
+              "--max-total-tokens", str(spec.max_total_tokens), "--log-level", "warning",
+              *spec.extra_args]
+    if spec.kind == "stock":
+        argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--", *common]
+        if spec.kv_events:
+            argv += ["--kv-events-config", json.dumps({
+                "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
+                "topic": "kv-events"})]
+        return argv
+    if router_url is None or pool_id is None:
+        raise ValueError("ours engines need the router URL and a pool id")
+    return [sys.executable, "-m", "radix_global.cli", "sglang", *common,
+            "--radix-global", router_url, "--worker-id", f"eng-{index}-{port}",
+            "--pool-id", pool_id, "--pool-root", spec.pool_root,
+            "--pool-capacity-gb", str(spec.pool_capacity_gb), "--hicache-ratio", "2",
+            "--hicache-storage-prefetch-policy", "wait_complete", "--heartbeat-interval", "1"]
+
+
+def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: str
+                ) -> list[str]:
+    extra = [a for k, v in spec.options.items() for a in (k, v)]
+    if spec.kind == "sglang-router":
+        return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+                "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy, *extra]
+    if spec.kind != "ours":
+        raise ValueError(f"unknown router kind {spec.kind!r}")
+    argv = [sys.executable, "-m", "radix_global.cli", "router", "--host", "127.0.0.1",
+            "--port", str(port), "--policy", spec.policy, "--model-path", model_dir,
+            "--log-level", "warning", *extra]
+    return argv + (["--workers", *workers] if workers else [])
+
+
+class LocalCluster:
+    """Owns every process it starts; use as a context manager."""
+
+    def __init__(self, run_dir: str | Path, startup_timeout_s: float = 600.0,
+                 stop_timeout_s: float = 20.0) -> None:
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.startup_timeout_s = startup_timeout_s
+        self.stop_timeout_s = stop_timeout_s
+        self.procs: list[Proc] = []
+        self.pools: list[tuple[str, str]] = []  # (pool id, root) to destroy on close
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None
+               ) -> Proc:
+        log_path = self.run_dir / f"{name}.log"
+        with open(log_path, "ab") as out:
+            out.write(("$ " + " ".join(argv) + "\n").encode())
+            out.flush()
+            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                                     env=env or dict(os.environ), start_new_session=True)
+        proc = Proc(name, popen, url, log_path)
+        self.procs.append(proc)
+        return proc
+
+    def wait_healthy(self, procs: Sequence[Proc], timeout_s: float | None = None,
+                     path: str = "/health", accept: tuple[int, ...] = (200,)) -> None:
+        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
+        waiting = list(procs)
+        with httpx.Client(timeout=3.0) as client:
+            while waiting:
+                for p in list(waiting):
+                    if p.popen.poll() is not None:
+                        raise ClusterError(f"{p.name} exited with {p.popen.returncode}; log "
+                                           f"{p.log_path}:\n{p.log_tail()}")
+                    with contextlib.suppress(httpx.HTTPError):
+                        if client.get(p.url + path).status_code in accept:
+                            waiting.remove(p)
+                if waiting and time.monotonic() > deadline:
+                    p = waiting[0]
+                    raise ClusterError(f"{p.name} not healthy after {timeout_s} s; log "
+                                       f"{p.log_path}:\n{p.log_tail()}")
+                if waiting:
+                    time.sleep(0.5)
+
+    def start_engines(self, spec: EngineSet, router_url: str | None = None,
+                      tag: str = "") -> Engines:
+        """Start ``spec.n`` engines and wait until all are healthy. ``ours`` engines register
+        with ``router_url`` (which must be up, or come up within their retry window)."""
+        pool_id = None
+        if spec.kind == "ours":
+            pool_id = f"bench-{uuid.uuid4().hex[:8]}"
+            self.pools.append((pool_id, spec.pool_root))
+        env = cpu_env()
+        procs = []
+        for i in range(spec.n):
+            port = free_port()
+            argv = engine_argv(spec, port, i, router_url, pool_id)
+            procs.append(self._spawn(f"{tag}engine{i}-{spec.kind}-{port}", argv,
+                                     f"http://127.0.0.1:{port}", env))
+        self.wait_healthy(procs)
+        return Engines(spec, procs, pool_id)
+
+    def start_router(self, spec: RouterSpec, engines: Engines | None, port: int | None = None,
+                     tag: str = "", wait: bool = True) -> Proc:
+        """Start a router; with ``wait`` it must answer ``/health`` (bounded)."""
+        port = port or free_port()
+        workers: list[str] = []
+        if engines is not None and (spec.kind == "sglang-router" or engines.spec.kind == "stock"):
+            workers = engines.urls
+        model_dir = engines.spec.model_dir if engines is not None else ""
+        argv = router_argv(spec, port, workers, model_dir)
+        proc = self._spawn(f"{tag}router-{spec.kind}-{spec.policy}-{port}", argv,
+                           f"http://127.0.0.1:{port}")
+        if wait:  # our router answers 503 on /health until a worker registers: up is enough
+            self.wait_healthy([proc], timeout_s=120.0, accept=(200, 503))
+        return proc
+
+    def wait_workers(self, router: Proc, n: int, timeout_s: float = 120.0) -> None:
+        """Until our router lists ``n`` workers (registered or discovered), bounded."""
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=3.0) as client:
+            while time.monotonic() < deadline:
+                if router.popen.poll() is not None:
+                    raise ClusterError(f"{router.name} exited:\n{router.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError, ValueError):
+                    resp = client.get(router.url + "/admin/workers")
+                    if resp.status_code == 200 and len(_worker_list(resp.json())) >= n:
+                        return
+                time.sleep(0.5)
+        raise ClusterError(f"{router.name}: fewer than {n} workers after {timeout_s} s:\n"
+                           f"{router.log_tail()}")
+
+    def stop(self, proc: Proc) -> None:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, sig)
+            try:
+                proc.popen.wait(timeout=self.stop_timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        with contextlib.suppress(ProcessLookupError):  # stragglers of the group
+            os.killpg(proc.popen.pid, signal.SIGKILL)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_engines(self, engines: Engines) -> None:
+        for p in engines.procs:
+            self.stop(p)
+        if engines.pool_id is not None:
+            self._destroy_pool(engines.pool_id, engines.spec.pool_root)
+
+    def _destroy_pool(self, pool_id: str, root: str) -> None:
+        from sglang_patch.pool.shm_pool import destroy_pool
+
+        with contextlib.suppress(Exception):
+            destroy_pool(pool_id, root)
+        with contextlib.suppress(ValueError):
+            self.pools.remove((pool_id, root))
+
+    def close(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc)
+        for pool_id, root in list(self.pools):
+            self._destroy_pool(pool_id, root)
+
+
+def _worker_list(data: object) -> list[object]:
+    if isinstance(data, list):
+        return data
+    if isinstance(data, dict):
+        for key in ("workers", "data"):
+            if isinstance(data.get(key), list):
+                return list(data[key])
+    return []
+
+
+def flush_caches(urls: Sequence[str], timeout_s: float = 60.0) -> list[str]:
+    """``POST /flush_cache`` on every engine (SGLang drops its radix cache when idle);
+    returns the URLs that refused (busy engines answer 400 until their requests finish)."""
+    failed = []
+    with httpx.Client(timeout=timeout_s) as client:
+        for url in urls:
+            ok = False
+            deadline = time.monotonic() + timeout_s
+            while not ok and time.monotonic() < deadline:
+                with contextlib.suppress(httpx.HTTPError):
+                    ok = client.post(url + "/flush_cache").status_code == 200
+                if not ok:
+                    time.sleep(1.0)
+            if not ok:
+                failed.append(url)
+    return failed
