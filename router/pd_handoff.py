@@ -123,6 +123,11 @@ class PdRun:
                        tuple(self._attempts), prefill_s, wait_s, pages, self._ttft,
                        p_prompt, p_cached, d_cached, d_storage)
 
+    def cancel(self) -> None:
+        """Give the reservation back without running (client gone before the start)."""
+        if self.orch.selector.release(self.req.request_id):
+            self.orch.util.end(self.decode.worker_id, self.orch.clock())
+
     async def chunks(self) -> AsyncIterator[bytes]:
         orch = self.orch
         try:
@@ -296,13 +301,23 @@ class PdOrchestrator:
         self.failed.discard(worker_id)
 
     def start(self, req: RouteRequest, payload: dict[str, Any], kind: str, path: str,
-              prefill: WorkerState, decodes: Sequence[WorkerState], stream: bool) -> PdRun:
-        """Select and reserve the decode worker (or raise :class:`PdRejected`), nothing sent."""
+              prefill: WorkerState, decodes: Sequence[WorkerState], stream: bool,
+              chosen: WorkerId | None = None) -> PdRun:
+        """Select and reserve the decode worker (or raise :class:`PdRejected`), nothing sent.
+
+        ``chosen``: a decode worker the routing core already picked (``Decision.
+        decode_worker_id``, reserved by ``PolicyDriver`` in the same selector); it is used as
+        is, unless it failed meanwhile."""
         if req.namespace != prefill.namespace:
             raise PdFailed(f"prefill worker {prefill.worker_id} serves {prefill.namespace}, "
                            f"not {req.namespace}")
         self._last_reject = ("no_workers", None)
-        decode = self.pick_decode(req, decodes)
+        decode = next((d for d in decodes if d.worker_id == chosen and d.accepting
+                       and d.worker_id not in self.failed), None)
+        if decode is not None:
+            self.selector.reserve(req.request_id, decode.slot, self.selector.needed_tokens(req))
+        else:
+            decode = self.pick_decode(req, decodes)
         if decode is None:
             self.util.rejected_before_prefill += 1
             raise PdRejected(*self._last_reject)

@@ -261,3 +261,25 @@ async def test_pool_wait_uses_the_index_pool_holdings() -> None:
     run = orch.start(r, PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
     await collect(run)
     assert run.stats.pool_pages == len(r.page_keys)
+
+
+@pytest.mark.asyncio
+async def test_decode_worker_chosen_by_the_driver_is_kept_with_one_reservation() -> None:
+    from router.cost import CostModel
+    from router.policies import get_policy
+    from router.policies.driver import PolicyDriver
+
+    selector = DecodeSelector()
+    driver = PolicyDriver(get_policy("round_robin"), CostModel(), decode=selector)
+    slots = [PREFILL, *decodes(n=2)]
+    decision = driver.route(req(), slots, 0.0)
+    assert decision.accepted and decision.decode_worker_id == "d0"
+    cluster = FakeCluster()
+    orch = orchestrator(cluster, selector=selector)
+    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(n=2),
+                     stream=False, chosen=decision.decode_worker_id)
+    assert selector.reserved_tokens((WorkerId("d0"), 0)) == len(IDS) + 8  # not doubled
+    await collect(run)
+    assert [h for h, _ in cluster.calls] == ["p0", "d0"]
+    driver.finished("r1", True, 1.0)
+    assert selector.reserved_tokens((WorkerId("d0"), 0)) == 0
