@@ -17,6 +17,11 @@ class Decay:
 
     __slots__ = ("_k", "half_life_s")
 
+    @property
+    def rate_constant(self) -> float:
+        """ln 2 / half-life: ``hits * exp(-dt * rate_constant)`` decays ``dt`` seconds."""
+        return self._k
+
     def __init__(self, half_life_s: float = DEFAULT_HALF_LIFE_S) -> None:
         if not half_life_s > 0:
             raise ValueError(f"half_life_s must be > 0, got {half_life_s!r}")

@@ -11,6 +11,7 @@ location and no child is freed at once, so memory follows what the holders reall
 from __future__ import annotations
 
 import heapq
+import math
 import sys
 from collections.abc import Iterator, Sequence
 from typing import cast
@@ -195,7 +196,8 @@ class RadixTree:
             self.clock = now
         if type(keys) is not list:
             keys = list(keys)  # run slices compare against lists
-        bump = self.decay.bump
+        k = self.decay.rate_constant
+        exp = math.exp
         path: list[tuple[LocSet, int]] = []  # (node's locations, pages of the query before it)
         node, i, n = self.root, 0, len(keys)
         while i < n:
@@ -207,8 +209,14 @@ class RadixTree:
             if keys[i : i + m] != run:
                 m = min(m, n - i)
                 m = next((j for j in range(1, m) if run[j] != keys[i + j]), m)
-            path.append((child.locset, i))
-            child.hits, child.stamp = bump(child.hits, child.stamp, now)
+            if not path or path[-1][0] is not child.locset:  # equal sets change no run
+                path.append((child.locset, i))
+            # one decayed hit (inline Decay.bump: this loop is the router's hot path)
+            if now > child.stamp:
+                child.hits = child.hits * exp((child.stamp - now) * k) + 1.0
+                child.stamp = now
+            else:
+                child.hits += 1.0
             i += m
             if m < len(run):
                 break
