@@ -172,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         print("\nEvery other flag goes to sglang.launch_server (see its --help).")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     try:
         return run(args)
     except (LaunchError, RegistrationRefused, RegistrationError) as exc:
