@@ -4,6 +4,7 @@ Examples::
 
     radix-global simulate                         # default: committed config, first 3000 requests
     radix-global simulate --limit 0               # the whole trace
+    radix-global simulate --experiments scale     # 16..1024 instances: decision time, memory
     radix-global simulate my_trace.jsonl --loads 1,2,3 --instances 16 --experiments fig5
 """
 
@@ -25,6 +26,8 @@ from benchmarks.simulate.config import DEFAULT_CONFIG, SimConfigError, load_conf
 from benchmarks.simulate.workload import TraceFormatError, read_trace
 
 EXPERIMENTS = ("fig5", "fig10", "admission", "scale")
+# ``scale`` runs up to 1,024 instances (tens of minutes on one core): only when asked for.
+DEFAULT_EXPERIMENTS = ("fig5", "fig10", "admission")
 
 
 def _floats(text: str) -> tuple[float, ...]:
@@ -56,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loads", type=_floats, help="fig5 rate multipliers, e.g. 1,2,3")
     p.add_argument("--instances", type=int, help="fig5 prefill instances")
     p.add_argument("--scale-instances", type=_ints, help="scale experiment sizes, e.g. 16,64")
-    p.add_argument("--experiments", default=",".join(EXPERIMENTS),
-                   help=f"comma list of {', '.join(EXPERIMENTS)}")
+    p.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
+                   help=f"comma list of {', '.join(EXPERIMENTS)} "
+                        f"(default {','.join(DEFAULT_EXPERIMENTS)})")
     p.add_argument("--out", default="benchmarks/results", help="folder for JSON and PNG")
     p.add_argument("--tag", default="simulate", help="file name stem of the outputs")
     return p
