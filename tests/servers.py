@@ -51,6 +51,11 @@ REPO_ROOT = cpu_compat.REPO_ROOT
 class ServerStartError(RuntimeError):
     """The server exited or did not become healthy in time; the message holds its log tail."""
 
+    def __init__(self, message: str, pid: int, log_path: Path) -> None:
+        super().__init__(message)
+        self.pid = pid  # process group id (already stopped when the error propagates)
+        self.log_path = log_path
+
 
 class RunningServer(NamedTuple):
     url: str  # http://127.0.0.1:PORT
@@ -147,11 +152,11 @@ def sglang_server(
             if proc.poll() is not None:
                 raise ServerStartError(
                     f"SGLang exited with {proc.returncode} during startup; log {log}:\n"
-                    f"{server.log_tail()}")
+                    f"{server.log_tail()}", proc.pid, log)
             if time.monotonic() > deadline:
                 raise ServerStartError(
                     f"SGLang not healthy after {startup_timeout:.0f} s; log {log}:\n"
-                    f"{server.log_tail()}")
+                    f"{server.log_tail()}", proc.pid, log)
             time.sleep(1.0)
         yield server
     finally:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import os
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
-from servers import RunningServer, sglang_server
+from servers import RunningServer, ServerStartError, sglang_server
 
 from radix_global import trace
 
@@ -78,3 +79,13 @@ def test_greedy_output_equals_hf_transformers(server: RunningServer, tiny_model_
         ref = model.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                              pad_token_id=0)[0, len(ids):].tolist()
     assert _generate(server, ids)["output_ids"] == ref
+
+
+def test_bad_server_args_fail_with_log_tail_and_no_leftover(
+    sglang_server_factory: Callable[..., RunningServer],
+) -> None:
+    with pytest.raises(ServerStartError, match="no-such-flag") as info:
+        sglang_server_factory(["--no-such-flag"])
+    assert info.value.log_path.exists()
+    with pytest.raises(ProcessLookupError):
+        os.killpg(info.value.pid, 0)  # the whole process group is gone
