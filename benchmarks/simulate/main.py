@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--loads", type=_floats, help="fig5 rate multipliers, e.g. 1,2,3")
     p.add_argument("--instances", type=int, help="fig5 prefill instances")
     p.add_argument("--scale-instances", type=_ints, help="scale experiment sizes, e.g. 16,64")
+    p.add_argument("--scale-requests-per-copy", type=int,
+                   help="scale experiment: requests replayed per trace copy")
     p.add_argument("--experiments", default=",".join(DEFAULT_EXPERIMENTS),
                    help=f"comma list of {', '.join(EXPERIMENTS)} "
                         f"(default {','.join(DEFAULT_EXPERIMENTS)})")
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         fig5_loads=args.loads or cfg.fig5_loads,
         fig5_instances=args.instances or cfg.fig5_instances,
         scale_instances=args.scale_instances or cfg.scale_instances,
+        scale_requests_per_copy=args.scale_requests_per_copy or cfg.scale_requests_per_copy,
     )
     try:
         trace = read_trace(cfg.trace, cfg.limit)
