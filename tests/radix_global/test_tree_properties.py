@@ -7,6 +7,7 @@ longest run of leading query keys all held, per (holder, dp_rank) and tier class
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 from hypothesis import given, settings
@@ -95,7 +96,7 @@ def check_invariants(tree: RadixTree) -> None:
         assert nodes and all(h in n.locset.holders and n.parent is not None for n in nodes)
 
 
-def run(ops: list[tuple[Any, ...]]) -> RadixTree:
+def run(ops: list[tuple[Any, ...]]) -> tuple[RadixTree, Reference]:
     tree, ref = RadixTree(), Reference()
     for i, o in enumerate(ops):
         kind = o[0]
@@ -133,13 +134,25 @@ def run(ops: list[tuple[Any, ...]]) -> RadixTree:
             assert got.best_pages == best
             assert got.best_holders == {h for (h, _), m in want.items() if m.pool == best and best}
         check_invariants(tree)
-    return tree
+    return tree, ref
 
 
 @settings(max_examples=300, deadline=None)
 @given(st.lists(op, max_size=40))
 def test_tree_matches_reference_and_frees_everything(ops: list[tuple[Any, ...]]) -> None:
-    tree = run(ops)
+    tree, ref = run(ops)
+    for hot in tree.hot_prefixes(top_k=5, now=float(len(ops))):
+        assert hot.pages == len(hot.keys) > 0 and hot.hit_rate > 0
+        assert ref.parent[hot.keys[0]] is None  # a path from the root
+        assert all(ref.parent[b] == a for a, b in itertools.pairwise(hot.keys))
+        holding = {
+            h
+            for h in HOLDERS
+            if all(
+                any(k in ref.held[loc] for loc in LOCATIONS if loc.holder == h) for k in hot.keys
+            )
+        }
+        assert hot.holders == len(holding)
     for h in HOLDERS:
         tree.clear_holder(h)
         check_invariants(tree)
@@ -150,7 +163,7 @@ def test_tree_matches_reference_and_frees_everything(ops: list[tuple[Any, ...]])
 @settings(max_examples=100, deadline=None)
 @given(st.lists(op, max_size=40))
 def test_removing_every_page_frees_every_node(ops: list[tuple[Any, ...]]) -> None:
-    tree = run(ops)
+    tree, _ = run(ops)
     for node in list(tree.iter_nodes()):
         for loc in node.locset.locs:
             tree.remove(loc, [PageKey(k) for k in node.keys])
