@@ -77,6 +77,7 @@ class ShmPagePool(PagePool):
         self.dir = os.path.join(root, pool_id)
         os.makedirs(self.dir, exist_ok=True)
         self._tlock = threading.Lock()
+        self._local = threading.local()  # per-thread staging buffer for scattered reads
         self._lock_fd = os.open(os.path.join(self.dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         self._verify = os.environ.get(NO_VERIFY_ENV, "") != "1"
         meta_path = os.path.join(self.dir, "meta")
@@ -222,21 +223,33 @@ class ShmPagePool(PagePool):
             gen = int(meta.slots["gen"][slot])
             checksum = int(meta.slots["checksum"][slot])
             meta.slots["last_used"][slot] = meta.tick()
-        self._copy_out(self._slot_bytes(slot, length), arrays)
+        # A scattered destination is filled through a private staging buffer: one big copy out
+        # of shared memory then small private copies measured ~3x faster than many small reads
+        # of shared memory (benchmarks/pool_bench.py), and the engine never sees unverified bytes.
+        staged = [self._staging(length)] if len(arrays) > 1 else arrays
+        self._copy_out(self._slot_bytes(slot, length), staged)
         if int(meta.slots["gen"][slot]) != gen or meta.slots["state"][slot] != m.VALID:
             with self._locked():
                 meta.bump(m.H_MID_READ)
                 meta.bump(m.H_MISSES)
             return False
-        if self._verify and _checksum(arrays) != checksum:
+        if self._verify and _checksum(staged) != checksum:
             with self._locked():
                 meta.bump(m.H_BAD_SUM)
                 meta.bump(m.H_MISSES)
                 self._remove_slot_if(slot, gen)  # a corrupt page must not be served again
             return False
+        if staged is not arrays:
+            self._copy_out(staged[0], arrays)
         with self._locked():
             meta.bump(m.H_HITS)
         return True
+
+    def _staging(self, length: int) -> memoryview:
+        buf = getattr(self._local, "staging", None)
+        if buf is None or len(buf) < length:
+            buf = self._local.staging = memoryview(bytearray(self.page_bytes))
+        return buf[:length]
 
     @staticmethod
     def _copy_out(src: memoryview, views: Sequence[memoryview]) -> None:

@@ -157,3 +157,15 @@ def test_open_existing_takes_the_creators_geometry(pool_id):
     other = ShmPagePool.open_existing(pool_id)
     assert other.page_bytes == PAGE and other.capacity_pages == 8 and other.exists("k")
     assert len(other.valid_keys_locations()) == 1
+
+
+def test_corrupted_scattered_read_leaves_destination_untouched(pool_id):
+    pool = ShmPagePool(pool_id, PAGE, 4 * PAGE)
+    pool.put("k", [page(11)])
+    path, offset, _ = pool.locate("k")
+    with open(path, "r+b") as fh:
+        fh.seek(offset + PAGE - 1)
+        fh.write(b"\x00" if page(11)[-1] else b"\x01")
+    parts = [np.zeros(PAGE // 2, np.uint8), np.zeros(PAGE // 2, np.uint8)]
+    assert not pool.get_into("k", parts)
+    assert not parts[0].any() and not parts[1].any()  # staged: nothing unverified delivered
