@@ -59,7 +59,7 @@ class RemovePages(NamedTuple):
 
 
 class ClearHolder(NamedTuple):
-    """The holder dropped everything (``AllBlocksCleared``) at ``tier``, or at every tier if None."""
+    """The holder dropped everything (``AllBlocksCleared``) at ``tier`` (None: every tier)."""
 
     holder: HolderId
     tier: Tier | None

@@ -39,7 +39,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not self.url.startswith(("http://", "https://")):
             raise RegistrationError(f"url must be http(s)://..., got {self.url!r}")
         if "@" not in self.namespace:
-            raise RegistrationError(f"namespace must be '<model>@<version>', got {self.namespace!r}")
+            raise RegistrationError(
+                f"namespace must be '<model>@<version>', got {self.namespace!r}"
+            )
         if self.page_size < 1:
             raise RegistrationError(f"page_size must be >= 1, got {self.page_size}")
         if self.dp_size < 1:
