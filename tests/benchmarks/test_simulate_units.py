@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from benchmarks.simulate.config import Calibration, SimConfigError, load_config
@@ -97,7 +99,7 @@ def test_bad_trace_line_names_the_line() -> None:
         read_trace_lines(['{"timestamp": 0, "input_length": 1, "hash_ids": []}', '{"x": 1}'])
 
 
-def test_committed_config_loads_and_bad_config_is_refused(tmp_path) -> None:  # type: ignore[no-untyped-def]
+def test_committed_config_loads_and_bad_config_is_refused(tmp_path: Path) -> None:
     cfg = load_config()
     assert cfg.fig5_instances == 16 and cfg.calibration.kv_bytes_per_token == 327680
     assert min(cfg.fig5_loads) > 0
