@@ -79,3 +79,32 @@ def test_impossible_combinations_fail_with_a_message(flags, message):
 def test_model_path_required():
     with pytest.raises(LaunchError, match="model-path"):
         build_plan(["--device", "cpu"])
+
+
+def test_cli_reports_contradiction_before_starting_anything(capsys):
+    from sglang_patch.launch_server import main
+
+    assert main([*BASE, "--disaggregation-mode", "decode", "--role", "prefill"]) == 2
+    assert "contradicts --disaggregation-mode decode" in capsys.readouterr().err
+
+
+def test_wrong_sglang_version_or_missing_package_is_refused(monkeypatch):
+    import importlib.metadata
+
+    from sglang_patch import launch_server
+
+    plan = build_plan(BASE, ports=(1, 2, 3))
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.4.0")
+    with pytest.raises(LaunchError, match=r"SGLang 0.4.0 is installed.*sglang==0.5.23"):
+        launch_server.check_environment(plan)
+
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    with pytest.raises(LaunchError, match="SGLang is not installed"):
+        launch_server.check_environment(plan)
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.5.23")
+    monkeypatch.setattr(launch_server, "REQUIRED_MODULES", ("zmq", "no_such_module_xyz"))
+    with pytest.raises(LaunchError, match="missing Python packages: no_such_module_xyz"):
+        launch_server.check_environment(plan)
