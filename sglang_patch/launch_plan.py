@@ -72,15 +72,20 @@ class LaunchPlan:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radix-global sglang", add_help=False,
                                 description="SGLang server that joins radix-global")
-    p.add_argument("--radix-global", default=None, metavar="URL")
-    p.add_argument("--worker-id", default=None)
-    p.add_argument("--admin-token", default=None)
-    p.add_argument("--role", choices=[r.value for r in Role], default=None)
-    p.add_argument("--namespace", default=None)
-    p.add_argument("--pool-id", default=f"shm-{socket.gethostname()}")
-    p.add_argument("--pool-capacity-gb", type=float, default=1.0)
-    p.add_argument("--pool-root", default=None)
-    p.add_argument("--heartbeat-interval", type=float, default=5.0)
+    p.add_argument("--radix-global", default=None, metavar="URL",
+                   help="router/index to register with (omit: standalone, pool only)")
+    p.add_argument("--worker-id", default=None, help="default sgl-<host>-<port>")
+    p.add_argument("--admin-token", default=None, help="default $RADIX_GLOBAL_ADMIN_TOKEN")
+    p.add_argument("--role", choices=[r.value for r in Role], default=None,
+                   help="optional check: must match --disaggregation-mode")
+    p.add_argument("--namespace", default=None,
+                   help="default <served model>@<config.json hash>")
+    p.add_argument("--pool-id", default=f"shm-{socket.gethostname()}",
+                   help="L3 pool shared by the workers of this machine")
+    p.add_argument("--pool-capacity-gb", type=float, default=1.0,
+                   help="pool size (the first process to open it decides)")
+    p.add_argument("--pool-root", default=None, help="default /dev/shm/radix-global")
+    p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds")
     return p
 
 
