@@ -23,11 +23,11 @@ from radix_global.keys import page_keys
 from radix_global.types import Namespace
 from router.forward_relay import Forward, Routed
 from router.policies.base import RouteRequest
-from router.prompt import GENERATE, is_stream, output_tokens_hint
+from router.prompt import GENERATE, is_stream, needs_tokenizer, output_tokens_hint
 from router.prompt import prompt_token_ids as _prompt_ids
 from router.state import RouterState
 from router.tenants import TenantError, effective_salt
-from router.tokenize import PromptError
+from router.tokenize import PromptError, model_vocab_size
 from router.workers import WorkerEntry
 
 log = logging.getLogger("radix_global.router.forward")
@@ -112,9 +112,11 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
 
     t_tok = clock()
     head = entries[0]
-    tok = await _tokenizer_for(state, head)
+    # Token-id prompts never wait for the tokenizer (it may still be loading).
+    tok = await _tokenizer_for(state, head) if needs_tokenizer(kind, payload) else None
+    path = state.config.model_path or head.model_path
+    vocab = model_vocab_size(path) if path else None
     try:
-        vocab = tok.vocab_size if tok is not None else None
         ids = await asyncio.to_thread(_prompt_ids, kind, payload, tok, vocab) \
             if tok is not None and len(body) > 65536 else _prompt_ids(kind, payload, tok, vocab)
     except PromptError as exc:

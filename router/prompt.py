@@ -21,6 +21,16 @@ def _first(value: Any) -> Any:
     return value
 
 
+def needs_tokenizer(kind: str, payload: dict[str, Any]) -> bool:
+    """False when the (first) prompt already is token ids."""
+    if kind == GENERATE:
+        return payload.get("input_ids") is None
+    if kind == COMPLETION:
+        prompt = _first(payload.get("prompt"))
+        return not isinstance(prompt, list)
+    return True
+
+
 def prompt_token_ids(kind: str, payload: dict[str, Any], tok: ModelTokenizer | None,
                      vocab_size: int | None) -> list[int] | None:
     """Token ids of the (first) prompt; None when text must be tokenized but no tokenizer is

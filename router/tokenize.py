@@ -10,6 +10,7 @@ lazily, once per model folder. Requests that already carry token ids skip tokeni
 
 from __future__ import annotations
 
+import functools
 import json
 import threading
 from pathlib import Path
@@ -67,6 +68,20 @@ class ModelTokenizer:
         except Exception as exc:  # jinja errors, bad message shapes
             raise PromptError(f"cannot apply the chat template: {exc}") from exc
         return list(tok.encode(rendered, add_special_tokens=False))
+
+
+@functools.lru_cache(maxsize=64)
+def model_vocab_size(path: str) -> int | None:
+    """``vocab_size`` from the model folder's config.json (the engine's embedding size: token ids
+    must be below it), or None when unknown. Read once per folder."""
+    try:
+        config = json.loads((Path(path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    value = config.get("vocab_size")
+    if value is None and isinstance(config.get("text_config"), dict):
+        value = config["text_config"].get("vocab_size")
+    return value if isinstance(value, int) else None
 
 
 def model_context_length(path: str) -> int | None:
