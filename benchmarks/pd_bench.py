@@ -1,0 +1,334 @@
+"""PD disaggregation on real SGLang CPU workers: co-located vs pool hand-off vs native PD.
+
+Workers started by ``radix-global sglang`` (tiny make-model Llama, 15.9M parameters, float32,
+page size 4). Each request is a fresh prompt (no cache anywhere), streamed, greedy, fixed length:
+
+- ``colocated``: straight to one mixed worker D (prefill + decode in one engine; no KV moves).
+- ``pool``: ``router/pd_handoff.py`` pool mode: P computes the prompt with one output token and
+  writes its pages through to the shared-memory pool; once they are there, D gets the request,
+  fetches the prompt from the pool (``wait_complete`` prefetch) and decodes.
+- ``native``: SGLang's PD (``--disaggregation-mode prefill|decode``, Mooncake TCP transfer
+  engine, our CPU patch ``sglang_patch/pd_cpu.py``), request sent to both with SGLang's bootstrap
+  fields (``PdOrchestrator`` native mode). Mooncake binds all interfaces, so this phase runs only
+  inside a private network namespace; run the whole benchmark as
+  ``unshare -n bash -c 'ip link set lo up && .venv/bin/python -m benchmarks.pd_bench'``
+  (outside one, the native row says so and is skipped).
+
+Phases: colocated + pool share one pair of workers (modes interleaved); native gets its own
+pair afterwards (at most 2 SGLang servers at a time). Measured per request, client side: TTFT
+(send -> first token event), TBT (mean gap between later token events), end-to-end. Bytes moved
+per request: pool mode = pool bytes written + read (``ShmPagePool.stats()`` deltas x page
+bytes); native = prompt tokens x KV bytes per token (computed from the model config: what
+Mooncake moves); colocated = 0. Medians over requests.
+
+    .venv/bin/python -m benchmarks.pd_bench [--requests 6] [--prompt-blocks 16] [--out ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from radix_global import keys, trace
+from radix_global.types import Namespace, Role, WorkerId
+from router.pd import PdConfig, PdMode
+from router.pd_handoff import PdOrchestrator
+from router.policies.base import RouteRequest, WorkerState
+from router.prompt import GENERATE
+
+REPO = Path(__file__).resolve().parent.parent
+PAGE = 4
+NS = Namespace("tiny@pdbench")
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
+             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+             "--max-total-tokens", "16384", "--page-size", str(PAGE), "--hicache-ratio", "2",
+             "--hicache-storage-prefetch-policy", "wait_complete"]
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _healthy(url: str) -> bool:
+    try:
+        return httpx.get(url + "/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def in_private_netns() -> bool:
+    """Only ``lo`` here: Mooncake's all-interface listeners stay private."""
+    try:
+        return sorted(os.listdir("/sys/class/net")) == ["lo"]
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def workers(model: str, pool_id: str, run_dir: Path, native_bootstrap: int | None = None,
+            timeout: float = 900) -> Iterator[dict[str, str]]:
+    """P and D (pool pair), or with ``native_bootstrap`` a native PD prefill/decode pair."""
+    procs: dict[str, subprocess.Popen[bytes]] = {}
+    urls: dict[str, str] = {}
+    env = dict(os.environ)
+    if native_bootstrap is not None:
+        env["SGLANG_HOST_IP"] = "127.0.0.1"
+        env["RADIX_GLOBAL_CPU_PATCH_MODULES"] = "sglang_patch.pd_cpu"
+    try:
+        for name in ("P", "D"):
+            port = _free_port()
+            extra = ["--pool-id", pool_id, "--pool-capacity-gb", "0.2", "--namespace", str(NS),
+                     "--worker-id", name]
+            if native_bootstrap is not None:
+                extra += ["--disaggregation-transfer-backend", "mooncake_tcp",
+                          "--disaggregation-mode", "prefill" if name == "P" else "decode"]
+                if name == "D":  # the wrapper's HiCache needs a radix cache on decode too
+                    extra += ["--disaggregation-decode-enable-radix-cache"]
+                if name == "P":
+                    extra += ["--disaggregation-bootstrap-port", str(native_bootstrap)]
+            tag = "native" if native_bootstrap else "pool"
+            with open(run_dir / f"{name}-{tag}.log", "wb") as log:
+                procs[name] = subprocess.Popen(
+                    [sys.executable, "-m", "sglang_patch.launch_server", "--model-path", model,
+                     "--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS, *extra],
+                    stdout=log, stderr=subprocess.STDOUT, cwd=str(REPO),
+                    start_new_session=True, env=env)
+            urls[name] = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout
+        for name, url in urls.items():
+            while not _healthy(url):
+                if procs[name].poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"worker {name} did not start; see {run_dir}")
+                time.sleep(1.0)
+        yield urls
+    finally:
+        for proc in procs.values():
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs.values():
+            try:
+                proc.wait(timeout=40)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+
+
+class PoolProbe:
+    def __init__(self, pool_id: str) -> None:
+        self.pool_id = pool_id
+        self.ids: dict[str, list[int]] = {}
+        self.pool: Any = None
+
+    def open(self) -> Any:
+        from sglang_patch.pool.shm_pool import ShmPagePool
+
+        if self.pool is None:
+            self.pool = ShmPagePool.open_existing(self.pool_id)
+        return self.pool
+
+    async def pages_present(self, req: RouteRequest) -> int:
+        pool, n = self.open(), 0
+        for digest in keys.page_digests(self.ids[req.request_id], PAGE):
+            if not pool.exists(f"{NS}/{digest.hex()}"):
+                break
+            n += 1
+        return n
+
+    def pages_moved(self) -> tuple[int, int]:
+        """(pages stored, pages read) since the pool was created (all processes)."""
+        s = self.open().stats()
+        return s.stores, s.hits
+
+
+def kv_bytes_per_token(model: str) -> int:
+    """K and V of every layer, float32: what a prompt token's KV weighs on the wire."""
+    cfg = json.loads((Path(model) / "config.json").read_text())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    return int(2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4)
+
+
+async def timed_stream(chunks: Any, t0: float) -> tuple[float, list[float], int]:
+    """(TTFT, gaps between token events, tokens) from an SSE byte stream."""
+    times: list[float] = []
+    buf = b""
+    async for chunk in chunks:
+        buf += chunk
+        while b"\n\n" in buf:
+            event, buf = buf.split(b"\n\n", 1)
+            if event.startswith(b"data:") and b"[DONE]" not in event:
+                times.append(time.perf_counter())
+    if not times:
+        raise RuntimeError("no token events in the stream")
+    gaps = [b - a for a, b in itertools.pairwise(times)]
+    return times[0] - t0, gaps, len(times)
+
+
+class Bench:
+    def __init__(self, client: httpx.AsyncClient, urls: dict[str, str], kv_per_token: int,
+                 probe: PoolProbe | None, bootstrap: int | None) -> None:
+        self.client, self.urls, self.kv = client, urls, kv_per_token
+        self.probe = probe
+        mode = PdMode.NATIVE if bootstrap is not None else PdMode.POOL
+        self.orch = PdOrchestrator(client, PdConfig(mode=mode, pool_ready_timeout_s=60),
+                                   probe=probe,
+                                   bootstrap_ports={WorkerId("P"): bootstrap or 0})
+
+    async def one(self, mode: str, rid: str, ids: list[int], out: int) -> dict[str, Any]:
+        body = {"input_ids": ids, "stream": True,
+                "sampling_params": {"max_new_tokens": out, "temperature": 0.0,
+                                    "ignore_eos": True}}
+        before = self.probe.pages_moved() if self.probe else (0, 0)
+        t0 = time.perf_counter()
+        if mode == "colocated":
+            async with self.client.stream("POST", self.urls["D"] + "/generate",
+                                          json=body) as resp:
+                ttft, gaps, n = await timed_stream(resp.aiter_bytes(), t0)
+        else:
+            if self.probe is not None:
+                self.probe.ids[rid] = ids
+            prefill = WorkerState(WorkerId("P"), NS, role=Role.PREFILL, url=self.urls["P"])
+            decode = WorkerState(WorkerId("D"), NS, role=Role.DECODE, url=self.urls["D"])
+            run = self.orch.start(RouteRequest(rid, NS, len(ids), keys.page_keys(ids, PAGE),
+                                               PAGE, output_tokens_hint=out),
+                                  body, GENERATE, "/generate", prefill, [decode], stream=True)
+            ttft, gaps, n = await timed_stream(run.chunks(), t0)
+        e2e = time.perf_counter() - t0
+        after = self.probe.pages_moved() if self.probe else (0, 0)
+        if mode == "pool":
+            moved = (after[0] - before[0] + after[1] - before[1]) * PAGE * self.kv
+        elif mode == "native":
+            moved = len(ids) * self.kv
+        else:
+            moved = 0
+        return {"mode": mode, "ttft_s": ttft, "tbt_s": statistics.mean(gaps) if gaps else None,
+                "e2e_s": e2e, "tokens": n, "bytes_moved": moved}
+
+
+def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    def med(key: str) -> float | None:
+        vals = [r[key] for r in rows if r[key] is not None]
+        return statistics.median(vals) if vals else None
+
+    return {"requests": len(rows), "ttft_s_median": med("ttft_s"), "tbt_s_median": med("tbt_s"),
+            "e2e_s_median": med("e2e_s"),
+            "ttft_s_range": [min(r["ttft_s"] for r in rows), max(r["ttft_s"] for r in rows)],
+            "tbt_s_range": [min(r["tbt_s"] or 0 for r in rows), max(r["tbt_s"] or 0
+                                                                   for r in rows)],
+            "bytes_moved_median": med("bytes_moved")}
+
+
+def prompts(requests: int, blocks: int, offset: int) -> list[list[int]]:
+    return [trace.synthesize_prompt([offset + 100 * i + b for b in range(blocks)],
+                                    blocks * 512, 64) for i in range(requests)]
+
+
+async def run_phase(urls: dict[str, str], modes: tuple[str, ...], kv: int,
+                    probe: PoolProbe | None, bootstrap: int | None, requests: int,
+                    blocks: int, out: int) -> tuple[dict[str, list[dict[str, Any]]], Any]:
+    rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
+        b = Bench(client, urls, kv, probe, bootstrap)
+        for m in modes:  # warm-up (first-request costs), not measured
+            await b.one(m, f"warm-{m}", trace.synthesize_prompt([7 + len(m)], 512, 64), 4)
+        for i in range(requests):
+            order = modes if i % 2 == 0 else tuple(reversed(modes))
+            for m in order:
+                ids = prompts(1, blocks, 100_000 * (1 + modes.index(m)) + 1000 * i)[0]
+                if bootstrap is not None:
+                    ids = prompts(1, blocks, 900_000 + 1000 * i)[0]
+                rows[m].append(await b.one(m, f"{m}-{i}", ids, out))
+        report = b.orch.util.report(time.monotonic())
+    return rows, report
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--requests", type=int, default=6)
+    ap.add_argument("--prompt-blocks", type=int, default=16, help="64-token blocks per prompt")
+    ap.add_argument("--output-tokens", type=int, default=32)
+    ap.add_argument("--model", default=None, help="model folder (default: make-model build)")
+    ap.add_argument("--out", default=str(REPO / "benchmarks/results/pd_bench.json"))
+    args = ap.parse_args()
+    from sglang_patch.make_model import make_model
+    from sglang_patch.pool.shm_pool import destroy_pool
+
+    model = args.model or str(make_model(Path(tempfile.mkdtemp(prefix="pdbench-")) / "tiny"))
+    kv = kv_bytes_per_token(model)
+    run_dir = Path(tempfile.mkdtemp(prefix="pdbench-run-"))
+    rows: dict[str, list[dict[str, Any]]] = {}
+    util: dict[str, Any] = {}
+    pool_id = f"pdbench-{uuid.uuid4().hex[:8]}"
+    try:
+        with workers(model, pool_id, run_dir) as urls:
+            got, report = asyncio.run(run_phase(urls, ("colocated", "pool"), kv,
+                                                PoolProbe(pool_id), None, args.requests,
+                                                args.prompt_blocks, args.output_tokens))
+            rows.update(got)
+            util = {"prefill": report.prefill.utilization,
+                    "decode": report.decode.utilization,
+                    "configured_ratio": report.configured_ratio,
+                    "suggested_ratio": report.suggested_ratio}
+    finally:
+        destroy_pool(pool_id)
+    native_note = None
+    if in_private_netns():
+        pool_id = f"pdbench-{uuid.uuid4().hex[:8]}"
+        bootstrap = _free_port()
+        try:
+            with workers(model, pool_id, run_dir, native_bootstrap=bootstrap) as urls:
+                got, _ = asyncio.run(run_phase(urls, ("native",), kv, None, bootstrap,
+                                               args.requests, args.prompt_blocks,
+                                               args.output_tokens))
+                rows.update(got)
+        finally:
+            destroy_pool(pool_id)
+    else:
+        native_note = "skipped: run inside `unshare -n` (Mooncake binds all interfaces)"
+    summary: dict[str, Any] = {m: summarize(r) for m, r in rows.items()}
+    if native_note:
+        summary["native"] = {"skipped": native_note}
+    result = {"summary": summary, "rows": rows, "utilization": util, "config": {
+        "requests": args.requests, "prompt_tokens": args.prompt_blocks * 64,
+        "output_tokens": args.output_tokens, "page_size": PAGE, "kv_bytes_per_token": kv,
+        "model": "make-model tiny Llama 15.9M params float32",
+        "machine": f"{os.cpu_count()} CPU cores, shared with other jobs"}}
+    print(f"{'mode':<10} {'TTFT med s':>11} {'TBT med ms':>11} {'e2e med s':>10} "
+          f"{'bytes/req':>12}")
+    for mode in ("colocated", "pool", "native"):
+        s = summary.get(mode, {})
+        if "skipped" in s or not s:
+            print(f"{mode:<10} {s.get('skipped', 'not run')}")
+            continue
+        print(f"{mode:<10} {s['ttft_s_median']:>11.3f} {(s['tbt_s_median'] or 0) * 1e3:>11.1f} "
+              f"{s['e2e_s_median']:>10.3f} {int(s['bytes_moved_median'] or 0):>12,}")
+    if util:
+        print(f"pool-mode utilisation: prefill {util['prefill']:.2f}, decode "
+              f"{util['decode']:.2f}; ratio {util['configured_ratio']} -> suggested "
+              f"{util['suggested_ratio']}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=1))
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

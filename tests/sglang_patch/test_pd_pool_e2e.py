@@ -1,0 +1,275 @@
+"""PD hand-off through the L3 pool with real SGLang CPU workers (``router/pd_handoff.py``).
+
+Three workers started by ``radix-global sglang`` (``sglang_patch.launch_server``) on one shared
+pool: P (prefill role) and D1, D2 (decode role; ``wait_complete`` prefetch). The router side is
+the real :class:`PdOrchestrator` with a real httpx client; "is the prompt in the pool yet" is read
+from the shared-memory pool itself (``ShmPoolProbe``), as the index would see it from pool events.
+
+Checks (one scenario, servers start once; a few minutes on a shared 2-core box):
+1. Greedy output of a disaggregated request = a non-disaggregated run of the same prompt
+   (reference: the same prompt under another ``cache_salt`` on P, which shares no page with the
+   unsalted prompt, so it is computed from scratch in one server).
+2. The decode worker reports (nearly) the whole prompt cached, from the pool (``storage``).
+3. Multi-turn: turn 2 = turn 1 + answer + new message; the prefill worker computed only the new
+   suffix (its ``cached_tokens`` covers turn 1), and turn 2's output equals its reference.
+4. D1 is killed with requests reserved on it: they go to D2, all finish, same outputs, no hang.
+5. Saturated decode pool (KV headroom = the decode engines' real ``max_total_num_tokens``): the
+   request that does not fit is rejected before prefill (P receives nothing).
+Negative control: a probe that never waits plus a decode worker whose pool was not written would
+show ``storage == 0``; here the assertion ``storage >= ...`` is checked against the value the
+engine reports, and test 1 compares against a reference that differs for a different prompt.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psutil
+import pytest
+from servers import _healthy, free_port
+
+from radix_global import keys, trace
+from radix_global.types import Namespace, Role, WorkerId
+from router.pd import PdConfig, PdMode
+from router.pd_handoff import PdOrchestrator, PdRejected
+from router.policies.base import RouteRequest, WorkerState
+from router.prompt import GENERATE
+from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
+
+PAGE = 4
+NS = Namespace("tiny@pd")
+REPO = Path(__file__).resolve().parents[2]
+CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
+             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+             "--max-total-tokens", "8192", "--page-size", str(PAGE), "--hicache-ratio", "2",
+             "--hicache-storage-prefetch-policy", "wait_complete",
+             # SGLang skips L3 prefetches under 256 tokens by default; a turn's new part is less
+             "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 4}']
+
+
+class Worker:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+        self.name, self.proc, self.url, self.log = name, proc, url, log
+
+    def engine_pids(self) -> list[int]:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
+        return []
+
+    def tail(self) -> str:
+        return self.log.read_bytes()[-4000:].decode("utf-8", "replace")
+
+
+def _spawn(name: str, model: Path, args: list[str]) -> Worker:
+    port = free_port()
+    fd, log = tempfile.mkstemp(prefix=f"rg-pd-{name}-", suffix=".log")
+    os.close(fd)
+    argv = [sys.executable, "-m", "sglang_patch.launch_server", "--model-path", str(model),
+            "--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS, *args]
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                start_new_session=True)
+    return Worker(name, proc, f"http://127.0.0.1:{port}", Path(log))
+
+
+def _stop(w: Worker) -> None:
+    pids = w.engine_pids()
+    if w.proc.poll() is None:
+        w.proc.send_signal(signal.SIGTERM)
+        try:
+            w.proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+
+
+@contextlib.contextmanager
+def pd_workers(model: Path, pool_id: str, timeout: float = 900) -> Iterator[dict[str, Worker]]:
+    """P, D1, D2 started together (start-up overlaps), stopped together."""
+    common = ["--pool-id", pool_id, "--pool-capacity-gb", "0.1", "--namespace", str(NS)]
+    workers = {n: _spawn(n, model, [*common, "--worker-id", n]) for n in ("P", "D1", "D2")}
+    try:
+        deadline = time.monotonic() + timeout
+        for w in workers.values():
+            while not _healthy(w.url):
+                assert w.proc.poll() is None, f"{w.name} exited:\n{w.tail()}"
+                assert time.monotonic() < deadline, f"{w.name} not healthy:\n{w.tail()}"
+                time.sleep(1.0)
+        yield workers
+    finally:
+        for w in workers.values():
+            _stop(w)
+
+
+class ShmPoolProbe:
+    """How many leading pages of a prompt the shared-memory pool holds (the pool's own view)."""
+
+    def __init__(self, pool_id: str, ids_of: dict[str, list[int]]) -> None:
+        self.pool_id, self.ids_of = pool_id, ids_of
+        self.pool: ShmPagePool | None = None
+
+    async def pages_present(self, req: RouteRequest) -> int:
+        if self.pool is None:
+            try:
+                self.pool = ShmPagePool.open_existing(self.pool_id)
+            except Exception:
+                return 0
+        n = 0
+        for digest in keys.page_digests(self.ids_of[req.request_id], PAGE):
+            if not self.pool.exists(f"{NS}/{digest.hex()}"):
+                break
+            n += 1
+        return n
+
+
+def prompt(hash_ids: list[int], per_block: int = 48) -> list[int]:
+    """``per_block`` tokens per hash id (trace lengths are in 512-token blocks)."""
+    return trace.synthesize_prompt(hash_ids, len(hash_ids) * 512, per_block)
+
+
+def route_request(rid: str, ids: list[int], out: int) -> RouteRequest:
+    return RouteRequest(rid, NS, len(ids), keys.page_keys(ids, PAGE), PAGE,
+                        output_tokens_hint=out)
+
+
+def body(ids: list[int], n: int, salt: str | None = None) -> dict[str, Any]:
+    b: dict[str, Any] = {"input_ids": ids,
+                         "sampling_params": {"max_new_tokens": n, "temperature": 0.0}}
+    if salt:
+        b["cache_salt"] = salt
+    return b
+
+
+async def direct(client: httpx.AsyncClient, url: str, b: dict[str, Any]) -> dict[str, Any]:
+    resp = await client.post(url + "/generate", json=b)
+    assert resp.status_code == 200, resp.text
+    return dict(resp.json())
+
+
+async def disaggregated(orch: PdOrchestrator, probe: ShmPoolProbe, prefill: WorkerState,
+                        decodes: list[WorkerState], rid: str, ids: list[int], n: int
+                        ) -> tuple[dict[str, Any], Any]:
+    probe.ids_of[rid] = ids
+    run = orch.start(route_request(rid, ids, n), body(ids, n), GENERATE, "/generate", prefill,
+                     decodes, stream=False)
+    raw = b"".join([c async for c in run.chunks()])
+    assert run.status_code == 200, raw[:500]
+    return json.loads(raw), run.stats
+
+
+def storage(out: dict[str, Any]) -> int:
+    return int((out["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
+
+
+def test_pool_handoff_end_to_end(tiny_model_dir: Path) -> None:
+    pool_id = f"pd-{uuid.uuid4().hex[:8]}"
+    try:
+        with pd_workers(tiny_model_dir, pool_id) as w:
+            asyncio.run(_scenario(w, pool_id))
+    finally:
+        destroy_pool(pool_id)
+
+
+async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
+    sent: list[str] = []
+
+    async def record(request: httpx.Request) -> None:
+        sent.append(str(request.url))
+
+    async with httpx.AsyncClient(timeout=httpx.Timeout(300, connect=5),
+                                 event_hooks={"request": [record]}) as client:
+        info = (await client.get(w["D1"].url + "/server_info")).json()
+        capacity = int(info.get("max_total_num_tokens") or 8192)
+        prefill = WorkerState(WorkerId("P"), NS, role=Role.PREFILL, url=w["P"].url)
+        decodes = [WorkerState(WorkerId(n), NS, role=Role.DECODE, url=w[n].url,
+                               kv_headroom_tokens=capacity, running=0) for n in ("D1", "D2")]
+        probe = ShmPoolProbe(pool_id, {})
+        orch = PdOrchestrator(client, PdConfig(mode=PdMode.POOL, pool_ready_timeout_s=60),
+                              probe=probe)
+
+        # 1 + 2: one disaggregated request vs a from-scratch run of the same prompt.
+        turn1 = prompt(list(range(700, 712)))  # 576 tokens
+        ref1 = await direct(client, w["P"].url, body(turn1, 16, salt="reference"))
+        assert ref1["meta_info"]["cached_tokens"] == 0
+        out1, s1 = await disaggregated(orch, probe, prefill, decodes, "t1", turn1, 16)
+        assert out1["output_ids"] == ref1["output_ids"]
+        assert len(turn1) == 576 and s1.prefill_cached_tokens == 0
+        assert s1.pool_pages == len(turn1) // PAGE
+        assert storage(out1) >= len(turn1) - 2 * PAGE, out1["meta_info"]
+        assert out1["meta_info"]["cached_tokens"] >= len(turn1) - 2 * PAGE
+
+        # 3: turn 2 reuses turn 1 on the prefill worker; only the suffix is computed there.
+        turn2 = [*turn1, *out1["output_ids"], *prompt([9100, 9101])]
+        ref2 = await direct(client, w["P"].url, body(turn2, 16, salt="reference"))
+        out2, s2 = await disaggregated(orch, probe, prefill, decodes, "t2", turn2, 16)
+        assert out2["output_ids"] == ref2["output_ids"]
+        assert s2.prefill_prompt_tokens == len(turn2)
+        assert s2.prefill_cached_tokens is not None
+        assert s2.prefill_cached_tokens >= len(turn1) - PAGE, s2  # computed: the new suffix
+        assert out2["meta_info"]["cached_tokens"] >= len(turn2) - 2 * PAGE, out2["meta_info"]
+
+        # 4: D1 dies with requests reserved on it: they finish on D2, same outputs, no hang.
+        prompts = {f"k{i}": prompt([800 + i, 850 + i])
+                   for i in range(4)}
+        refs = {r: await direct(client, w["P"].url, body(ids, 8, salt="reference"))
+                for r, ids in prompts.items()}
+        runs = {}
+        for r, ids in prompts.items():
+            probe.ids_of[r] = ids
+            runs[r] = orch.start(route_request(r, ids, 8), body(ids, 8), GENERATE,
+                                 "/generate", prefill, decodes, stream=False)
+        on_d1 = [r for r, run in runs.items() if run.decode.worker_id == "D1"]
+        assert on_d1, "the reservations should have spread over both decode workers"
+        for pid in w["D1"].engine_pids():
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        w["D1"].proc.wait(timeout=60)
+
+        async def finish(run: Any) -> dict[str, Any]:
+            return dict(json.loads(b"".join([c async for c in run.chunks()])))
+
+        outs = await asyncio.wait_for(asyncio.gather(*(finish(run) for run in runs.values())),
+                                      timeout=600)
+        for (r, run), out in zip(runs.items(), outs, strict=True):
+            assert out["output_ids"] == refs[r]["output_ids"], r
+            assert run.stats.decode_worker == "D2"
+        assert all(runs[r].stats.decode_attempts == ("D1", "D2") for r in on_d1)
+
+        # 5: saturated decode pool: rejected before prefill.
+        alive = [d for d in decodes if d.worker_id == "D2"]
+        big = prompt([990, 991])
+        held = []
+        per_request = len(big) + 2000
+        for i in range(capacity // per_request):
+            probe.ids_of[f"h{i}"] = big
+            held.append(orch.start(route_request(f"h{i}", big, 2000), body(big, 8), GENERATE,
+                                   "/generate", prefill, alive, stream=False))
+        before = list(sent)
+        with pytest.raises(PdRejected) as rejected:
+            orch.start(route_request("over", big, 2000), body(big, 8), GENERATE, "/generate",
+                       prefill, alive, stream=False)
+        assert rejected.value.reason == "decode_kv"
+        assert sent == before, "a rejected request must not reach the prefill worker"
+        for run in held:
+            run.cancel()
+        assert orch.selector.reserved_tokens((WorkerId("D2"), 0)) == 0
+        report = orch.util.report(time.monotonic())
+        assert report.rejected_before_prefill == 1 and report.decode_retries == len(on_d1)
+        assert report.prefill.busy_s > 0 and report.decode.busy_s > 0
