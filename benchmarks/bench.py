@@ -160,7 +160,7 @@ class Runner:
             info["pool_pages_cleared"] = clear_pool(engines)
         if engines is None and c.engines == "ours":
             router = self.cluster.start_router(c.router, None, port=self.router_port,
-                                               tag="ours-")
+                                               tag="ours-", model_dir=self.cfg.model_dir)
             engines = self.start_engines("ours")
         else:
             engines = engines or self.start_engines(c.engines)

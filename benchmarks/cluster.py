@@ -218,13 +218,16 @@ class LocalCluster:
         return Engines(spec, procs, pool_id)
 
     def start_router(self, spec: RouterSpec, engines: Engines | None, port: int | None = None,
-                     tag: str = "", wait: bool = True) -> Proc:
-        """Start a router; with ``wait`` it must answer ``/health`` (bounded)."""
+                     tag: str = "", wait: bool = True, model_dir: str | None = None) -> Proc:
+        """Start a router; with ``wait`` it must answer (bounded). ``model_dir`` (tokenizer) is
+        needed when no engines are given yet (our engines register after the router is up)."""
         port = port or free_port()
         workers: list[str] = []
         if engines is not None and (spec.kind == "sglang-router" or engines.spec.kind == "stock"):
             workers = engines.urls
-        model_dir = engines.spec.model_dir if engines is not None else ""
+        model_dir = model_dir or (engines.spec.model_dir if engines is not None else None)
+        if not model_dir:
+            raise ValueError("start_router needs engines or model_dir")
         argv = router_argv(spec, port, workers, model_dir)
         proc = self._spawn(f"{tag}router-{spec.kind}-{spec.policy}-{port}", argv,
                            f"http://127.0.0.1:{port}")
