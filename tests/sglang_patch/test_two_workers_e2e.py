@@ -255,8 +255,11 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
     pool_id = f"e2e-{uuid.uuid4().hex[:8]}"
     pool_args = ["--radix-global", "", "--admin-token", TOKEN, "--pool-id", pool_id,
                  "--pool-capacity-gb", "0.05", "--heartbeat-interval", "1"]
-    prompt = trace.synthesize_prompt(list(range(500, 520)), 20 * 64, 64)  # 1,280 tokens
-    turn = [*prompt, *trace.synthesize_prompt([9001, 9002], 128, 64)]
+    # 1,280 tokens (trace lengths count 512 tokens per hash id; scaled to 64): well above SGLang's
+    # storage prefetch threshold (256 tokens), below which it never asks the pool.
+    prompt = trace.synthesize_prompt(list(range(500, 520)), 20 * 512, 64)
+    turn = [*prompt, *trace.synthesize_prompt([9001, 9002], 2 * 512, 64)]
+    assert len(prompt) == 1280 and len(turn) == 1408
     prompt_pages = len(prompt) // PAGE
     try:
         with RegistrationPeer() as peer:
