@@ -10,18 +10,25 @@ as in ``radix_global.keys``. Copy ``c`` of the trace lives in a disjoint key ran
 from __future__ import annotations
 
 import heapq
-import json
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import NamedTuple
 
+from radix_global.trace import TraceFormatError, parse_trace_line
 from radix_global.types import PageKey
 
+__all__ = [
+    "COPY_STRIDE",
+    "SimRequest",
+    "TraceFormatError",
+    "full_page_keys",
+    "read_trace",
+    "read_trace_lines",
+    "replicate",
+    "scale_load",
+]
+
 COPY_STRIDE = 1 << 40
-
-
-class TraceFormatError(ValueError):
-    """A trace line that is not a Mooncake record."""
 
 
 class SimRequest(NamedTuple):
@@ -32,32 +39,28 @@ class SimRequest(NamedTuple):
     page_keys: tuple[PageKey, ...]
 
 
-def read_trace_lines(lines: Iterable[str], limit: int = 0) -> list[SimRequest]:
-    """Parse JSON lines ``{timestamp (ms), input_length, output_length, hash_ids}``.
-    ``limit`` > 0 keeps the first ``limit`` records. A bad line -> :class:`TraceFormatError`
-    naming the line."""
+def read_trace_lines(
+    lines: Iterable[str], limit: int = 0, where: str = "trace"
+) -> list[SimRequest]:
+    """Parse Mooncake JSON lines with ``radix_global.trace.parse_trace_line`` (the one trace
+    parser of the project). ``limit`` > 0 keeps the first ``limit`` records. A bad line ->
+    :class:`TraceFormatError` naming the line."""
     out: list[SimRequest] = []
     for lineno, line in enumerate(lines, 1):
         if not line.strip():
             continue
         if 0 < limit <= len(out):
             break
-        try:
-            rec = json.loads(line)
-            ts, n = float(rec["timestamp"]), int(rec["input_length"])
-            m, ids = int(rec.get("output_length", 0)), rec["hash_ids"]
-            if n < 0 or not isinstance(ids, list):
-                raise ValueError("negative length or hash_ids not a list")
-            keys = tuple(PageKey(int(h)) for h in ids)
-        except (ValueError, KeyError, TypeError) as exc:
-            raise TraceFormatError(f"trace line {lineno}: {exc}") from exc
-        out.append(SimRequest(f"r{len(out)}", ts / 1000.0, n, m, keys))
+        rec = parse_trace_line(line, f"{where} line {lineno}")
+        keys = tuple(PageKey(h) for h in rec.hash_ids)
+        out.append(SimRequest(f"r{len(out)}", rec.timestamp_ms / 1000.0, rec.input_length,
+                              rec.output_length, keys))
     return out
 
 
 def read_trace(path: Path | str, limit: int = 0) -> list[SimRequest]:
-    with open(path) as fh:
-        return read_trace_lines(fh, limit)
+    with open(path, encoding="utf-8") as fh:
+        return read_trace_lines(fh, limit, str(path))
 
 
 def full_page_keys(req: SimRequest, page_tokens: int) -> tuple[PageKey, ...]:

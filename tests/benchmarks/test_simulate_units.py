@@ -96,7 +96,10 @@ def test_trace_reading_scaling_and_copies() -> None:
 
 def test_bad_trace_line_names_the_line() -> None:
     with pytest.raises(TraceFormatError, match="line 2"):
-        read_trace_lines(['{"timestamp": 0, "input_length": 1, "hash_ids": []}', '{"x": 1}'])
+        read_trace_lines(
+            ['{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": []}',
+             '{"x": 1}']
+        )
 
 
 def test_committed_config_loads_and_bad_config_is_refused(tmp_path: Path) -> None:
