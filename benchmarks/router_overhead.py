@@ -10,6 +10,9 @@ median and p99, for text prompts (``/v1/completions``, routers tokenize) and tok
 interleaved rounds so machine-load drift hits them alike. Our router's time per stage (tokenize,
 policy, proxy connect) comes from its ``router_stage_seconds`` metric (mean per request).
 
+Also reported: each router process's CPU time per request (user + system, from /proc), which
+machine-load noise does not inflate the way it inflates wall-clock latency on a shared host.
+
 Run: ``python -m benchmarks.router_overhead`` (table + ``benchmarks/results/router_overhead.json``).
 """
 
@@ -157,6 +160,13 @@ def stage_sums(metrics_url: str) -> dict[str, tuple[float, float]]:
     return {k: (v[0], v[1]) for k, v in out.items()}
 
 
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system, all threads) a process used so far: a measure of a router's
+    cost per request that machine-load noise does not inflate."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def pct(values: list[float], q: float) -> float:
     s = sorted(values)
     return s[min(len(s) - 1, int(q * len(s)))]
@@ -204,13 +214,17 @@ def main(argv: list[str] | None = None) -> int:
                             "--log-level", "warning"], work / "ours.log"))
         procs.append(spawn([sys.executable, "-m", "sglang_router.launch_router", "--host",
                             "127.0.0.1", "--port", str(sgl_port), "--worker-urls", up,
-                            "--policy", "cache_aware", "--log-level", "warn"], work / "sgl.log"))
+                            "--policy", "cache_aware", "--log-level", "warn",
+                            "--prometheus-host", "127.0.0.1", "--prometheus-port",
+                            str(free_port())], work / "sgl.log"))
         targets = {"direct": up, "radix-global": f"http://127.0.0.1:{ours_port}",
                    "sglang-router": f"http://127.0.0.1:{sgl_port}"}
         for base in targets.values():
             for path, body in inputs.values():
                 wait_ready(f"{base}{path}", body)
                 asyncio.run(run_batch(base, path, body, 4, 200))  # warm up connections, caches
+        pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid}
+        cpu: dict[tuple[str, str, int], list[float]] = {}
         lat: dict[tuple[str, str, int], list[float]] = {}
         stages: dict[tuple[str, int], dict[str, list[float]]] = {}
         for _ in range(args.rounds):
@@ -219,8 +233,12 @@ def main(argv: list[str] | None = None) -> int:
                     for name, base in targets.items():
                         before = stage_sums(f"{base}/metrics") if name == "radix-global" else {}
                         n = max(conc, args.requests // args.rounds // conc * conc)
+                        c0 = cpu_s(pids[name]) if name in pids else 0.0
                         lat.setdefault((name, inp, conc), []).extend(
                             asyncio.run(run_batch(base, path, body, conc, n)))
+                        if name in pids:
+                            cpu.setdefault((name, inp, conc), []).append(
+                                (cpu_s(pids[name]) - c0) / n)
                         if before:
                             after = stage_sums(f"{base}/metrics")
                             acc = stages.setdefault((inp, conc), {})
@@ -232,30 +250,33 @@ def main(argv: list[str] | None = None) -> int:
         for proc in reversed(procs):
             stop(proc)
 
-    rows = []
+    rows: list[dict[str, Any]] = []
     for conc in (1, 32):
         for inp in inputs:
             direct = lat[("direct", inp, conc)]
             for name in ("radix-global", "sglang-router"):
                 own = lat[(name, inp, conc)]
-                row = {"router": name, "input": inp, "concurrency": conc, "requests": len(own),
+                row: dict[str, Any] = {
+                       "router": name, "input": inp, "concurrency": conc, "requests": len(own),
                        "median_ms": statistics.median(own) * 1e3,
                        "p99_ms": pct(own, 0.99) * 1e3,
                        "direct_median_ms": statistics.median(direct) * 1e3,
                        "direct_p99_ms": pct(direct, 0.99) * 1e3}
                 row["added_median_ms"] = row["median_ms"] - row["direct_median_ms"]
                 row["added_p99_ms"] = row["p99_ms"] - row["direct_p99_ms"]
+                row["cpu_ms_per_request"] = statistics.mean(cpu[(name, inp, conc)]) * 1e3
                 if name == "radix-global":
                     row["stages_mean_ms"] = {k: statistics.mean(v) * 1e3
                                              for k, v in stages.get((inp, conc), {}).items()}
                 rows.append(row)
     print(f"{'router':<14} {'input':<5} {'conc':>4} {'median':>8} {'p99':>8} "
-          f"{'+median':>8} {'+p99':>8}  stages (mean ms)")
+          f"{'+median':>8} {'+p99':>8} {'cpu/req':>8}  stages (mean ms)")
     for r in rows:
         st = " ".join(f"{k}={v:.3f}" for k, v in r.get("stages_mean_ms", {}).items())
         print(f"{r['router']:<14} {r['input']:<5} {r['concurrency']:>4} {r['median_ms']:>8.3f} "
-              f"{r['p99_ms']:>8.3f} {r['added_median_ms']:>8.3f} {r['added_p99_ms']:>8.3f}  {st}")
-    ratios = {}
+              f"{r['p99_ms']:>8.3f} {r['added_median_ms']:>8.3f} {r['added_p99_ms']:>8.3f} "
+              f"{r['cpu_ms_per_request']:>8.3f}  {st}")
+    ratios: dict[str, float | None] = {}
     for conc in (1, 32):
         for inp in inputs:
             ours = next(r for r in rows if r["router"] == "radix-global" and r["input"] == inp
@@ -270,7 +291,15 @@ def main(argv: list[str] | None = None) -> int:
               "command": "python -m benchmarks.router_overhead " + " ".join(argv or sys.argv[1:])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
+    cpu_ratio = {k: r["cpu_ms_per_request"] / p["cpu_ms_per_request"]
+                 for r in rows if r["router"] == "radix-global"
+                 for p in rows if p["router"] == "sglang-router" and p["input"] == r["input"]
+                 and p["concurrency"] == r["concurrency"]
+                 for k in [f"{r['input']}@{r['concurrency']}"] if p["cpu_ms_per_request"] > 0}
+    result["cpu_ratio_ours_over_sglang_router"] = cpu_ratio
+    Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"ratio ours/sglang-router (added median): {ratios}")
+    print(f"ratio ours/sglang-router (router CPU per request): {cpu_ratio}")
     print(f"wrote {args.json}")
     return 0
 
