@@ -38,7 +38,8 @@ def tokenizer_dir(tmp_path_factory: pytest.TempPathFactory) -> str:
                                    eos_token="</s>")
     fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(path)
-    (Path(path) / "config.json").write_text(json.dumps({"max_position_embeddings": 512, "vocab_size": 300}))
+    config = {"max_position_embeddings": 512, "vocab_size": 300}
+    (Path(path) / "config.json").write_text(json.dumps(config))
     return str(path)
 
 
