@@ -49,7 +49,7 @@ from benchmarks.replay_plan import (
     time_scale_for,
 )
 from benchmarks.replay_stats import SloTargets
-from radix_global.trace import read_trace
+from radix_global.trace import prompt_text, read_trace, synthesize_prompt
 
 REPO = Path(__file__).resolve().parent.parent
 FULL_TRACE = REPO.parent / "shared" / "traces" / "conversation_trace.jsonl"
@@ -125,6 +125,21 @@ def clear_pool(engines: Engines) -> int:
         pool.close()
 
 
+def warm_up(engines: Engines, requests: int = 2) -> None:
+    """A few requests straight to every engine before measuring: the first prefill of a fresh
+    engine pays one-time costs (our engines also create the shared-memory pool on the first
+    write-through, ~10 s here), which no contender should be charged for."""
+    import httpx
+
+    for url in engines.urls:
+        for i in range(requests):
+            ids = synthesize_prompt([10**9 + i, 10**9 + 100 + i], 1024, 256)
+            body = {"text": prompt_text(ids), "sampling_params": {
+                "max_new_tokens": 2, "ignore_eos": True, "temperature": 0.0}}
+            with contextlib.suppress(httpx.HTTPError):
+                httpx.post(url + "/generate", json=body, timeout=600.0)
+
+
 class Runner:
     """Runs contenders on one cluster, keeping one engine set (of one kind) at a time."""
 
@@ -148,6 +163,9 @@ class Runner:
         router_url = f"http://127.0.0.1:{self.router_port}" if kind == "ours" else None
         self.engines = self.cluster.start_engines(spec, router_url=router_url, tag=f"{kind}-")
         print(f"  engines up in {time.monotonic() - t:.0f} s", flush=True)
+        warm_up(self.engines)
+        flush_caches(self.engines.urls)
+        clear_pool(self.engines)
         return self.engines
 
     def prepare(self, c: Contender) -> tuple[Engines, Proc, dict[str, Any]]:
