@@ -77,11 +77,12 @@ def _healthy(url: str) -> bool:
 
 
 def in_private_netns() -> bool:
-    """Only ``lo`` here: Mooncake's all-interface listeners stay private."""
-    try:
-        return sorted(os.listdir("/sys/class/net")) == ["lo"]
-    except OSError:
-        return False
+    """Only ``lo`` here: Mooncake's all-interface listeners stay private. (Asks the kernel for
+    this process's network namespace; ``/sys/class/net`` shows the namespace sysfs was mounted
+    in.)"""
+    import socket
+
+    return [name for _, name in socket.if_nameindex()] == ["lo"]
 
 
 @contextlib.contextmanager
@@ -261,6 +262,10 @@ async def run_phase(urls: dict[str, str], modes: tuple[str, ...], kv: int,
     return rows, report
 
 
+class _Skip(Exception):
+    pass
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--requests", type=int, default=6)
@@ -268,7 +273,10 @@ def main() -> None:
     ap.add_argument("--output-tokens", type=int, default=32)
     ap.add_argument("--model", default=None, help="model folder (default: make-model build)")
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/pd_bench.json"))
+    ap.add_argument("--phases", default="pool,native",
+                    help="pool (colocated + pool hand-off), native; a subset is merged into --out")
     args = ap.parse_args()
+    phases = set(args.phases.split(","))
     from sglang_patch.make_model import make_model
     from sglang_patch.pool.shm_pool import destroy_pool
 
@@ -277,8 +285,14 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="pdbench-run-"))
     rows: dict[str, list[dict[str, Any]]] = {}
     util: dict[str, Any] = {}
+    if Path(args.out).exists() and phases != {"pool", "native"}:
+        earlier = json.loads(Path(args.out).read_text())
+        rows.update(earlier.get("rows", {}))
+        util = earlier.get("utilization", {})
     pool_id = f"pdbench-{uuid.uuid4().hex[:8]}"
     try:
+        if "pool" not in phases:
+            raise _Skip
         with workers(model, pool_id, run_dir) as urls:
             got, report = asyncio.run(run_phase(urls, ("colocated", "pool"), kv,
                                                 PoolProbe(pool_id), None, args.requests,
@@ -288,10 +302,14 @@ def main() -> None:
                     "decode": report.decode.utilization,
                     "configured_ratio": report.configured_ratio,
                     "suggested_ratio": report.suggested_ratio}
+    except _Skip:
+        pass
     finally:
         destroy_pool(pool_id)
     native_note = None
-    if in_private_netns():
+    if "native" not in phases:
+        native_note = "not run (--phases)" if "native" not in rows else None
+    elif in_private_netns():
         pool_id = f"pdbench-{uuid.uuid4().hex[:8]}"
         bootstrap = _free_port()
         try:
@@ -304,6 +322,8 @@ def main() -> None:
             destroy_pool(pool_id)
     else:
         native_note = "skipped: run inside `unshare -n` (Mooncake binds all interfaces)"
+    if native_note:
+        rows.pop("native", None)
     summary: dict[str, Any] = {m: summarize(r) for m, r in rows.items()}
     if native_note:
         summary["native"] = {"skipped": native_note}
