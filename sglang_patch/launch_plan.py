@@ -172,6 +172,9 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         backend["pool_events_endpoint"] = pool_ep
     if not has_flag(args, "--enable-hierarchical-cache"):
         args.append("--enable-hierarchical-cache")
+    if role is Role.DECODE and not has_flag(args, "--disaggregation-decode-enable-radix-cache"):
+        # SGLang disables the radix cache on decode workers, and HiCache sits under it.
+        args.append("--disaggregation-decode-enable-radix-cache")
     if not has_flag(args, "--hicache-write-policy"):
         args += ["--hicache-write-policy", "write_through"]
     if device == "cpu":

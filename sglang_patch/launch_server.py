@@ -56,7 +56,8 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
 
     repo = str(cpu_compat.REPO_ROOT)
     if plan.device == "cpu":
-        from sglang_patch import hicache_cpu  # noqa: F401  (registers its patches for the child)
+        # Importing registers their patches for SGLang's spawned scheduler (see cpu_compat).
+        from sglang_patch import hicache_cpu, pd_cpu  # noqa: F401
 
         return cpu_compat.child_env()
     env = dict(os.environ)
