@@ -42,7 +42,7 @@ def build_app(state: RouterState) -> Starlette:
             log.exception("request to %s failed", path)
             response = error(500, f"router error: {exc!r}", "internal_error")
         status = getattr(response, "status_code", 200)
-        state.metrics.requests.labels(path, str(status)).inc()
+        state.metrics.request(path, status).inc()
         return response  # type: ignore[return-value]  # Forward is an ASGI response too
 
     async def models(request: Request) -> Response:

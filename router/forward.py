@@ -64,6 +64,8 @@ async def _tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
     if not path:
         return None
     tok = state.tokenizers.get(path)
+    if tok.loaded:  # the common case: no thread hop (it cost more than the lookup)
+        return tok
     try:
         await asyncio.to_thread(tok.load)  # first use loads from disk: not on the event loop
     except Exception as exc:
@@ -130,7 +132,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
                      f"{context}", "context_length_exceeded")
     page_size = state.registry.page_size(namespace) or head.info.page_size
     keys = page_keys(ids, page_size, cache_salt=salt) if ids else []
-    m.stage_s.labels("tokenize").observe(clock() - t_tok)
+    m.stage("tokenize").observe(clock() - t_tok)
 
     given = payload.get("rid")
     rid = given if isinstance(given, str) and given else _next_rid()
@@ -168,9 +170,9 @@ def _route(state: RouterState, req: RouteRequest, model: str, excluded: set[str]
 
     slots = worker_states(state.registry.for_model(model), excluded)
     decision = state.routing.route(req, slots, clock())
-    m.stage_s.labels("policy").observe(clock() - t)
+    m.stage("policy").observe(clock() - t)
     outcome = "accepted" if decision.accepted else (decision.reason or "rejected")
-    m.decisions.labels(model, outcome).inc()
+    m.decision(model, outcome).inc()
     state.totals[f"decision_{outcome}"] += 1
     if not decision.accepted:
         if decision.reason == "no_workers":

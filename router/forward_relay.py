@@ -67,14 +67,15 @@ class Forward:
         d, wid = routed.decision, routed.entry.info.worker_id
         self.open = True  # the driver recorded it as routed when it decided
         m = st.metrics
-        m.routed.labels(wid).inc()
-        m.outstanding.labels(wid).inc()
-        m.prompt_tokens.labels(wid).inc(self.req.input_tokens)
-        m.avoided_prefill_tokens.labels(wid).inc(d.prefix_tokens)
+        w = m.worker(wid)
+        w.routed.inc()
+        w.outstanding.inc()
+        w.prompt_tokens.inc(self.req.input_tokens)
+        w.avoided_prefill_tokens.inc(d.prefix_tokens)
         if d.fetch_tokens:
-            m.fetch_tokens.labels(wid).inc(d.fetch_tokens)
+            w.fetch_tokens.inc(d.fetch_tokens)
             ns_bytes = st.routing.cost.kv_bytes_per_token(self.req.namespace)
-            m.kv_bytes_moved.labels(wid).inc(d.fetch_tokens * ns_bytes)
+            w.kv_bytes_moved.inc(d.fetch_tokens * ns_bytes)
             m.transfer_s.observe(d.predicted_transfer_s)
         if d.predicted_ttft_s is not None:
             m.predicted_ttft.observe(d.predicted_ttft_s)
@@ -91,12 +92,13 @@ class Forward:
         now = st.clock()
         st.routing.finished(self.req.request_id, ok, now)
         wid = entry.info.worker_id
-        st.metrics.outstanding.labels(wid).dec()
+        w = st.metrics.worker(wid)
+        w.outstanding.dec()
         cached, prompt = engine_cached_tokens(answer)
         if isinstance(cached, int):
             entry.cached_tokens += cached
             entry.prompt_tokens += prompt if isinstance(prompt, int) else self.req.input_tokens
-            st.metrics.engine_cached_tokens.labels(wid).inc(cached)
+            w.engine_cached_tokens.inc(cached)
             if cached > 0:
                 entry.observed_hits += 1
                 if d.prefix_tokens - d.fetch_tokens > 0:
@@ -172,7 +174,7 @@ class Forward:
                 self._finish(False)
                 await _err(502, f"worker failed: {exc}", "upstream_error")(scope, receive, send)
                 return
-        st.metrics.stage_s.labels("proxy_connect").observe(st.clock() - t)
+        st.metrics.stage("proxy_connect").observe(st.clock() - t)
         if self.stream:
             await self._relay_stream(upstream, send)
         else:
@@ -229,7 +231,7 @@ class Forward:
         self.ttft = now - self.t0
         st.routing.prefill_done(self.req.request_id, now)
         wid = self.routed.entry.info.worker_id
-        st.metrics.actual_ttft.labels(wid).observe(self.ttft)
+        st.metrics.worker(wid).actual_ttft.observe(self.ttft)
         predicted = self.routed.decision.predicted_ttft_s
         if predicted is not None:
             st.metrics.ttft_error.observe(abs(self.ttft - predicted))
@@ -240,7 +242,7 @@ class Forward:
         headers = [(k.encode(), v.encode()) for k, v in response_headers(upstream.headers).items()]
         await send({"type": "http.response.start", "status": upstream.status_code,
                     "headers": [*headers, *self._extra_headers()]})
-        self.state.metrics.proxied_bytes.labels(self.routed.entry.info.worker_id).inc(len(content))
+        self.state.metrics.worker(self.routed.entry.info.worker_id).proxied_bytes.inc(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
         try:
             answer = msgspec.json.decode(content) if upstream.status_code == 200 else None
@@ -271,7 +273,7 @@ class Forward:
                 await send({"type": "http.response.body",
                             "body": sse_error(f"worker {wid} failed mid-stream: {exc!r}"),
                             "more_body": True})
-            self.state.metrics.proxied_bytes.labels(wid).inc(relayed)
+            self.state.metrics.worker(wid).proxied_bytes.inc(relayed)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await upstream.aclose()

@@ -9,14 +9,33 @@ engine never reports a hit where the router predicted one (router/engine disagre
 
 from __future__ import annotations
 
+from typing import Any, NamedTuple
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                     10, 30, 60)
 
 
+class WorkerMetrics(NamedTuple):
+    """One worker's labelled children, looked up once (``labels()`` costs a lock and a dict)."""
+
+    routed: Any
+    outstanding: Any
+    prompt_tokens: Any
+    avoided_prefill_tokens: Any
+    engine_cached_tokens: Any
+    fetch_tokens: Any
+    kv_bytes_moved: Any
+    proxied_bytes: Any
+    actual_ttft: Any
+
+
 class RouterMetrics:
     def __init__(self) -> None:
+        # Children cached per label tuple; only for metrics that are never cleared.
+        self._workers: dict[str, WorkerMetrics] = {}
+        self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry = CollectorRegistry()
         self.requests = Counter("router_requests", "Requests by endpoint and final HTTP status",
                                 ["endpoint", "status"], registry=r)
@@ -64,6 +83,33 @@ class RouterMetrics:
         self.key_mismatch = Gauge("router_key_mismatch",
                                   "1 if the worker never hits where the router expects a hit",
                                   ["worker"], registry=r)
+
+    def worker(self, worker_id: str) -> WorkerMetrics:
+        w = self._workers.get(worker_id)
+        if w is None:
+            w = self._workers[worker_id] = WorkerMetrics(*(
+                m.labels(worker_id) for m in (
+                    self.routed, self.outstanding, self.prompt_tokens,
+                    self.avoided_prefill_tokens, self.engine_cached_tokens, self.fetch_tokens,
+                    self.kv_bytes_moved, self.proxied_bytes, self.actual_ttft)))
+        return w
+
+    def stage(self, name: str) -> Any:
+        """The ``router_stage_seconds`` child of ``name``."""
+        return self._child(self.stage_s, name)
+
+    def request(self, endpoint: str, status: int) -> Any:
+        return self._child(self.requests, endpoint, status)
+
+    def decision(self, model: str, outcome: str) -> Any:
+        return self._child(self.decisions, model, outcome)
+
+    def _child(self, metric: Any, *labels: Any) -> Any:
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*map(str, labels))
+        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,7 +15,6 @@ the caller abort the engine request (SGLang ``POST /abort_request {"rid": ...}``
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
@@ -151,27 +150,33 @@ async def until_disconnect(receive: Callable[[], Awaitable[MutableMapping[str, A
 
     ``receive`` must be the raw ASGI receive whose request body was already consumed, so the
     next message it yields is ``http.disconnect``.
+
+    ``work`` runs in the calling task (no second task, no ``asyncio.wait``: both were a visible
+    share of a request's router time); a watcher task cancels the caller on disconnect.
     """
-    task = asyncio.ensure_future(work)
+    caller = asyncio.current_task()
+    if caller is None:
+        raise RuntimeError("until_disconnect must run inside a task")
+    state = {"done": False, "gone": False}
 
     async def watch() -> None:
         while True:
             message = await receive()
             if message["type"] == "http.disconnect":
+                if not state["done"]:
+                    state["gone"] = True
+                    caller.cancel()
                 return
 
     watcher = asyncio.ensure_future(watch())
     try:
-        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        task.cancel()
+        result = await work
+    except asyncio.CancelledError:
+        if not state["gone"]:
+            raise
+        caller.uncancel()
+        raise ClientGone() from None
+    finally:
+        state["done"] = True
         watcher.cancel()
-        raise
-    if task in done:
-        watcher.cancel()
-        return task.result()
-    task.cancel()
-    # the cancellation (or whatever the work ended with) is expected here
-    with contextlib.suppress(BaseException):
-        await task
-    raise ClientGone()
+    return result

@@ -10,6 +10,7 @@ lazily, once per model folder. Requests that already carry token ids skip tokeni
 
 from __future__ import annotations
 
+import collections
 import functools
 import json
 import threading
@@ -21,13 +22,23 @@ class PromptError(ValueError):
     """A prompt that cannot be tokenized or holds invalid token ids (HTTP 400)."""
 
 
+# Text -> ids memo: tokenizing is deterministic, and agents / chat front ends resend the same long
+# system prompts and documents; a hit skips milliseconds of tokenizer work per request.
+TEXT_CACHE_ENTRIES = 256
+TEXT_CACHE_MIN_CHARS = 256  # short texts tokenize in microseconds: not worth a slot
+TEXT_CACHE_MAX_CHARS = 1 << 17  # bounds the memo's memory (entries x this)
+
+
 class ModelTokenizer:
     """One model folder's tokenizer, loaded on first use."""
 
-    def __init__(self, path: str) -> None:
+    def __init__(self, path: str, text_cache_entries: int = TEXT_CACHE_ENTRIES) -> None:
         self.path = path
         self._tok: Any = None
         self._lock = threading.Lock()
+        self._memo: collections.OrderedDict[str, tuple[int, ...]] = collections.OrderedDict()
+        self._memo_size = text_cache_entries
+        self._memo_lock = threading.Lock()  # encode may run on a worker thread (huge bodies)
 
     def _load(self) -> Any:
         if self._tok is None:
@@ -50,7 +61,19 @@ class ModelTokenizer:
         return len(self._load())
 
     def encode_text(self, text: str) -> list[int]:
-        return list(self._load().encode(text))
+        if not TEXT_CACHE_MIN_CHARS <= len(text) <= TEXT_CACHE_MAX_CHARS or self._memo_size <= 0:
+            return list(self._load().encode(text))
+        with self._memo_lock:
+            hit = self._memo.get(text)
+            if hit is not None:
+                self._memo.move_to_end(text)
+                return list(hit)  # a fresh list: callers may keep or change it
+        ids = tuple(self._load().encode(text))
+        with self._memo_lock:
+            self._memo[text] = ids
+            if len(self._memo) > self._memo_size:
+                self._memo.popitem(last=False)
+        return list(ids)
 
     def encode_chat(
         self, messages: list[Any], tools: Any = None, template_kwargs: dict[str, Any] | None = None
@@ -111,12 +134,16 @@ class TokenizerCache:
             return tok
 
 
+_INT_ONLY = {int}
+
+
 def check_token_ids(ids: object, vocab_size: int | None) -> list[int]:
     """Validate client-supplied token ids: a non-empty list of ints in ``[0, vocab_size)``."""
     if not isinstance(ids, list) or not ids:
         raise PromptError("input_ids must be a non-empty list of integers")
     # Fast path in C loops (a prompt has thousands of ids); the slow loop only names the culprit.
-    if all(type(t) is int for t in ids) and min(ids) >= 0 and (
+    # ``{*map(type, ids)}`` is a C loop, unlike a generator under ``all``; bools are not ints here.
+    if {*map(type, ids)} == _INT_ONLY and min(ids) >= 0 and (
             vocab_size is None or max(ids) < vocab_size):
         return ids
     for t in ids:
