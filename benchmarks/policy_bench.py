@@ -2,7 +2,9 @@
 
 A GlobalIndex holds ``--prompts`` prompts of 24 pages (first 16 on one worker's GPU, all 24 in the
 pool); requests cycle through them; each request's prefill completes 8 requests later, so queues
-stay short and the regression keeps learning. Prints a table and writes JSON.
+stay short and the regression keeps learning. ``conductor_all`` is the Conductor pricing every
+slot (``price_top_k=None``), side by side with the default shortlist. Prints a table and writes
+JSON.
 
     .venv/bin/python -m benchmarks.policy_bench [--requests 2000] [--out benchmarks/results/...]
 """
@@ -40,7 +42,8 @@ def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int) -
                                keys[:16]))
         index.apply(StorePages(NS, Location(PoolId("pool"), 0, Tier.POOL), None, keys))
     cost = CostModel(prefill_prior=PrefillModel.llama3_70b_8xa800)
-    driver = PolicyDriver(get_policy(policy), cost, index)
+    options = {"price_top_k": None} if policy == "conductor_all" else {}
+    driver = PolicyDriver(get_policy(policy.removesuffix("_all"), **options), cost, index)
     ws = [WorkerState(WorkerId(f"w{i}"), NS, pool_id=PoolId("pool")) for i in range(workers)]
     start = time.perf_counter()
     for r in range(requests):
@@ -63,7 +66,7 @@ def main() -> None:
     rows = []
     print(f"{'policy':14s} {'workers':>7s} {'median us/req':>14s} {'min':>8s} {'max':>8s}")
     for workers in args.workers:
-        for policy in ("round_robin", "least_load", "approx_cache", "conductor"):
+        for policy in ("round_robin", "least_load", "approx_cache", "conductor_all", "conductor"):
             runs = [one_run(policy, workers, args.requests, args.prompts, seed)
                     for seed in range(args.repeats)]
             row = {"policy": policy, "workers": workers, "median_us": statistics.median(runs),

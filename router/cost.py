@@ -68,7 +68,8 @@ class CostModel:
     def prefill_s(self, worker: WorkerId, input_tokens: int, prefix_tokens: int) -> float:
         # The engine always computes at least the last token (it needs its logits).
         prefix = max(0, min(prefix_tokens, input_tokens - 1))
-        return self.prefill_model(worker).predict(input_tokens, prefix)
+        model = self._prefill.get(worker) or self.prefill_model(worker)
+        return model.predict(input_tokens, prefix)
 
     def queue_s(self, worker: WorkerState, now: float) -> float:
         router_side = self.queue.queue_s(worker.slot, now)

@@ -107,7 +107,8 @@ class PrefillModel:
         return tuple(float(c) for c in self._coef)
 
     def predict(self, input_tokens: int, prefix_tokens: int) -> float:
-        self._refit()
+        if self._unfitted:  # the common case is no new observation: skip the call
+            self._refit()
         # Plain floats: this runs once or twice per candidate per request (numpy costs ~10x).
         c0, c1, c2, c3 = self._coef_f
         p = max(0, min(prefix_tokens, input_tokens)) / _K

@@ -13,7 +13,16 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
 The slot with the smallest TTFT wins; TTFTs within ``tie_s`` (or ``tie_rel`` of the best) are
 ties, broken by the least outstanding requests, then in rotation. If even the best TTFT exceeds
 the request's TTFT SLO the request is rejected (``"ttft_slo"``) with a Retry-After estimated from
-the excess work that must drain. Every decision carries the full per-candidate breakdown.
+the excess work that must drain. Every decision carries the per-candidate breakdown of the
+slots it priced.
+
+Pricing every slot costs tens of microseconds each, linear in the cluster size, so with more than
+``price_top_k`` candidates only those that can win are priced: every slot holding a local prefix
+match, plus the ``price_top_k`` others with the shortest predicted queue (then fewest outstanding).
+Slots without a local match differ only in queue, load and per-worker prefill/transfer speed, so
+the shortest queues are where their best one is. With ``price_top_k >= len(candidates)`` (or
+``None``) every slot is priced and the choice is exactly the exhaustive one
+(``tests/router/test_conductor_shortlist.py`` compares them).
 
 ``choose`` calls the index's ``match`` once per request (which counts one hit on the matched
 nodes: that is what makes prefixes hot); it changes no other state.
@@ -51,13 +60,17 @@ class ConductorPolicy(RoutingPolicy):
         compare_fetch_cost: bool = True,
         tie_s: float = 1e-3,
         tie_rel: float = 0.01,
+        price_top_k: int | None = 8,
         slo: SloConfig | None = None,
         **slo_options: Any,
     ) -> None:
-        if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0:
+        if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
+                price_top_k is not None and price_top_k < 1):
             raise PolicyConfigError(
-                "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0"
+                "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0, "
+                "price_top_k >= 1 (or None)"
             )
+        self.price_top_k = price_top_k
         self.fetch_ratio = fetch_ratio
         self.min_fetch_pages = min_fetch_pages
         self.compare_fetch_cost = compare_fetch_cost
@@ -78,8 +91,16 @@ class ConductorPolicy(RoutingPolicy):
             return no_workers(req, self.name)
         match = self._match(req, view, now)
         pools = _pool_pages(match)
-        estimates = [self.estimate(req, c, match, view, now, pools) for c in candidates]
-        best = self._pick(estimates)
+        n = len(candidates)
+        k = self.price_top_k
+        priced: list[tuple[int, WorkerState, float | None]]
+        if k is None:
+            priced = [(i, c, None) for i, c in enumerate(candidates)]
+        else:
+            priced = self._shortlist(candidates, match, view, now, k)
+        estimates = [self.estimate(req, c, match, view, now, pools, queue)
+                     for _, c, queue in priced]
+        best = self._pick(estimates, [i for i, _, _ in priced], n)
         excess = check_ttft(req, best, self.slo)
         if excess is not None:
             return reject(req, self.name, TTFT_SLO, self.slo.retry_after_s(excess), estimates)
@@ -104,16 +125,19 @@ class ConductorPolicy(RoutingPolicy):
         view: ClusterView,
         now: float,
         pools: dict[HolderId, int] | None = None,
+        queue: float | None = None,
     ) -> CandidateEstimate:
         """The TTFT breakdown for one slot, choosing between recomputing and fetching.
-        ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already."""
+        ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already; ``queue``:
+        the slot's ``cost.queue_s`` at ``now``, likewise."""
         if pools is None:
             pools = _pool_pages(match)
         local_pages, pool_pages = _reachable_pages(worker, match, pools)
         ps = req.page_size
         n = req.input_tokens
         local_tokens = min(n, local_pages * ps)
-        queue = view.cost.queue_s(worker, now)
+        if queue is None:
+            queue = view.cost.queue_s(worker, now)
         load = slot_load(worker, view)
         prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens)
         recompute = CandidateEstimate(
@@ -152,13 +176,43 @@ class ConductorPolicy(RoutingPolicy):
             self.index_errors += 1
             return None
 
-    def _pick(self, estimates: list[CandidateEstimate]) -> CandidateEstimate:
+    def _shortlist(
+        self, candidates: list[WorkerState], match: MatchResult | None, view: ClusterView,
+        now: float, k: int,
+    ) -> list[tuple[int, WorkerState, float | None]]:
+        """(position, slot, queue) of the slots worth pricing, in slot order: every local prefix
+        holder and the ``k`` others with the shortest queue (then least load, then position)."""
+        held = match.matched if match is not None else {}
+        keep: list[tuple[int, WorkerState, float | None]] = []
+        others: list[tuple[float, int, int, WorkerState]] = []
+        for i, c in enumerate(candidates):
+            own = held.get((c.worker_id, c.dp_rank))
+            queue = view.cost.queue_s(c, now)
+            if own is not None and own.host > 0:
+                keep.append((i, c, queue))
+            else:
+                others.append((queue, slot_load(c, view), i, c))
+        if len(others) > k:
+            others.sort(key=lambda o: (o[0], o[1], o[2]))
+            del others[k:]
+        keep.extend((i, c, queue) for queue, _, i, c in others)
+        keep.sort(key=lambda t: t[0])
+        return keep
+
+    def _pick(self, estimates: list[CandidateEstimate], positions: list[int] | None = None,
+              n: int | None = None) -> CandidateEstimate:
+        """Smallest TTFT; ties by load, then rotation over the ``n`` candidates (``positions``:
+        each estimate's place among them, when only some were priced)."""
         best_ttft = min(e.ttft_s for e in estimates)
         limit = best_ttft + max(self.tie_s, self.tie_rel * best_ttft)
-        n = len(estimates)
-        tied = [i for i, e in enumerate(estimates) if e.ttft_s <= limit]
-        i = min(tied, key=lambda i: (estimates[i].load, estimates[i].ttft_s, (i - self._turn) % n))
-        return estimates[i]
+        if positions is None:
+            positions = list(range(len(estimates)))
+        total = n if n is not None else len(estimates)
+        turn = self._turn
+        j = min((j for j, e in enumerate(estimates) if e.ttft_s <= limit),
+                key=lambda j: (estimates[j].load, estimates[j].ttft_s,
+                               (positions[j] - turn) % total))
+        return estimates[j]
 
 
 def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
