@@ -13,6 +13,10 @@ policy, proxy connect) comes from its ``router_stage_seconds`` metric (mean per 
 Also reported: each router process's CPU time per request (user + system, from /proc), which
 machine-load noise does not inflate the way it inflates wall-clock latency on a shared host.
 
+``--baseline REV`` adds our router as of git revision ``REV`` (extracted with ``git archive`` into a
+temporary folder) as a fourth target, ``radix-global@REV``, so a change is compared with what it
+replaced in the same interleaved rounds, under the same machine load.
+
 Run: ``python -m benchmarks.router_overhead`` (table + ``benchmarks/results/router_overhead.json``).
 """
 
@@ -90,11 +94,20 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def spawn(cmd: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def spawn(cmd: list[str], log: Path, root: Path = ROOT) -> subprocess.Popen[bytes]:
+    env = dict(os.environ, PYTHONPATH=str(root))
     with log.open("wb") as f:
-        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT,
+        return subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=root,
                                 start_new_session=True)
+
+
+def checkout(rev: str, into: Path) -> Path:
+    """The repository's tree at ``rev``, extracted (read-only use of git) into ``into``."""
+    into.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return into
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -183,6 +196,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", type=int, default=320, help="per target, input, concurrency")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=str(RESULTS))
+    p.add_argument("--baseline", metavar="REV",
+                   help="also measure our router as of this git revision (same rounds)")
     args = p.parse_args(argv)
     if args.serve_upstream:
         serve_upstream(args.serve_upstream, args.model_path)
@@ -219,19 +234,28 @@ def main(argv: list[str] | None = None) -> int:
                             str(free_port())], work / "sgl.log"))
         targets = {"direct": up, "radix-global": f"http://127.0.0.1:{ours_port}",
                    "sglang-router": f"http://127.0.0.1:{sgl_port}"}
+        pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid}
+        if args.baseline:
+            base_root = checkout(args.baseline, work / "baseline")
+            base_port = free_port()
+            procs.append(spawn([sys.executable, "-m", "radix_global.cli", "router", "--workers",
+                                up, "--policy", "conductor", "--port", str(base_port),
+                                "--log-level", "warning"], work / "baseline.log", base_root))
+            targets[f"radix-global@{args.baseline}"] = f"http://127.0.0.1:{base_port}"
+            pids[f"radix-global@{args.baseline}"] = procs[-1].pid
         for base in targets.values():
             for path, body in inputs.values():
                 wait_ready(f"{base}{path}", body)
                 asyncio.run(run_batch(base, path, body, 4, 200))  # warm up connections, caches
-        pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid}
         cpu: dict[tuple[str, str, int], list[float]] = {}
         lat: dict[tuple[str, str, int], list[float]] = {}
-        stages: dict[tuple[str, int], dict[str, list[float]]] = {}
+        stages: dict[tuple[str, str, int], dict[str, list[float]]] = {}
         for _ in range(args.rounds):
             for conc in (1, 32):
                 for inp, (path, body) in inputs.items():
                     for name, base in targets.items():
-                        before = stage_sums(f"{base}/metrics") if name == "radix-global" else {}
+                        is_ours = name.startswith("radix-global")
+                        before = stage_sums(f"{base}/metrics") if is_ours else {}
                         n = max(conc, args.requests // args.rounds // conc * conc)
                         c0 = cpu_s(pids[name]) if name in pids else 0.0
                         lat.setdefault((name, inp, conc), []).extend(
@@ -241,7 +265,7 @@ def main(argv: list[str] | None = None) -> int:
                                 (cpu_s(pids[name]) - c0) / n)
                         if before:
                             after = stage_sums(f"{base}/metrics")
-                            acc = stages.setdefault((inp, conc), {})
+                            acc = stages.setdefault((name, inp, conc), {})
                             for stage, (s1, c1) in after.items():
                                 s0, c0 = before.get(stage, (0.0, 0.0))
                                 if c1 > c0:
@@ -254,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     for conc in (1, 32):
         for inp in inputs:
             direct = lat[("direct", inp, conc)]
-            for name in ("radix-global", "sglang-router"):
+            for name in (t for t in targets if t != "direct"):
                 own = lat[(name, inp, conc)]
                 row: dict[str, Any] = {
                        "router": name, "input": inp, "concurrency": conc, "requests": len(own),
@@ -265,15 +289,15 @@ def main(argv: list[str] | None = None) -> int:
                 row["added_median_ms"] = row["median_ms"] - row["direct_median_ms"]
                 row["added_p99_ms"] = row["p99_ms"] - row["direct_p99_ms"]
                 row["cpu_ms_per_request"] = statistics.mean(cpu[(name, inp, conc)]) * 1e3
-                if name == "radix-global":
-                    row["stages_mean_ms"] = {k: statistics.mean(v) * 1e3
-                                             for k, v in stages.get((inp, conc), {}).items()}
+                if name.startswith("radix-global"):
+                    row["stages_mean_ms"] = {k: statistics.mean(v) * 1e3 for k, v in
+                                             stages.get((name, inp, conc), {}).items()}
                 rows.append(row)
-    print(f"{'router':<14} {'input':<5} {'conc':>4} {'median':>8} {'p99':>8} "
+    print(f"{'router':<22} {'input':<5} {'conc':>4} {'median':>8} {'p99':>8} "
           f"{'+median':>8} {'+p99':>8} {'cpu/req':>8}  stages (mean ms)")
     for r in rows:
         st = " ".join(f"{k}={v:.3f}" for k, v in r.get("stages_mean_ms", {}).items())
-        print(f"{r['router']:<14} {r['input']:<5} {r['concurrency']:>4} {r['median_ms']:>8.3f} "
+        print(f"{r['router']:<22} {r['input']:<5} {r['concurrency']:>4} {r['median_ms']:>8.3f} "
               f"{r['p99_ms']:>8.3f} {r['added_median_ms']:>8.3f} {r['added_p99_ms']:>8.3f} "
               f"{r['cpu_ms_per_request']:>8.3f}  {st}")
     ratios: dict[str, float | None] = {}
