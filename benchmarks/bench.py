@@ -140,6 +140,23 @@ def warm_up(engines: Engines, requests: int = 2) -> None:
                 httpx.post(url + "/generate", json=body, timeout=600.0)
 
 
+def wait_routable(router: Proc, timeout_s: float = 120.0) -> None:
+    """Until a tiny request through the router succeeds: sglang-router answers ``/health``
+    before its health checks have activated the workers (503 "no available workers")."""
+    import httpx
+
+    body = {"text": prompt_text(synthesize_prompt([10**9 + 7], 16, 16)),
+            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with contextlib.suppress(httpx.HTTPError):
+            if httpx.post(router.url + "/generate", json=body, timeout=60.0).status_code == 200:
+                return
+        time.sleep(1.0)
+    raise ClusterError(f"{router.name}: no request got through in {timeout_s} s:\n"
+                       f"{router.log_tail()}")
+
+
 class Runner:
     """Runs contenders on one cluster, keeping one engine set (of one kind) at a time."""
 
@@ -186,8 +203,7 @@ class Runner:
                                                tag=f"{c.router.kind}-")
         if c.router.kind == "ours":
             self.cluster.wait_workers(router, len(engines.procs))
-        else:
-            self.cluster.wait_healthy([router], timeout_s=60.0)
+        wait_routable(router)
         return engines, router, info
 
     def run(self, c: Contender, plan: list[PlannedRequest], kv_bytes: int) -> dict[str, Any]:
