@@ -47,7 +47,7 @@ from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, Worke
 NS = Namespace("bench@1")
 PAGE_SIZE = 64
 TOKENS_PER_HASH_ID = 512
-TRACE = Path("/work/shared/traces/conversation_trace.jsonl")
+TRACE = Path(__file__).resolve().parents[2] / "shared" / "traces" / "conversation_trace.jsonl"
 RESULTS = Path(__file__).resolve().parent / "results" / "index_bench.json"
 
 

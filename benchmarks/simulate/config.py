@@ -125,7 +125,8 @@ def load_config(path: Path | str = DEFAULT_CONFIG) -> SimConfig:
         raise SimConfigError("fig5.loads must be positive rate multipliers")
     return SimConfig(
         calibration=cal,
-        trace=_get(run, "trace", str, "run"),
+        # A relative trace path is relative to the config file (the repo sits beside shared/).
+        trace=str((Path(path).parent / _get(run, "trace", str, "run")).resolve()),
         limit=_get(run, "limit", int, "run"),
         seed=_get(run, "seed", int, "run"),
         fig5_instances=_get(f5, "instances", int, "fig5"),
