@@ -181,7 +181,7 @@ class ConductorPolicy(RoutingPolicy):
         now: float, k: int,
     ) -> list[tuple[int, WorkerState, float | None]]:
         """(position, slot, queue) of the slots worth pricing, in slot order: every local prefix
-        holder and the ``k`` others with the shortest queue (then least load, then position)."""
+        holder and the ``k`` others with the shortest queue (then least load, then rotation)."""
         held = match.matched if match is not None else {}
         keep: list[tuple[int, WorkerState, float | None]] = []
         others: list[tuple[float, int, int, WorkerState]] = []
@@ -193,7 +193,10 @@ class ConductorPolicy(RoutingPolicy):
             else:
                 others.append((queue, slot_load(c, view), i, c))
         if len(others) > k:
-            others.sort(key=lambda o: (o[0], o[1], o[2]))
+            # Same order as ``_pick``'s tie-break (load, then rotation), so idle equal slots
+            # are shortlisted in the rotation the exhaustive choice would follow.
+            n, turn = len(candidates), self._turn
+            others.sort(key=lambda o: (o[0], o[1], (o[2] - turn) % n))
             del others[k:]
         keep.extend((i, c, queue) for queue, _, i, c in others)
         keep.sort(key=lambda t: t[0])

@@ -69,3 +69,14 @@ def test_small_k_prices_every_prefix_holder_and_the_shortest_queues() -> None:
     assert d.worker_id == "w9" and d.prefix_tokens == 30 * PS
     priced = sorted(str(c.worker_id) for c in d.candidates)
     assert len(priced) == 3 and "w9" in priced  # the holder + 2 others, not all 12
+
+
+def test_small_k_spreads_cold_requests_over_idle_equal_slots_like_pricing_all() -> None:
+    def picks(top_k: int | None) -> list[str]:
+        driver = PolicyDriver(ConductorPolicy(price_top_k=top_k), CostModel(), None)
+        ws = [WorkerState(WorkerId(f"w{i}"), NS) for i in range(12)]
+        return [str(driver.route(RouteRequest(f"r{r}", NS, 512, [], PS), ws, 0.0).worker_id)
+                for r in range(24)]
+
+    assert picks(2) == picks(None)
+    assert len(set(picks(2))) == 12
