@@ -235,8 +235,9 @@ class LocalCluster:
             self.wait_healthy([proc], timeout_s=120.0, accept=(200, 503))
         return proc
 
-    def wait_workers(self, router: Proc, n: int, timeout_s: float = 120.0) -> None:
-        """Until our router lists ``n`` workers (registered or discovered), bounded."""
+    def wait_workers(self, router: Proc, n: int, timeout_s: float = 180.0) -> None:
+        """Until our router lists ``n`` workers (registered or discovered) and has finished
+        profiling them (router/profiling.py: the replay must not compete with it), bounded."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=3.0) as client:
             while time.monotonic() < deadline:
@@ -244,7 +245,8 @@ class LocalCluster:
                     raise ClusterError(f"{router.name} exited:\n{router.log_tail()}")
                 with contextlib.suppress(httpx.HTTPError, ValueError):
                     resp = client.get(router.url + "/admin/workers")
-                    if resp.status_code == 200 and len(_worker_list(resp.json())) >= n:
+                    if (resp.status_code == 200 and len(_worker_list(resp.json())) >= n
+                            and _profiled(client, router.url)):
                         return
                 time.sleep(0.5)
         raise ClusterError(f"{router.name}: fewer than {n} workers after {timeout_s} s:\n"
@@ -311,3 +313,9 @@ def flush_caches(urls: Sequence[str], timeout_s: float = 60.0) -> list[str]:
             if not ok:
                 failed.append(url)
     return failed
+
+
+def _profiled(client: httpx.Client, url: str) -> bool:
+    """No worker profiling in progress on our router (older routers do not report it)."""
+    resp = client.get(url + "/admin/stats")
+    return resp.status_code != 200 or not resp.json().get("profiling_pending", 0)

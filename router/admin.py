@@ -68,6 +68,8 @@ def stats(state: RouterState) -> dict[str, Any]:
         "models": state.registry.models(),
         "totals": dict(state.totals),
         "outstanding": state.routing.in_flight(),
+        "profiles": state.profiles,
+        "profiling_pending": state.profiling_pending(),
         "workers": workers,
         "index": state.index.stats(),
         "cost_model": state.routing.cost.stats(),

@@ -54,6 +54,14 @@ class RouterConfig:
     # with an expected hit is flagged (metric + /admin/diagnostics).
     mismatch_min_requests: int = 20
     log_level: str = "info"
+    # Prefill-model bootstrap (router/profiling.py): timed 1-token generations up to this many
+    # input tokens when a worker joins; 0 = off (the GPU-like prior until refitted online).
+    profile_max_tokens: int = 1024
+    profile_sizes: int = 3  # input lengths profiled (halving), each cold and half cached
+    # Refit a profiled worker's prefill model on FIFO-inferred service times too (they include a
+    # batching engine's waiting, which the fit turns into seconds of fixed cost per queued
+    # request). Unprofiled workers (profiling off or failed) always learn from them.
+    learn_from_inferred_prefill: bool = False
 
     def resolved_admin_token(self) -> str | None:
         return self.admin_token or os.environ.get("RADIX_GLOBAL_ADMIN_TOKEN") or None

@@ -54,6 +54,7 @@ class CostModel:
         self.queue = QueueModel()
         self._prior = prefill_prior
         self._prefill: dict[WorkerId, PrefillModel] = {}
+        self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -62,8 +63,16 @@ class CostModel:
             model = self._prefill[worker] = self._prior()
         return model
 
-    def set_prefill_model(self, worker: WorkerId, model: PrefillModel) -> None:
+    def set_prefill_model(self, worker: WorkerId, model: PrefillModel,
+                          learn_inferred: bool = True) -> None:
+        """Replace ``worker``'s model (e.g. a profiled one). ``learn_inferred=False``: refit it
+        only on measured prefill times, never on FIFO-inferred ones (which on a batching engine
+        include its waiting and would undo the profile)."""
         self._prefill[worker] = model
+        if learn_inferred:
+            self._measured_only.discard(worker)
+        else:
+            self._measured_only.add(worker)
 
     def prefill_s(self, worker: WorkerId, input_tokens: int, prefix_tokens: int) -> float:
         # The engine always computes at least the last token (it needs its logits).
@@ -126,10 +135,12 @@ class CostModel:
         if done is None:
             return
         measured = prefill_s
-        if measured is None and self.config.learn_from_inferred_prefill:
+        worker = done.slot[0]
+        if (measured is None and self.config.learn_from_inferred_prefill
+                and worker not in self._measured_only):
             measured = done.inferred_s - done.pending.transfer_s
         if measured is not None:
-            self.prefill_model(done.slot[0]).observe(
+            self.prefill_model(worker).observe(
                 done.pending.input_tokens, done.pending.prefix_tokens, measured
             )
 
@@ -139,6 +150,7 @@ class CostModel:
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         self.queue.forget_worker(worker_id)
         self._prefill.pop(worker_id, None)
+        self._measured_only.discard(worker_id)
         if self.topology is not None:
             self.topology.remove(worker_id)
 

@@ -48,6 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-body-bytes", type=int, default=s, help=f"default {d.max_body_bytes}")
     p.add_argument("--request-timeout-s", type=float, default=s)
     p.add_argument("--log-level", default=s, help=f"default {d.log_level}")
+    p.add_argument("--profile-max-tokens", type=int, default=s,
+                   help="prefill profiling on worker join up to this many tokens; 0 = off "
+                        f"(default {d.profile_max_tokens})")
     return p
 
 

@@ -5,6 +5,7 @@ Handlers get this object; tests build it with their own clock or policy.
 
 from __future__ import annotations
 
+import asyncio
 import collections
 import logging
 import threading
@@ -20,6 +21,7 @@ from router.metrics import RouterMetrics
 from router.policies import get_policy
 from router.policies.base import RoutingPolicy
 from router.policies.driver import PolicyDriver
+from router.profiling import fit_profile, profile_worker
 from router.proxy import Proxy
 from router.tenants import Tenants
 from router.tokenize import TokenizerCache
@@ -55,6 +57,8 @@ class RouterState:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
+        self.profiles: dict[str, dict[str, Any]] = {}  # worker id -> profiling outcome
+        self._profile_tasks: set[asyncio.Task[None]] = set()
 
     def _busy(self, worker_id: str) -> bool:
         entry = self.registry.find(worker_id)
@@ -67,7 +71,45 @@ class RouterState:
         self.index.check(entry)
         self.index.worker_added(entry)
         self.prewarm(entry)
+        self.start_profile(entry)
         self.refresh_gauges()
+
+    def start_profile(self, entry: WorkerEntry) -> None:
+        """Measure the joining worker's prefill curve in the background (router/profiling.py);
+        until it is done the worker is priced with the default prior."""
+        if self.config.profile_max_tokens <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # registered outside the server loop (tests): nothing to run on
+            return
+        self.profiles[entry.info.worker_id] = {"state": "running"}
+        task = loop.create_task(self._profile(entry))
+        self._profile_tasks.add(task)
+        task.add_done_callback(self._profile_tasks.discard)
+
+    async def _profile(self, entry: WorkerEntry) -> None:
+        wid = entry.info.worker_id
+        try:
+            samples = await profile_worker(
+                self.proxy.client, entry.info.url, self.config.page_size or entry.info.page_size,
+                self.config.profile_max_tokens, self.config.profile_sizes,
+                timeout_s=self.config.health_check_timeout_s * 4)
+            model = fit_profile(samples)
+        except Exception as exc:  # a worker that cannot be profiled keeps the prior
+            log.warning("profiling worker %s failed: %r", wid, exc)
+            self.profiles[wid] = {"state": "failed", "error": repr(exc)}
+            return
+        if self.registry.find(wid) is None:
+            return  # left while being profiled
+        self.routing.cost.set_prefill_model(
+            entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+        self.profiles[wid] = {"state": "done", "coef": list(model.coef),
+                              "samples": [list(s) for s in samples]}
+        log.info("worker %s profiled: prefill coef %s", wid, model.coef)
+
+    def profiling_pending(self) -> int:
+        return sum(1 for p in self.profiles.values() if p.get("state") == "running")
 
     def prewarm(self, entry: WorkerEntry) -> None:
         """Load the model's tokenizer in the background (importing transformers takes seconds),
@@ -97,6 +139,8 @@ class RouterState:
         self.health.start()
 
     async def stop(self) -> None:
+        for task in list(self._profile_tasks):
+            task.cancel()
         await self.health.stop()
         await self.index.stop()
         await self.proxy.close()

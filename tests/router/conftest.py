@@ -84,6 +84,7 @@ def router_factory() -> Iterator[Callable[..., RunningRouter]]:
     def start(**options: Any) -> RunningRouter:
         options.setdefault("health_check_interval_s", 0.2)
         options.setdefault("policy", "round_robin")
+        options.setdefault("profile_max_tokens", 0)  # peers count requests: no profiling calls
         state = RouterState(RouterConfig(**options))
         server = ServerThread(build_app(state)).start()
         started.append(server)
