@@ -12,9 +12,9 @@ One patch, registered with ``sglang_patch.cpu_compat`` and applied only for devi
   already lives in host memory, so nothing is lost. Measured: greedy output of a disaggregated
   request equals HF transformers' (``tests/sglang_patch/test_pd_native_e2e.py``).
 
-How it reaches SGLang's scheduler process: list this module in
-``RADIX_GLOBAL_CPU_PATCH_MODULES`` (``cpu_compat.child_env`` keeps what the environment lists),
-or import it before ``cpu_compat.child_env()`` is built (see ``docs/pd.md``).
+How it reaches SGLang's scheduler process: the launch wrapper imports this module before it builds
+``cpu_compat.child_env()``; ``RADIX_GLOBAL_CPU_PATCHES_DISABLE`` naming ``PATCH_NAME`` leaves it
+out.
 """
 
 from __future__ import annotations

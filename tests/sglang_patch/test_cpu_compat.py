@@ -152,3 +152,17 @@ def test_module_launcher_runs_sglang_launch_server() -> None:
     )
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "--model-path" in proc.stdout and "--attention-backend" in proc.stdout
+
+
+def test_disabled_patch_is_left_out() -> None:
+    import os
+
+    env = {**os.environ, cpu_compat.ENV_DISABLED: "torchvision-stand-in"}
+    out = _run("""
+        from sglang_patch import cpu_compat
+        result = cpu_compat.apply("cpu")
+        assert "torchvision-stand-in" not in result.applied, result
+        assert "sgl-kernel-stand-in" in result.applied, result
+        print("ok")
+    """, env=env)
+    assert out.strip() == "ok"

@@ -8,7 +8,7 @@ body, with ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``, to both
 (``router/pd_handoff.py``, native mode). The reference is HF transformers' greedy output for the
 same prompt (equal to SGLang's on CPU: ``tests/sglang_patch/test_sglang_server.py``).
 
-- With ``sglang_patch.pd_cpu`` (listed in ``RADIX_GLOBAL_CPU_PATCH_MODULES``): the decode
+- With ``sglang_patch.pd_cpu`` (the launch wrapper carries it into SGLang's processes): the decode
   worker's output equals the reference token for token.
 - Stock SGLang 0.5.23 (torch 2.13 CPU, mooncake-transfer-engine-non-cuda 0.3.13.post1): the
   prefill scheduler dies on the first KV send: ``prefill.py:_send_kv_chunk`` allocates page
@@ -166,10 +166,13 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
     from radix_global import trace
 
     os.environ["SGLANG_HOST_IP"] = "127.0.0.1"  # only `lo` exists: SGLang cannot guess an IP
-    if patched:  # cpu_compat.child_env keeps listed modules: SGLang's processes apply it
-        os.environ["RADIX_GLOBAL_CPU_PATCH_MODULES"] = "sglang_patch.pd_cpu"
+    # The launch wrapper carries pd_cpu into SGLang's processes; the stock run switches it off.
+    from sglang_patch import cpu_compat, pd_cpu
+
+    if patched:
+        os.environ.pop(cpu_compat.ENV_DISABLED, None)
     else:
-        os.environ.pop("RADIX_GLOBAL_CPU_PATCH_MODULES", None)
+        os.environ[cpu_compat.ENV_DISABLED] = pd_cpu.PATCH_NAME
     ids = trace.synthesize_prompt([4242, 4243, 4244, 4245], 4 * 512, 48)  # 192 tokens
     result: dict[str, Any] = {"prompt_tokens": len(ids)}
     import torch
