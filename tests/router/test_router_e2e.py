@@ -134,6 +134,12 @@ def test_conversation_lands_where_its_history_is_cached(workers):
             while len(state.registry) < 2:
                 assert time.monotonic() < deadline, "router did not discover both workers"
                 time.sleep(0.2)
+            # Until both prefill curves are profiled, one worker would be priced with the
+            # (fast) default prior and the other with its measured CPU curve.
+            deadline = time.monotonic() + 300
+            while state.profiling_pending():
+                assert time.monotonic() < deadline, "profiling the workers did not finish"
+                time.sleep(0.5)
             state.tokenizers.get(model).load()
             convs = {k: [{"role": "system", "content": _text(k, 200)}] for k in (1, 2)}
             home: dict[int, str] = {}
