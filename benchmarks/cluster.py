@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -41,6 +40,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 import httpx
+
+from sglang_patch.launch_plan import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
@@ -99,12 +100,6 @@ class Engines(NamedTuple):
     @property
     def urls(self) -> list[str]:
         return [p.url for p in self.procs]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def cpu_env() -> dict[str, str]:

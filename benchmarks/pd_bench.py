@@ -51,6 +51,7 @@ from router.pd import PdConfig, PdMode
 from router.pd_handoff import PdOrchestrator
 from router.policies.base import RouteRequest, WorkerState
 from router.prompt import GENERATE
+from sglang_patch.launch_plan import free_port as _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = 4
@@ -59,14 +60,6 @@ CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampli
              "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
              "--max-total-tokens", "16384", "--page-size", str(PAGE), "--hicache-ratio", "2",
              "--hicache-storage-prefetch-policy", "wait_complete"]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _healthy(url: str) -> bool:

@@ -37,6 +37,8 @@ from typing import Any
 
 import httpx
 
+from sglang_patch.launch_plan import free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "router_overhead.json"
 
@@ -84,14 +86,6 @@ def serve_upstream(port: int, model_path: str) -> None:
 
 
 # ---- processes ------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def spawn(cmd: list[str], log: Path, root: Path = ROOT) -> subprocess.Popen[bytes]:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -25,18 +24,13 @@ from radix_global.index import GlobalIndex
 from radix_global.registration import WorkerInfo
 from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, WorkerId
+from sglang_patch.launch_plan import free_port as _free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.asyncio, pytest.mark.timeout(300)]
 NS = Namespace("tiny@1")
 PS = 4
 W = WorkerId("sgl-0")
 TOPIC = "kv-events"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class _Alloc:
