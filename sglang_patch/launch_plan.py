@@ -5,7 +5,12 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 ``--radix-global URL``       router/index to join (omit: standalone worker with the pool only)
 ``--worker-id ID``           default ``sgl-<host>-<port>``
 ``--admin-token TOKEN``      default env ``RADIX_GLOBAL_ADMIN_TOKEN``
-``--role mixed|prefill|decode``  optional; must agree with ``--disaggregation-mode``
+``--role mixed|prefill|decode``  registered role. With ``--disaggregation-mode prefill|decode`` it
+                             must agree with it (SGLang's native PD). Without one, ``prefill`` /
+                             ``decode`` is a *pool hand-off* worker (``docs/pd.md``): an ordinary
+                             SGLang server registered in that role; a decode one gets
+                             ``--hicache-storage-prefetch-policy wait_complete`` and a one-page
+                             L3 ``prefetch_threshold`` unless the user set them
 ``--namespace NS``           default ``<served model>@<config.json hash>``
 ``--pool-id ID``             default ``shm-<hostname>``; ``--pool-capacity-gb``, ``--pool-root``
 ``--heartbeat-interval S``   default 5
@@ -77,7 +82,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", default=None, help="default sgl-<host>-<port>")
     p.add_argument("--admin-token", default=None, help="default $RADIX_GLOBAL_ADMIN_TOKEN")
     p.add_argument("--role", choices=[r.value for r in Role], default=None,
-                   help="optional check: must match --disaggregation-mode")
+                   help="registered role; must match --disaggregation-mode if that is given; "
+                        "without it, prefill/decode = pool hand-off worker (docs/pd.md)")
     p.add_argument("--namespace", default=None,
                    help="default <served model>@<config.json hash>")
     p.add_argument("--pool-id", default=f"shm-{socket.gethostname()}",
@@ -138,10 +144,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     mode = flag_value(rest, "--disaggregation-mode")
     if mode not in ROLE_OF_MODE:
         raise LaunchError(f"unknown --disaggregation-mode {mode!r}")
-    role = ROLE_OF_MODE[mode]
-    if ours.role is not None and ours.role != role:
-        raise LaunchError(f"--role {ours.role.value} contradicts --disaggregation-mode "
-                          f"{mode or 'null'} (role {role.value}); drop one")
+    role = registered_role(ours.role, mode)
     _refuse_conflicts(rest)
     device = flag_value(rest, "--device") or "cuda"
     kv_port, replay_port, pool_port = ports or (free_port(), free_port(), free_port())
@@ -170,9 +173,16 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         backend["namespace"] = ours.namespace or default_namespace
     if pool_ep:
         backend["pool_events_endpoint"] = pool_ep
+    pool_decode = role is Role.DECODE and ROLE_OF_MODE[mode] is Role.MIXED
+    if pool_decode:
+        # The prompt must come from the pool, not be recomputed: wait for the prefetch, and do
+        # not skip prefetches shorter than SGLang's 256-token default threshold.
+        backend.setdefault("prefetch_threshold", int(flag_value(rest, "--page-size") or 1))
+        if not has_flag(args, "--hicache-storage-prefetch-policy"):
+            args += ["--hicache-storage-prefetch-policy", "wait_complete"]
     if not has_flag(args, "--enable-hierarchical-cache"):
         args.append("--enable-hierarchical-cache")
-    if role is Role.DECODE and not has_flag(args, "--disaggregation-decode-enable-radix-cache"):
+    if mode == "decode" and not has_flag(args, "--disaggregation-decode-enable-radix-cache"):
         # SGLang disables the radix cache on decode workers, and HiCache sits under it.
         args.append("--disaggregation-decode-enable-radix-cache")
     if not has_flag(args, "--hicache-write-policy"):
@@ -187,6 +197,19 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     return LaunchPlan(args, ours, device, flag_value(rest, "--host") or "127.0.0.1",
                       int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
                       replay_ep, pool_ep, backend)
+
+
+def registered_role(role: Role | None, mode: str | None) -> Role:
+    """The role to register. A given ``--disaggregation-mode`` decides (native PD) and a
+    different ``--role`` is refused; without one, ``--role`` (default mixed) is registered as is:
+    prefill/decode then means the pool hand-off, where SGLang itself runs a normal server."""
+    native = ROLE_OF_MODE[mode]
+    if native is not Role.MIXED or role is None:
+        if role is not None and role != native:
+            raise LaunchError(f"--role {role.value} contradicts --disaggregation-mode "
+                              f"{mode} (role {native.value}); drop one")
+        return native
+    return role
 
 
 def _refuse_conflicts(rest: Sequence[str]) -> None:

@@ -85,6 +85,8 @@ def wait_ready(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> di
 def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> WorkerInfo:
     base = f"http://{plan.host}:{plan.port}"
     bootstrap = server.get("disaggregation_bootstrap_port")
+    # A pool hand-off prefill worker (--role prefill alone) runs no bootstrap server.
+    native_prefill = flag_value(plan.sglang_argv, "--disaggregation-mode") == "prefill"
     return WorkerInfo(
         worker_id=plan.flags.worker_id or f"sgl-{plan.host}-{plan.port}",
         url=base,
@@ -98,7 +100,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         kv_events_replay_endpoint=plan.kv_events_replay_endpoint,
         pool_id=plan.flags.pool_id,
         pool_events_endpoint=plan.pool_events_endpoint,
-        bootstrap_port=int(bootstrap) if plan.role.value == "prefill" and bootstrap else None,
+        bootstrap_port=int(bootstrap) if native_prefill and bootstrap else None,
     )
 
 

@@ -59,7 +59,39 @@ def test_role_from_disaggregation_mode_and_contradiction():
     with pytest.raises(LaunchError, match="contradicts"):
         build_plan([*BASE, "--disaggregation-mode", "decode", "--role", "prefill"])
     with pytest.raises(LaunchError, match="contradicts"):
-        build_plan([*BASE, "--role", "decode"])
+        build_plan([*BASE, "--disaggregation-mode", "prefill", "--role", "mixed"])
+
+
+@pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
+def test_pool_handoff_role_without_disaggregation_mode(role):
+    """--role prefill|decode alone: registered in that role, SGLang stays a normal server."""
+    plan = build_plan([*BASE, "--role", role.value], ports=(1, 2, 3))
+    argv = plan.sglang_argv
+    assert plan.role is role
+    assert flag_value(argv, "--disaggregation-mode") is None
+    assert "--disaggregation-decode-enable-radix-cache" not in argv
+    pool_decode = role is Role.DECODE
+    assert (flag_value(argv, "--hicache-storage-prefetch-policy") == "wait_complete") \
+        is pool_decode
+    assert (extra_config(plan).get("prefetch_threshold") == 4) is pool_decode  # one page
+
+
+def test_pool_decode_keeps_the_users_prefetch_choices():
+    user = json.dumps({"prefetch_threshold": 64})
+    plan = build_plan([*BASE, "--role", "decode", "--hicache-storage-prefetch-policy",
+                       "timeout", "--hicache-storage-backend-extra-config", user],
+                      ports=(1, 2, 3))
+    assert flag_value(plan.sglang_argv, "--hicache-storage-prefetch-policy") == "timeout"
+    assert plan.sglang_argv.count("--hicache-storage-prefetch-policy") == 1
+    assert extra_config(plan)["prefetch_threshold"] == 64
+
+
+def test_native_decode_gets_radix_cache_and_no_pool_defaults():
+    plan = build_plan([*BASE, "--disaggregation-mode", "decode"], ports=(1, 2, 3))
+    assert plan.role is Role.DECODE
+    assert "--disaggregation-decode-enable-radix-cache" in plan.sglang_argv
+    assert flag_value(plan.sglang_argv, "--hicache-storage-prefetch-policy") is None
+    assert "prefetch_threshold" not in extra_config(plan)
 
 
 @pytest.mark.parametrize("flags, message", [
