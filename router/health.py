@@ -2,9 +2,13 @@
 expiry of registered ones. The only async part of the worker registry.
 
 A command-line worker (``--workers URL``) is described by its own ``/server_info`` (SGLang):
-served model name, model folder (tokenizer), page size, KV-event endpoint, dp size, role. It joins
-the registry once it answers, leaves after ``health_failures_to_remove`` failed checks (its index
-entries are dropped) and joins again when it answers again.
+served model name, model folder (tokenizer), page size, KV-event endpoint, dp size, role. An
+engine without ``/server_info`` (vLLM) is described by its OpenAI ``/v1/models`` (served name,
+model folder, context length) and is engine ``other`` unless told. What the engine cannot say is
+given in the URL's fragment, ``URL#engine=vllm&page_size=128&kv_events_endpoint=ipc:///PATH``
+(:data:`SPEC_FIELDS`; these override what the worker reports). It joins the registry once it
+answers, leaves after ``health_failures_to_remove`` failed checks (its index entries are dropped)
+and joins again when it answers again.
 """
 
 from __future__ import annotations
@@ -18,11 +22,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import httpx
+import msgspec
 
-from radix_global.registration import RegistrationError, WorkerInfo
+from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
 from radix_global.types import Role
 from router.config import RouterConfig
 from router.tokenize import model_context_length
@@ -47,6 +52,43 @@ def model_version(model_path: str | None) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
+SPEC_FIELDS = ("engine", "page_size", "kv_events_endpoint", "kv_events_replay_endpoint",
+               "kv_events_topic")  # WorkerInfo fields a --workers URL fragment may set
+
+
+def split_worker_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``URL[#field=value&...]`` -> (base URL, WorkerInfo overrides); ValueError on a field not
+    in :data:`SPEC_FIELDS` or a non-integer ``page_size``."""
+    url, _, fragment = spec.partition("#")
+    overrides: dict[str, Any] = {}
+    for name, value in parse_qsl(fragment, keep_blank_values=True, strict_parsing=bool(fragment)):
+        if name not in SPEC_FIELDS:
+            raise ValueError(f"worker {url}: unknown field {name!r} after '#' "
+                             f"(allowed: {', '.join(SPEC_FIELDS)})")
+        if name == "page_size":
+            if not value.isdigit():
+                raise ValueError(f"worker {url}: page_size must be an integer, got {value!r}")
+            overrides[name] = int(value)
+        else:
+            overrides[name] = value
+    return url.rstrip("/"), overrides
+
+
+def server_info_from_models(models: Any) -> dict[str, Any]:
+    """A ``/server_info``-like dict from an OpenAI ``/v1/models`` answer (vLLM: ``root`` is the
+    model folder, ``max_model_len`` the context length); empty if it names no model."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return {}
+    first = data[0]
+    out: dict[str, Any] = {"served_model_name": first.get("id"), "engine": "other"}
+    if isinstance(first.get("root"), str) and Path(first["root"]).is_dir():
+        out["model_path"] = first["root"]  # a local folder: the tokenizer lives there
+    if isinstance(first.get("max_model_len"), int):
+        out["context_length"] = first["max_model_len"]
+    return out
+
+
 def _events_endpoint(raw: Any, worker_url: str) -> str | None:
     """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
     if not raw:
@@ -64,9 +106,11 @@ def _events_endpoint(raw: Any, worker_url: str) -> str | None:
     return endpoint
 
 
-def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig
+def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig,
+                          overrides: dict[str, Any] | None = None
                           ) -> tuple[WorkerInfo, str | None, int | None]:
-    """A registration record for a command-line worker from its ``/server_info`` answer."""
+    """A registration record for a command-line worker from its ``/server_info`` answer, with
+    ``overrides`` (from :func:`split_worker_spec`) replacing the matching fields."""
     model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
     model = config.served_model_name or server.get("served_model_name") or model_path or "default"
     page_size = config.page_size or int(server.get("page_size") or 1)
@@ -81,10 +125,14 @@ def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig
     info = WorkerInfo(
         worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
         namespace=f"{str(model).replace('/', '-')}@{version}", page_size=page_size, role=role,
-        dp_size=int(server.get("dp_size") or 1), engine="sglang", kv_events_endpoint=events,
-        kv_events_topic=topic,
+        dp_size=int(server.get("dp_size") or 1), engine=str(server.get("engine") or "sglang"),
+        kv_events_endpoint=events, kv_events_topic=topic,
         bootstrap_port=_bootstrap_port(server) if role is Role.PREFILL else None,
     )
+    if overrides:
+        # through the decoder, so an override is validated like a registration record
+        info = decode_worker_info(msgspec.json.encode({**msgspec.structs.asdict(info),
+                                                       **overrides}))
     context = config.context_length or server.get("context_length")
     if not isinstance(context, int) and model_path:
         context = model_context_length(model_path)
@@ -113,22 +161,28 @@ class HealthMonitor:
         self.busy = busy  # worker id -> has requests of ours in flight
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        for spec in config.workers:  # a bad --workers fragment fails at start, not every round
+            split_worker_spec(spec)
 
-    async def discover(self, url: str) -> bool:
-        """Ask a command-line worker who it is and add it; False if it does not answer yet."""
+    async def discover(self, spec: str) -> bool:
+        """Ask a command-line worker (``URL[#overrides]``) who it is and add it; False if it
+        does not answer yet."""
+        url, overrides = split_worker_spec(spec)
         timeout = self.config.health_check_timeout_s
         try:
-            health = await self.client.get(f"{url.rstrip('/')}/health", timeout=timeout)
+            health = await self.client.get(f"{url}/health", timeout=timeout)
             if health.status_code != 200:
                 return False
-            resp = await self.client.get(f"{url.rstrip('/')}/server_info", timeout=timeout)
-            server = resp.json() if resp.status_code == 200 else {}
+            resp = await self.client.get(f"{url}/server_info", timeout=timeout)
+            server = resp.json() if resp.status_code == 200 else None
+            if not isinstance(server, dict):  # not SGLang: an OpenAI server's model list
+                resp = await self.client.get(f"{url}/v1/models", timeout=timeout)
+                server = server_info_from_models(resp.json()) if resp.status_code == 200 else {}
         except (httpx.HTTPError, ValueError):
             return False
-        if not isinstance(server, dict):
-            server = {}
         try:
-            info, model_path, context = info_from_server_info(url, server, self.config)
+            info, model_path, context = info_from_server_info(url, server, self.config,
+                                                              overrides)
             self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
                               context_length=context)
         except (RegistrationError, RegistryError) as exc:
@@ -142,11 +196,12 @@ class HealthMonitor:
         now = self.clock()
         changed = bool(self.registry.expire(now, self.config.heartbeat_timeout_s))
         known = {e.info.url for e in self.registry.all() if e.source is Source.CLI}
-        urls = [u.rstrip("/") for u in self.config.workers]
+        specs = {split_worker_spec(s)[0]: s for s in self.config.workers}
+        urls = list(specs)
         # Checked concurrently: SGLang's /health runs a 1-token generation and answers only
         # once the scheduler replies, which takes seconds on a busy worker.
         results = await asyncio.gather(*(
-            self._healthy(u) if u in known else self.discover(u) for u in urls))
+            self._healthy(u) if u in known else self.discover(specs[u]) for u in urls))
         for url, result in zip(urls, results, strict=True):
             if url not in known:
                 changed |= result is True
