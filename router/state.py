@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from radix_global.types import WorkerId
 from router.cluster_index import ClusterIndex, open_index
 from router.config import RouterConfig
 from router.cost import CostModel
@@ -21,7 +22,8 @@ from router.metrics import RouterMetrics
 from router.policies import get_policy
 from router.policies.base import RoutingPolicy
 from router.policies.driver import PolicyDriver
-from router.profiling import fit_profile, profile_worker
+from router.prefill_model import PrefillModel
+from router.profiling import ProfileBook, fit_profile, profile_worker
 from router.proxy import Proxy
 from router.tenants import Tenants
 from router.tokenize import TokenizerCache
@@ -58,6 +60,7 @@ class RouterState:
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
         self.profiles: dict[str, dict[str, Any]] = {}  # worker id -> profiling outcome
+        self.profile_book = ProfileBook()
         self._profile_tasks: set[asyncio.Task[None]] = set()
 
     def _busy(self, worker_id: str) -> bool:
@@ -71,12 +74,31 @@ class RouterState:
         self.index.check(entry)
         self.index.worker_added(entry)
         self.prewarm(entry)
+        self.inherit_profile(entry)
         self.start_profile(entry)
         self.refresh_gauges()
 
+    def inherit_profile(self, entry: WorkerEntry) -> None:
+        """Price a joining worker like its profiled peers of the same namespace until its own
+        profile is fitted (``ProfileBook``); with none, the default prior stays."""
+        model = self.profile_book.joined(entry.info.worker_id, entry.info.namespace)
+        if model is not None:
+            self.routing.cost.set_prefill_model(
+                entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+            log.info("worker %s priced with its peers' prefill profile until its own is fitted",
+                     entry.info.worker_id)
+
+    def apply_profile(self, entry: WorkerEntry, model: PrefillModel) -> None:
+        """Install ``entry``'s own fitted profile; peers still without one inherit it."""
+        self.routing.cost.set_prefill_model(
+            entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+        for wid, inherited in self.profile_book.fitted(entry.info.worker_id, model).items():
+            self.routing.cost.set_prefill_model(
+                WorkerId(wid), inherited, learn_inferred=self.config.learn_from_inferred_prefill)
+
     def start_profile(self, entry: WorkerEntry) -> None:
         """Measure the joining worker's prefill curve in the background (router/profiling.py);
-        until it is done the worker is priced with the default prior."""
+        until it is done the worker is priced with its peers' profile (or the default prior)."""
         if self.config.profile_max_tokens <= 0:
             return
         try:
@@ -99,11 +121,13 @@ class RouterState:
         except Exception as exc:  # a worker that cannot be profiled keeps the prior
             log.warning("profiling worker %s failed: %r", wid, exc)
             self.profiles[wid] = {"state": "failed", "error": repr(exc)}
+            if self.registry.find(wid) is not None:  # an inherited model learns online then
+                self.routing.cost.set_prefill_model(
+                    entry.worker_id, self.routing.cost.prefill_model(entry.worker_id))
             return
         if self.registry.find(wid) is None:
             return  # left while being profiled
-        self.routing.cost.set_prefill_model(
-            entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+        self.apply_profile(entry, model)
         self.profiles[wid] = {"state": "done", "coef": list(model.coef),
                               "samples": [list(s) for s in samples]}
         log.info("worker %s profiled: prefill coef %s", wid, model.coef)
@@ -120,6 +144,7 @@ class RouterState:
             threading.Thread(target=_quiet_load, args=(tok,), daemon=True).start()
 
     def _worker_removed(self, entry: WorkerEntry) -> None:
+        self.profile_book.left(entry.info.worker_id)
         self.index.worker_removed(entry)
         self.routing.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
