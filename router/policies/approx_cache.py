@@ -1,9 +1,8 @@
 """``approx_cache``: cache affinity without KV events, like SGLang router's ``cache_aware``.
 
-The router remembers, per slot, the page keys of the prompts it sent there (an approximation of
-the slot's cache: no eviction signal, so each slot's memory is an LRU bounded at
-``max_pages_per_slot``). Page keys are chained hashes, so a key stands for its whole prefix and
-the "tree" is a set per slot; a slot's match is the leading run of the prompt's keys it holds.
+The router remembers, per slot, the page keys of the prompts it sent there
+(:class:`router.routed_prefixes.RoutedPrefixes`, an LRU bounded at ``max_pages_per_slot``: an
+approximation of the slot's cache, with no eviction signal).
 
 Rule (per request): if the load is imbalanced (``max - min > balance_abs`` and
 ``max > balance_rel * min``) -> least load; else the slot with the longest match if that match
@@ -12,7 +11,6 @@ covers more than ``cache_threshold`` of the prompt's pages -> that slot; else le
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from collections.abc import Sequence
 
 from radix_global.types import PageKey, WorkerId
@@ -29,6 +27,7 @@ from router.policies.base import (
     route_to,
     slot_load,
 )
+from router.routed_prefixes import RoutedPrefixes
 
 
 class ApproxCachePolicy(RoutingPolicy):
@@ -48,8 +47,7 @@ class ApproxCachePolicy(RoutingPolicy):
         self.cache_threshold = cache_threshold
         self.balance_abs = balance_abs
         self.balance_rel = balance_rel
-        self.max_pages_per_slot = max_pages_per_slot
-        self._pages: dict[Slot, OrderedDict[PageKey, None]] = {}
+        self._routed = RoutedPrefixes(max_pages_per_slot)
         self._turn = 0
 
     def choose(
@@ -73,31 +71,15 @@ class ApproxCachePolicy(RoutingPolicy):
 
     def match_pages(self, slot: Slot, keys: Sequence[PageKey]) -> int:
         """Leading pages of ``keys`` this router believes ``slot`` holds."""
-        held = self._pages.get(slot)
-        if not held:
-            return 0
-        count = 0
-        for key in keys:
-            if key not in held:
-                break
-            count += 1
-        return count
+        return self._routed.match(slot, keys, 0.0)
 
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
         self._turn += 1
-        if decision.worker_id is None or not req.page_keys:
-            return
-        held = self._pages.setdefault(decision.slot, OrderedDict())
-        # Deepest page first, so the prefix ends up most recent and eviction trims leaves.
-        for key in reversed(req.page_keys):
-            held[key] = None
-            held.move_to_end(key)
-        while len(held) > self.max_pages_per_slot:
-            held.popitem(last=False)
+        if decision.worker_id is not None:
+            self._routed.add(decision.slot, req.page_keys, now)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
-        for slot in [s for s in self._pages if s[0] == worker_id]:
-            del self._pages[slot]
+        self._routed.forget_worker(worker_id)
 
     def tracked_pages(self, slot: Slot) -> int:
-        return len(self._pages.get(slot, ()))
+        return self._routed.pages(slot)

@@ -3,7 +3,10 @@
 For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
 
 - local hit: the longest prefix ``c`` itself holds on GPU or host (``HolderMatch.host`` of
-  ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``;
+  ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``. A
+  prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
+  (:mod:`router.routed_prefixes`): ``c`` has it once that prefill is done, and the queue model
+  already puts the new request behind it, while KV events arrive only after the batch;
 - fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``);
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
@@ -34,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from radix_global.ops import IndexRefusal, MatchResult
-from radix_global.types import HolderId
+from radix_global.types import HolderId, WorkerId
 from router.admission import TTFT_SLO, SloConfig, check_ttft, reject
 from router.policies.base import (
     CandidateEstimate,
@@ -48,6 +51,7 @@ from router.policies.base import (
     prefill_candidates,
     slot_load,
 )
+from router.routed_prefixes import RoutedPrefixes
 
 
 class ConductorPolicy(RoutingPolicy):
@@ -61,14 +65,15 @@ class ConductorPolicy(RoutingPolicy):
         tie_s: float = 1e-3,
         tie_rel: float = 0.01,
         price_top_k: int | None = 8,
+        routed_ttl_s: float = 30.0,
         slo: SloConfig | None = None,
         **slo_options: Any,
     ) -> None:
         if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
-                price_top_k is not None and price_top_k < 1):
+                price_top_k is not None and price_top_k < 1) or routed_ttl_s < 0:
             raise PolicyConfigError(
                 "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0, "
-                "price_top_k >= 1 (or None)"
+                "price_top_k >= 1 (or None), routed_ttl_s >= 0 (0: off)"
             )
         self.price_top_k = price_top_k
         self.fetch_ratio = fetch_ratio
@@ -80,6 +85,7 @@ class ConductorPolicy(RoutingPolicy):
             self.slo = slo or SloConfig(**slo_options)
         except (TypeError, ValueError) as exc:
             raise PolicyConfigError(f"conductor SLO options: {exc}") from exc
+        self._routed = RoutedPrefixes(ttl_s=routed_ttl_s) if routed_ttl_s > 0 else None
         self._turn = 0
         self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
 
@@ -97,7 +103,7 @@ class ConductorPolicy(RoutingPolicy):
         if k is None:
             priced = [(i, c, None) for i, c in enumerate(candidates)]
         else:
-            priced = self._shortlist(candidates, match, view, now, k)
+            priced = self._shortlist(req, candidates, match, view, now, k)
         estimates = [self.estimate(req, c, match, view, now, pools, queue)
                      for _, c, queue in priced]
         best = self._pick(estimates, [i for i, _, _ in priced], n)
@@ -116,6 +122,12 @@ class ConductorPolicy(RoutingPolicy):
 
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
         self._turn += 1
+        if self._routed is not None and decision.worker_id is not None:
+            self._routed.add(decision.slot, req.page_keys, now)
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:
+        if self._routed is not None:
+            self._routed.forget_worker(worker_id)
 
     def estimate(
         self,
@@ -133,6 +145,7 @@ class ConductorPolicy(RoutingPolicy):
         if pools is None:
             pools = _pool_pages(match)
         local_pages, pool_pages = _reachable_pages(worker, match, pools)
+        local_pages = max(local_pages, self._routed_pages(worker, req, now))
         ps = req.page_size
         n = req.input_tokens
         local_tokens = min(n, local_pages * ps)
@@ -159,6 +172,11 @@ class ConductorPolicy(RoutingPolicy):
             return recompute
         return fetch
 
+    def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float) -> int:
+        if self._routed is None:
+            return 0
+        return self._routed.match(worker.slot, req.page_keys, now)
+
     def _worth_fetching(self, local_pages: int, pool_pages: int) -> bool:
         if pool_pages <= local_pages:
             return False
@@ -177,18 +195,19 @@ class ConductorPolicy(RoutingPolicy):
             return None
 
     def _shortlist(
-        self, candidates: list[WorkerState], match: MatchResult | None, view: ClusterView,
-        now: float, k: int,
+        self, req: RouteRequest, candidates: list[WorkerState], match: MatchResult | None,
+        view: ClusterView, now: float, k: int,
     ) -> list[tuple[int, WorkerState, float | None]]:
         """(position, slot, queue) of the slots worth pricing, in slot order: every local prefix
-        holder and the ``k`` others with the shortest queue (then least load, then rotation)."""
+        holder (index or routed memory) and the ``k`` others with the shortest queue (then least
+        load, then rotation)."""
         held = match.matched if match is not None else {}
         keep: list[tuple[int, WorkerState, float | None]] = []
         others: list[tuple[float, int, int, WorkerState]] = []
         for i, c in enumerate(candidates):
             own = held.get((c.worker_id, c.dp_rank))
             queue = view.cost.queue_s(c, now)
-            if own is not None and own.host > 0:
+            if (own is not None and own.host > 0) or self._routed_pages(c, req, now) > 0:
                 keep.append((i, c, queue))
             else:
                 others.append((queue, slot_load(c, view), i, c))

@@ -1,0 +1,79 @@
+"""What this router sent where: per slot, the page keys of prompts it routed there, and when.
+
+A slot will hold a routed prompt's pages once that prompt's prefill is done, long before the
+engine's KV events say so (a busy CPU engine publishes them seconds later, after the batch). A
+multi-turn conversation's next turn often arrives in that window; without this memory it looks
+cold everywhere and is priced by load alone. ``approx_cache`` uses it as its whole view of the
+cluster (engines without events, like SGLang router's ``cache_aware``); ``conductor`` uses it next
+to the index, for ``ttl_s`` seconds, after which the index (events, evictions) is the only truth.
+
+Page keys are chained hashes: a key stands for its whole prefix, so a slot's "tree" is a set and
+its match is the leading run of the prompt's keys it holds. Each slot's memory is an LRU bounded
+at ``max_pages_per_slot`` (no eviction signal otherwise). Pure: time is passed in.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+
+from radix_global.types import PageKey, WorkerId
+
+Slot = tuple[WorkerId, int]
+
+
+class RoutedPrefixes:
+    def __init__(self, max_pages_per_slot: int = 100_000, ttl_s: float | None = None) -> None:
+        """``ttl_s``: forget a page this long after it was last routed (None: LRU bound only)."""
+        if max_pages_per_slot < 1:
+            raise ValueError("max_pages_per_slot must be >= 1")
+        if ttl_s is not None and ttl_s <= 0:
+            raise ValueError("ttl_s must be > 0 (or None)")
+        self.max_pages_per_slot = max_pages_per_slot
+        self.ttl_s = ttl_s
+        self._pages: dict[Slot, OrderedDict[PageKey, float]] = {}
+
+    def add(self, slot: Slot, keys: Sequence[PageKey], now: float) -> None:
+        """``keys`` (one prompt, in order) were routed to ``slot`` at ``now``."""
+        if not keys:
+            return
+        held = self._pages.setdefault(slot, OrderedDict())
+        # Deepest page first, so the prefix ends up most recent and the LRU trims leaves first.
+        for key in reversed(keys):
+            held[key] = now
+            held.move_to_end(key)
+        while len(held) > self.max_pages_per_slot:
+            held.popitem(last=False)
+        self._expire(held, now)
+
+    def match(self, slot: Slot, keys: Sequence[PageKey], now: float) -> int:
+        """Leading pages of ``keys`` routed to ``slot`` within the last ``ttl_s`` seconds."""
+        held = self._pages.get(slot)
+        if not held:
+            return 0
+        oldest = float("-inf") if self.ttl_s is None else now - self.ttl_s
+        count = 0
+        for key in keys:
+            t = held.get(key)
+            if t is None or t < oldest:
+                break
+            count += 1
+        return count
+
+    def pages(self, slot: Slot) -> int:
+        return len(self._pages.get(slot, ()))
+
+    def forget_worker(self, worker_id: WorkerId) -> None:
+        for slot in [s for s in self._pages if s[0] == worker_id]:
+            del self._pages[slot]
+
+    def _expire(self, held: OrderedDict[PageKey, float], now: float) -> None:
+        # Least recently routed first; stop at the first page still young enough.
+        if self.ttl_s is None:
+            return
+        oldest = now - self.ttl_s
+        while held:
+            key, t = next(iter(held.items()))
+            if t >= oldest:
+                break
+            del held[key]
