@@ -62,6 +62,14 @@ class RouterConfig:
     # batching engine's waiting, which the fit turns into seconds of fixed cost per queued
     # request). Unprofiled workers (profiling off or failed) always learn from them.
     learn_from_inferred_prefill: bool = False
+    # Prefill/decode disaggregation (docs/pd.md), used when a model has prefill- and decode-role
+    # workers: "native" = SGLang's PD (bootstrap fields to both workers), "pool" = hand-off
+    # through the L3 pool (router/pd_front.py). pd_ratio: the deployed prefill:decode ratio the
+    # utilisation report compares against. pd_tbt_slo_s: decode admission (0 = none).
+    pd_mode: str = "native"
+    pd_ratio: str = "1:1"
+    pd_tbt_slo_s: float = 0.0
+    pd_pool_ready_timeout_s: float = 10.0
 
     def resolved_admin_token(self) -> str | None:
         return self.admin_token or os.environ.get("RADIX_GLOBAL_ADMIN_TOKEN") or None
@@ -88,6 +96,8 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
             if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
                 raise ConfigError("workers must be a list of URLs")
             value = tuple(value)
+        elif key == "pd_mode" and value not in ("native", "pool"):
+            raise ConfigError(f"pd_mode must be native or pool, got {value!r}")
         elif key == "policy_options":
             if not isinstance(value, dict):
                 raise ConfigError("policy_options must be a table/mapping")

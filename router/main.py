@@ -51,6 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--profile-max-tokens", type=int, default=s,
                    help="prefill profiling on worker join up to this many tokens; 0 = off "
                         f"(default {d.profile_max_tokens})")
+    p.add_argument("--pd-mode", choices=["native", "pool"], default=s,
+                   help="prefill/decode hand-off: SGLang's own or through the L3 pool "
+                        f"(default {d.pd_mode})")
+    p.add_argument("--pd-ratio", default=s, metavar="P:D",
+                   help=f"deployed prefill:decode ratio, for the report (default {d.pd_ratio})")
+    p.add_argument("--pd-tbt-slo-s", type=float, default=s,
+                   help=f"decode TBT SLO; 0 = none (default {d.pd_tbt_slo_s})")
     return p
 
 
