@@ -56,6 +56,9 @@ class DecodeSelector:
         self._reservations: dict[str, _Reservation] = {}
         self._reserved_tokens: dict[Slot, int] = {}
         self._reserved_count: dict[Slot, int] = {}
+        # KV tokens per rank of a decode worker, for slots whose headroom the engine does not
+        # report (the HTTP router learns it once from the worker's /server_info).
+        self.capacity: dict[WorkerId, int] = {}
 
     def needed_tokens(self, req: RouteRequest) -> int:
         output = req.output_tokens_hint
@@ -68,9 +71,12 @@ class DecodeSelector:
         return max(engine, self._reserved_count.get(worker.slot, 0))
 
     def free_tokens(self, worker: WorkerState) -> int | None:
-        if worker.kv_headroom_tokens is None:
+        headroom = worker.kv_headroom_tokens
+        if headroom is None:
+            headroom = self.capacity.get(worker.worker_id)
+        if headroom is None:
             return None
-        return worker.kv_headroom_tokens - self._reserved_tokens.get(worker.slot, 0)
+        return headroom - self._reserved_tokens.get(worker.slot, 0)
 
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], tbt_slo_s: float | None

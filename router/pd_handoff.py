@@ -28,7 +28,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import httpx
@@ -128,7 +128,7 @@ class PdRun:
         if self.orch.selector.release(self.req.request_id):
             self.orch.util.end(self.decode.worker_id, self.orch.clock())
 
-    async def chunks(self) -> AsyncIterator[bytes]:
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
         orch = self.orch
         try:
             if orch.config.mode == PdMode.POOL:
