@@ -6,7 +6,9 @@ nothing. Refitting online from FIFO-inferred service times does not fix it: a ba
 waiting time lands in the fixed term (seconds per request), so every queued request looks like
 seconds of queue and the policy spreads conversations away from their cache. A few timed
 ``/generate`` calls with ``max_new_tokens=1`` at the :func:`profile_plan` points (a cached prefix
-sent once beforehand) measure the worker's own curve instead.
+sent once beforehand) measure the worker's own curve instead. An engine without SGLang's
+``/generate`` (vLLM) is profiled the same way through OpenAI ``/v1/completions`` with a token-id
+``prompt`` and ``max_tokens=1`` (``model`` given).
 
 :func:`fit_profile` is pure; :func:`profile_worker` does the HTTP calls (bounded, sequential).
 """
@@ -59,33 +61,40 @@ def _ids(rng: np.random.Generator, n: int) -> list[int]:
     return [int(x) for x in rng.integers(_TOKEN_BASE, _TOKEN_BASE + _TOKEN_SPAN, size=n)]
 
 
-async def _generate(client: httpx.AsyncClient, url: str, ids: list[int], timeout_s: float
-                    ) -> float:
-    body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
-            "stream": False}
+async def _generate(client: httpx.AsyncClient, url: str, ids: list[int], timeout_s: float,
+                    model: str | None = None) -> float:
+    body: dict[str, object]
+    if model is None:
+        path = "/generate"
+        body = {"input_ids": ids, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                "stream": False}
+    else:
+        path = "/v1/completions"
+        body = {"model": model, "prompt": ids, "max_tokens": 1, "temperature": 0.0}
     t0 = time.monotonic()
-    resp = await client.post(f"{url}/generate", json=body, timeout=timeout_s)
+    resp = await client.post(f"{url}{path}", json=body, timeout=timeout_s)
     resp.raise_for_status()
     return time.monotonic() - t0
 
 
 async def profile_worker(client: httpx.AsyncClient, url: str, page_size: int,
                          max_input_tokens: int = 1024, sizes: int = 3,
-                         timeout_s: float = 120.0, seed: int | None = None
-                         ) -> list[ProfileSample]:
-    """Time one 1-token generation per :func:`profile_plan` point on the worker at ``url``.
+                         timeout_s: float = 120.0, seed: int | None = None,
+                         model: str | None = None) -> list[ProfileSample]:
+    """Time one 1-token generation per :func:`profile_plan` point on the worker at ``url``
+    (SGLang ``/generate``; OpenAI ``/v1/completions`` of ``model`` when ``model`` is given).
     Every point uses fresh random token ids (``seed`` None: new ones on every run, so a cache
     left over from an earlier run cannot make a cold point warm); a point with a prefix sends
     the prefix alone first so that the timed call finds it cached."""
     rng = np.random.default_rng(seed)
     plan: list[ProfilePoint] = profile_plan(max_input_tokens, page_size, sizes)
     samples: list[ProfileSample] = []
-    await _generate(client, url, _ids(rng, page_size * 2), timeout_s)  # first-call warm-up
+    await _generate(client, url, _ids(rng, page_size * 2), timeout_s, model)  # warm-up
     for point in plan:
         ids = _ids(rng, point.input_tokens)
         if point.prefix_tokens > 0:
-            await _generate(client, url, ids[: point.prefix_tokens], timeout_s)
-        seconds = await _generate(client, url, ids, timeout_s)
+            await _generate(client, url, ids[: point.prefix_tokens], timeout_s, model)
+        seconds = await _generate(client, url, ids, timeout_s, model)
         samples.append(ProfileSample(point.input_tokens, point.prefix_tokens, seconds))
     return samples
 

@@ -116,7 +116,8 @@ class RouterState:
             samples = await profile_worker(
                 self.proxy.client, entry.info.url, self.config.page_size or entry.info.page_size,
                 self.config.profile_max_tokens, self.config.profile_sizes,
-                timeout_s=self.config.health_check_timeout_s * 4)
+                timeout_s=self.config.health_check_timeout_s * 4,
+                model=None if entry.info.engine == "sglang" else entry.info.model)
             model = fit_profile(samples)
         except Exception as exc:  # a worker that cannot be profiled keeps the prior
             log.warning("profiling worker %s failed: %r", wid, exc)
