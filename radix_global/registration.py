@@ -32,6 +32,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     pool_id: str | None = None  # the L3 pool this worker reads and writes, if any
     pool_events_endpoint: str | None = None  # ZMQ PUB of this worker's L3 stores/removals
     bootstrap_port: int | None = None  # SGLang PD bootstrap port (prefill workers)
+    # Workers with the same compute_domain share their compute (e.g. CPU engines on one host):
+    # the router queues their prefills as one server. None: the worker computes on its own.
+    compute_domain: str | None = None
 
     def __post_init__(self) -> None:
         if not self.worker_id or "/" in self.worker_id:

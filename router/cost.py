@@ -63,6 +63,10 @@ class CostModel:
             model = self._prefill[worker] = self._prior()
         return model
 
+    def share_compute(self, worker: WorkerId, domain: str | None) -> None:
+        """``worker`` shares its compute with the other workers of ``domain`` (queue model)."""
+        self.queue.share_compute(worker, domain)
+
     def set_prefill_model(self, worker: WorkerId, model: PrefillModel,
                           learn_inferred: bool = True) -> None:
         """Replace ``worker``'s model (e.g. a profiled one). ``learn_inferred=False``: refit it

@@ -4,11 +4,17 @@ Each slot is modelled as a FIFO server: request ``i`` starts at ``max(routed_at_
 and takes its predicted prefill time, so the predicted wait of a new request is when the last one
 would finish. The "done" time of the previous request is known exactly when its first token came
 back, which corrects every prediction behind it. Pure: time is the ``now`` the caller passes.
+
+Workers that share their compute (``share_compute``: e.g. several CPU engines on one host, which
+run concurrently but not faster together) are one FIFO server: a slot's wait is the work routed
+to any of them, so spreading a request away from its cache holder buys no queueing time there.
+A worker's domain is set when it joins, before it gets requests.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Hashable
 from typing import NamedTuple
 
 from radix_global.types import WorkerId
@@ -35,16 +41,29 @@ class CompletedPrefill(NamedTuple):
 
 class QueueModel:
     def __init__(self) -> None:
-        self._pending: dict[Slot, OrderedDict[str, PendingPrefill]] = {}
-        self._last_done: dict[Slot, float] = {}
+        # Per FIFO server (a slot, or a shared compute domain): pending prefills, last done time.
+        self._pending: dict[Hashable, OrderedDict[str, PendingPrefill]] = {}
+        self._last_done: dict[Hashable, float] = {}
         self._active: dict[Slot, set[str]] = {}  # routed, not finished (prefill or decode)
         self._slot_of: dict[str, Slot] = {}
+        self._domain: dict[WorkerId, str] = {}
+
+    def share_compute(self, worker_id: WorkerId, domain: str | None) -> None:
+        """``worker_id``'s slots queue on ``domain``'s one FIFO server (None: each its own)."""
+        if domain is None:
+            self._domain.pop(worker_id, None)
+        else:
+            self._domain[worker_id] = domain
+
+    def _server(self, slot: Slot) -> Hashable:
+        domain = self._domain.get(slot[0])
+        return slot if domain is None else ("domain", domain)
 
     def add(self, slot: Slot, request_id: str, pending: PendingPrefill) -> None:
         """A request was routed to ``slot``. A duplicate id replaces the earlier record."""
         if request_id in self._slot_of:
             self.finished(request_id)
-        self._pending.setdefault(slot, OrderedDict())[request_id] = pending
+        self._pending.setdefault(self._server(slot), OrderedDict())[request_id] = pending
         self._active.setdefault(slot, set()).add(request_id)
         self._slot_of[request_id] = slot
 
@@ -53,12 +72,13 @@ class QueueModel:
         slot = self._slot_of.get(request_id)
         if slot is None:
             return None
-        queue = self._pending.get(slot)
+        server = self._server(slot)
+        queue = self._pending.get(server)
         pending = queue.pop(request_id, None) if queue is not None else None
         if pending is None:
             return None
-        start = max(pending.routed_at, self._last_done.get(slot, pending.routed_at))
-        self._last_done[slot] = max(now, self._last_done.get(slot, now))
+        start = max(pending.routed_at, self._last_done.get(server, pending.routed_at))
+        self._last_done[server] = max(now, self._last_done.get(server, now))
         return CompletedPrefill(slot, pending, now - start)
 
     def finished(self, request_id: str) -> Slot | None:
@@ -66,7 +86,7 @@ class QueueModel:
         slot = self._slot_of.pop(request_id, None)
         if slot is None:
             return None
-        queue = self._pending.get(slot)
+        queue = self._pending.get(self._server(slot))
         if queue is not None:
             queue.pop(request_id, None)
         self._active.get(slot, set()).discard(request_id)
@@ -74,10 +94,11 @@ class QueueModel:
 
     def queue_s(self, slot: Slot, now: float) -> float:
         """Predicted wait before a request routed to ``slot`` at ``now`` would start prefill."""
-        queue = self._pending.get(slot)
+        server = self._server(slot)
+        queue = self._pending.get(server)
         if not queue:
             return 0.0
-        t = self._last_done.get(slot, float("-inf"))
+        t = self._last_done.get(server, float("-inf"))
         for i, pending in enumerate(queue.values()):
             t = max(t, pending.routed_at) + pending.predicted_s + pending.transfer_s
             if i == 0:
@@ -85,14 +106,21 @@ class QueueModel:
         return max(0.0, t - now)
 
     def pending_prefills(self, slot: Slot) -> int:
-        return len(self._pending.get(slot, ()))
+        """Prefills queued on ``slot``'s FIFO server (its whole compute domain, if shared)."""
+        return len(self._pending.get(self._server(slot), ()))
 
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._active if s[0] == worker_id]:
+            server = self._server(slot)
+            queue = self._pending.get(server)
             for request_id in self._active.pop(slot):
                 self._slot_of.pop(request_id, None)
-            self._pending.pop(slot, None)
-            self._last_done.pop(slot, None)
+                if queue is not None:
+                    queue.pop(request_id, None)
+            if server == slot:
+                self._pending.pop(slot, None)
+                self._last_done.pop(slot, None)
+        self._domain.pop(worker_id, None)

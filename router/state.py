@@ -74,6 +74,7 @@ class RouterState:
         self.index.check(entry)
         self.index.worker_added(entry)
         self.prewarm(entry)
+        self.routing.cost.share_compute(entry.worker_id, entry.info.compute_domain)
         self.inherit_profile(entry)
         self.start_profile(entry)
         self.refresh_gauges()

@@ -17,6 +17,7 @@ import importlib.util
 import logging
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -101,6 +102,9 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         pool_id=plan.flags.pool_id,
         pool_events_endpoint=plan.pool_events_endpoint,
         bootstrap_port=int(bootstrap) if native_prefill and bootstrap else None,
+        # CPU engines on one host share its cores; GPU engines each have their own device.
+        compute_domain=(f"cpu@{socket.gethostname()}"
+                        if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
     )
 
 

@@ -139,3 +139,24 @@ def test_unknown_namespace_in_the_index_routes_cache_blind() -> None:
     d = PolicyDriver(policy, CostModel(), idx)
     assert d.route(request(0), workers(2), 0.0).accepted
     assert policy.index_errors == 1
+
+
+def test_a_busy_holder_keeps_the_turn_when_its_peer_shares_its_compute() -> None:
+    """Engines on one CPU host run at the same time but not faster together: moving a turn off
+    its busy cache holder to a peer sharing the cores saves no queueing, only loses the cache."""
+
+    def second_turn(shared: bool) -> str | None:
+        d = driver(index_with(("w0", 0, Tier.GPU, 64)), routed_ttl_s=0)
+        if shared:
+            for w in ("w0", "w1"):
+                d.cost.share_compute(WorkerId(w), "cpu@host")
+        ws = workers(2, pool=None)
+        first = d.route(request(0), ws, 0.0)
+        assert first.worker_id == "w0"
+        for i in range(1, 4):  # cold work piled on w0
+            d.cost.on_routed(request(100 + i, pages=4), first._replace(
+                request_id=f"x{i}", predicted_prefill_s=1.0, fetch_tokens=0), 0.0)
+        return d.route(request(1), ws, 0.0).worker_id
+
+    assert second_turn(shared=False) == "w1"  # independent servers: the idle peer wins
+    assert second_turn(shared=True) == "w0"

@@ -93,6 +93,26 @@ def test_queue_is_a_fifo_reconstruction_corrected_by_completions() -> None:
     assert q.outstanding(slot) == 0
 
 
+def test_workers_sharing_compute_queue_as_one_fifo_server() -> None:
+    q = QueueModel()
+    a, b, c = (WorkerId("a"), 0), (WorkerId("b"), 0), (WorkerId("c"), 0)
+    q.share_compute(a[0], "cpu@host")
+    q.share_compute(b[0], "cpu@host")
+    q.add(a, "r1", pending(0.0, 2.0))
+    assert q.queue_s(b, 0.0) == pytest.approx(2.0)  # b's cores are busy with a's prefill
+    assert q.queue_s(c, 0.0) == 0.0  # c computes on its own
+    q.add(b, "r2", pending(0.0, 1.0))
+    assert q.queue_s(a, 0.0) == pytest.approx(3.0) and q.pending_prefills(a) == 2
+    assert q.outstanding(a) == 1 and q.outstanding(b) == 1  # load stays per worker
+    assert q.prefill_done("r1", 1.0) is not None
+    assert q.queue_s(b, 1.0) == pytest.approx(1.0)
+    q.forget_worker(b[0])  # b's requests leave the shared queue with it
+    assert q.queue_s(a, 1.0) == 0.0 and q.outstanding(b) == 0
+    q.share_compute(a[0], None)
+    q.add(a, "r3", pending(1.0, 1.0))
+    assert q.queue_s(a, 1.0) == pytest.approx(1.0)
+
+
 def ws(**kw: object) -> WorkerState:
     return WorkerState(W, NS, pool_id=PoolId("pool"), **kw)  # type: ignore[arg-type]
 

@@ -140,3 +140,16 @@ def test_wrong_sglang_version_or_missing_package_is_refused(monkeypatch):
     monkeypatch.setattr(launch_server, "REQUIRED_MODULES", ("zmq", "no_such_module_xyz"))
     with pytest.raises(LaunchError, match="missing Python packages: no_such_module_xyz"):
         launch_server.check_environment(plan)
+
+
+def test_cpu_workers_register_their_host_as_compute_domain():
+    import socket
+
+    from sglang_patch.launch_server import worker_info
+
+    server = {"page_size": 16, "served_model_name": "m"}
+    cpu = worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1")
+    assert cpu.compute_domain == f"cpu@{socket.gethostname()}"
+    gpu_argv = [a for a in BASE if a not in ("--device", "cpu")]
+    gpu = worker_info(build_plan(gpu_argv, ports=(1, 2, 3)), server, "m@1")
+    assert gpu.compute_domain is None
