@@ -59,6 +59,11 @@ def make_policy(setup: PolicySetup, cal: Calibration, local_tokens: int) -> Rout
     options = dict(setup.options)
     if setup.policy == "approx_cache":
         options.setdefault("max_pages_per_slot", max(1, local_tokens // cal.page_tokens))
+    if setup.policy == "conductor":
+        # The simulated engine publishes its cache the moment a prefill completes and grants reuse
+        # at arrival, so there is no event lag for the conductor's routed-prefix memory to bridge
+        # (and reuse from a still-queued earlier turn is not modelled): keep it off here.
+        options.setdefault("routed_ttl_s", 0)
     return get_policy(setup.policy, **options)
 
 
