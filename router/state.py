@@ -46,6 +46,7 @@ class RouterState:
         self.clock = clock
         self.metrics = RouterMetrics()
         self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token())
+        self.index.bind_metrics(self.metrics.registry)
         self.routing = PolicyDriver(policy or get_policy(config.policy, **config.policy_options),
                                    CostModel(), self.index.view)
         self.registry = WorkerRegistry(on_added=self._worker_added,
