@@ -141,6 +141,8 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         page_keys=keys, page_size=page_size, tenant=tenant.name,
         ttft_slo_s=_float_or_none(payload.get("ttft_slo_s")),
         output_tokens_hint=output_tokens_hint(kind, payload))
+    if state.index.remote:  # asked here, async; the policy's match must not block the loop
+        await state.index.prefetch_match(req.namespace, keys)
     if cfg.pd_mode == "pool":  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         from router.pd_front import pool_handoff
         return await pool_handoff(state, req, payload, salt, kind, upstream_path, model,
