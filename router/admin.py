@@ -15,6 +15,7 @@ from starlette.routing import Route
 
 from radix_global.registration import RegistrationError, decode_worker_info
 from router.forward import error
+from router.pd_front import pd_report
 from router.state import RouterState
 from router.workers import RegistryError, Source, WorkerEntry
 
@@ -74,6 +75,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "index": state.index.stats(),
         "cost_model": state.routing.cost.stats(),
         "recent": list(state.recent)[-50:],
+        "pd": pd_report(state),  # prefill/decode utilisation (pool mode), else None
     }
 
 
