@@ -32,6 +32,14 @@ def render(stats: dict[str, Any], diag: dict[str, Any], console: Console) -> Non
     index = stats.get("index", {})
     keys = ("mode", "namespaces", "pages", "nodes", "holders", "ops_applied")
     console.print("index: " + ", ".join(f"{k}={index[k]}" for k in keys if k in index))
+    pd = stats.get("pd")
+    if pd:  # prefill/decode pools (router/pd_front.py)
+        pre, dec = pd["prefill"], pd["decode"]
+        console.print(f"pd ({pd['mode']}): prefill {pre['workers']} at {pre['utilization']:.1%}, "
+                      f"decode {dec['workers']} at {dec['utilization']:.1%} over "
+                      f"{pd['window_s']:.0f}s; ratio {pd['configured_ratio']} (suggested "
+                      f"{pd['suggested_ratio']}); rejected before prefill "
+                      f"{pd['rejected_before_prefill']}, decode retries {pd['decode_retries']}")
     findings = diag.get("findings", [])
     for f in findings:
         console.print(f"[yellow]! {f.get('worker_id', '')} {f['problem']}[/yellow]: "

@@ -179,3 +179,14 @@ def test_learned_capacity_is_the_headroom_when_the_engine_reports_none():
     assert sel.choose(req, [d], None).reason == "decode_kv"
     assert sel.choose(req, [d._replace(kv_headroom_tokens=400)], None).accepted  # reported wins
 
+
+
+def test_status_command_shows_the_pd_pools(pd_cluster, capsys):
+    from router.status import main as status_main
+
+    router, *_ = pd_cluster(pd_ratio="1:2")
+    with router.client() as c:
+        assert c.post("/generate", json={"input_ids": [1, 2, 3]}).status_code == 200
+    assert status_main(["--router", router.url]) == 0
+    out = capsys.readouterr().out
+    assert "pd (pool): prefill 1 at" in out and "ratio 1:2 (suggested" in out
