@@ -16,12 +16,17 @@ page size 4). Each request is a fresh prompt (no cache anywhere), streamed, gree
 
 Phases: colocated + pool share one pair of workers (modes interleaved); native gets its own
 pair afterwards (at most 2 SGLang servers at a time). Measured per request, client side: TTFT
-(send -> first token event), TBT (mean gap between later token events), end-to-end. Bytes moved
+(send -> first token event), TBT (mean gap between later token events), end-to-end.
+Then, per mode, the same under concurrent load (``--concurrency`` streams per wave, arrivals
+``--stagger-s`` apart, so that new prompts' prefills land while earlier streams decode: the
+interference disaggregation is meant to remove): TBT mean and p90 over every gap of every
+stream, TTFT median. Bytes moved
 per request: pool mode = pool bytes written + read (``ShmPagePool.stats()`` deltas x page
 bytes); native = prompt tokens x KV bytes per token (computed from the model config: what
 Mooncake moves); colocated = 0. Medians over requests.
 
     .venv/bin/python -m benchmarks.pd_bench [--requests 6] [--prompt-blocks 16] [--out ...]
+        [--concurrency 4 --load-waves 2 --load-output-tokens 48 --stagger-s 0.5]
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -51,13 +56,13 @@ from router.pd import PdConfig, PdMode
 from router.pd_handoff import PdOrchestrator
 from router.policies.base import RouteRequest, WorkerState
 from router.prompt import GENERATE
+from sglang_patch import cpu_compat
 from sglang_patch.launch_plan import free_port as _free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = 4
 NS = Namespace("tiny@pdbench")
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
-             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+CPU_FLAGS = [*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32",
              "--max-total-tokens", "16384", "--page-size", str(PAGE), "--hicache-ratio", "2",
              "--hicache-storage-prefetch-policy", "wait_complete"]
 
@@ -187,7 +192,8 @@ class Bench:
                                    probe=probe,
                                    bootstrap_ports={WorkerId("P"): bootstrap or 0})
 
-    async def one(self, mode: str, rid: str, ids: list[int], out: int) -> dict[str, Any]:
+    async def one(self, mode: str, rid: str, ids: list[int], out: int,
+                  gaps_out: list[float] | None = None) -> dict[str, Any]:
         body = {"input_ids": ids, "stream": True,
                 "sampling_params": {"max_new_tokens": out, "temperature": 0.0,
                                     "ignore_eos": True}}
@@ -207,6 +213,8 @@ class Bench:
                                   body, GENERATE, "/generate", prefill, [decode], stream=True)
             ttft, gaps, n = await timed_stream(run.chunks(), t0)
         e2e = time.perf_counter() - t0
+        if gaps_out is not None:
+            gaps_out.extend(gaps)
         after = self.probe.pages_moved() if self.probe else (0, 0)
         if mode == "pool":
             moved = (after[0] - before[0] + after[1] - before[1]) * PAGE * self.kv
@@ -216,6 +224,31 @@ class Bench:
             moved = 0
         return {"mode": mode, "ttft_s": ttft, "tbt_s": statistics.mean(gaps) if gaps else None,
                 "e2e_s": e2e, "tokens": n, "bytes_moved": moved}
+
+
+async def load(b: Bench, mode: str, concurrency: int, waves: int, blocks: int, out: int,
+               stagger_s: float, offset: int) -> dict[str, Any]:
+    """``waves`` x ``concurrency`` streams, arrivals ``stagger_s`` apart within a wave."""
+    gaps: list[float] = []
+    ttfts: list[float] = []
+
+    async def one(rid: str, ids: list[int], delay: float) -> None:
+        await asyncio.sleep(delay)
+        row = await b.one(mode, rid, ids, out, gaps_out=gaps)
+        ttfts.append(row["ttft_s"])
+
+    t0 = time.perf_counter()
+    for w in range(waves):
+        ps = prompts(concurrency, blocks, offset + 10_000 * w)
+        await asyncio.gather(*(one(f"load-{mode}-{w}-{i}", ids, i * stagger_s)
+                               for i, ids in enumerate(ps)))
+    gaps.sort()
+    return {"mode": mode, "streams": waves * concurrency, "concurrency": concurrency,
+            "stagger_s": stagger_s, "output_tokens": out,
+            "tbt_s_mean": statistics.mean(gaps) if gaps else None,
+            "tbt_s_p90": gaps[int(0.9 * (len(gaps) - 1))] if gaps else None,
+            "tbt_s_max": gaps[-1] if gaps else None,
+            "ttft_s_median": statistics.median(ttfts), "wall_s": time.perf_counter() - t0}
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -236,10 +269,19 @@ def prompts(requests: int, blocks: int, offset: int) -> list[list[int]]:
                                     blocks * 512, 64) for i in range(requests)]
 
 
+class LoadArgs(NamedTuple):
+    concurrency: int
+    waves: int
+    output_tokens: int
+    stagger_s: float
+
+
 async def run_phase(urls: dict[str, str], modes: tuple[str, ...], kv: int,
                     probe: PoolProbe | None, bootstrap: int | None, requests: int,
-                    blocks: int, out: int) -> tuple[dict[str, list[dict[str, Any]]], Any]:
+                    blocks: int, out: int, la: LoadArgs
+                    ) -> tuple[dict[str, list[dict[str, Any]]], Any, dict[str, Any]]:
     rows: dict[str, list[dict[str, Any]]] = {m: [] for m in modes}
+    loads: dict[str, Any] = {}
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as client:
         b = Bench(client, urls, kv, probe, bootstrap)
         for m in modes:  # warm-up (first-request costs), not measured
@@ -251,8 +293,13 @@ async def run_phase(urls: dict[str, str], modes: tuple[str, ...], kv: int,
                 if bootstrap is not None:
                     ids = prompts(1, blocks, 900_000 + 1000 * i)[0]
                 rows[m].append(await b.one(m, f"{m}-{i}", ids, out))
+        if la.concurrency > 0 and la.waves > 0:
+            for k, m in enumerate(modes):
+                loads[m] = await load(b, m, la.concurrency, la.waves, blocks, la.output_tokens,
+                                      la.stagger_s, 2_000_000 + 500_000 * k
+                                      + (3_000_000 if bootstrap is not None else 0))
         report = b.orch.util.report(time.monotonic())
-    return rows, report
+    return rows, report, loads
 
 
 class _Skip(Exception):
@@ -268,7 +315,12 @@ def main() -> None:
     ap.add_argument("--out", default=str(REPO / "benchmarks/results/pd_bench.json"))
     ap.add_argument("--phases", default="pool,native",
                     help="pool (colocated + pool hand-off), native; a subset is merged into --out")
+    ap.add_argument("--concurrency", type=int, default=4, help="streams per load wave; 0 = off")
+    ap.add_argument("--load-waves", type=int, default=2)
+    ap.add_argument("--load-output-tokens", type=int, default=48)
+    ap.add_argument("--stagger-s", type=float, default=0.5, help="arrival gap within a wave")
     args = ap.parse_args()
+    la = LoadArgs(args.concurrency, args.load_waves, args.load_output_tokens, args.stagger_s)
     phases = set(args.phases.split(","))
     from sglang_patch.make_model import make_model
     from sglang_patch.pool.shm_pool import destroy_pool
@@ -278,19 +330,22 @@ def main() -> None:
     run_dir = Path(tempfile.mkdtemp(prefix="pdbench-run-"))
     rows: dict[str, list[dict[str, Any]]] = {}
     util: dict[str, Any] = {}
+    loads: dict[str, Any] = {}
     if Path(args.out).exists() and phases != {"pool", "native"}:
         earlier = json.loads(Path(args.out).read_text())
         rows.update(earlier.get("rows", {}))
         util = earlier.get("utilization", {})
+        loads.update(earlier.get("load", {}))
     pool_id = f"pdbench-{uuid.uuid4().hex[:8]}"
     try:
         if "pool" not in phases:
             raise _Skip
         with workers(model, pool_id, run_dir) as urls:
-            got, report = asyncio.run(run_phase(urls, ("colocated", "pool"), kv,
-                                                PoolProbe(pool_id), None, args.requests,
-                                                args.prompt_blocks, args.output_tokens))
+            got, report, got_load = asyncio.run(run_phase(
+                urls, ("colocated", "pool"), kv, PoolProbe(pool_id), None, args.requests,
+                args.prompt_blocks, args.output_tokens, la))
             rows.update(got)
+            loads.update(got_load)
             util = {"prefill": report.prefill.utilization,
                     "decode": report.decode.utilization,
                     "configured_ratio": report.configured_ratio,
@@ -307,22 +362,25 @@ def main() -> None:
         bootstrap = _free_port()
         try:
             with workers(model, pool_id, run_dir, native_bootstrap=bootstrap) as urls:
-                got, _ = asyncio.run(run_phase(urls, ("native",), kv, None, bootstrap,
-                                               args.requests, args.prompt_blocks,
-                                               args.output_tokens))
+                got, _, got_load = asyncio.run(run_phase(
+                    urls, ("native",), kv, None, bootstrap, args.requests, args.prompt_blocks,
+                    args.output_tokens, la))
                 rows.update(got)
+                loads.update(got_load)
         finally:
             destroy_pool(pool_id)
     else:
         native_note = "skipped: run inside `unshare -n` (Mooncake binds all interfaces)"
     if native_note:
         rows.pop("native", None)
+        loads.pop("native", None)
     summary: dict[str, Any] = {m: summarize(r) for m, r in rows.items()}
     if native_note:
         summary["native"] = {"skipped": native_note}
-    result = {"summary": summary, "rows": rows, "utilization": util, "config": {
+    result = {"summary": summary, "rows": rows, "utilization": util, "load": loads, "config": {
         "requests": args.requests, "prompt_tokens": args.prompt_blocks * 64,
         "output_tokens": args.output_tokens, "page_size": PAGE, "kv_bytes_per_token": kv,
+        "load": la._asdict(),
         "model": "make-model tiny Llama 15.9M params float32",
         "machine": f"{os.cpu_count()} CPU cores, shared with other jobs"}}
     print(f"{'mode':<10} {'TTFT med s':>11} {'TBT med ms':>11} {'e2e med s':>10} "
@@ -334,6 +392,16 @@ def main() -> None:
             continue
         print(f"{mode:<10} {s['ttft_s_median']:>11.3f} {(s['tbt_s_median'] or 0) * 1e3:>11.1f} "
               f"{s['e2e_s_median']:>10.3f} {int(s['bytes_moved_median'] or 0):>12,}")
+    if loads:
+        print(f"under load ({la.concurrency} streams per wave, {la.stagger_s} s apart, "
+              f"{la.waves} waves, {la.output_tokens} tokens):")
+        print(f"{'mode':<10} {'TBT mean ms':>12} {'TBT p90 ms':>11} {'TBT max ms':>11} "
+              f"{'TTFT med s':>11}")
+        for mode in ("colocated", "pool", "native"):
+            x = loads.get(mode)
+            if x and x["tbt_s_mean"] is not None:
+                print(f"{mode:<10} {x['tbt_s_mean'] * 1e3:>12.1f} {x['tbt_s_p90'] * 1e3:>11.1f} "
+                      f"{x['tbt_s_max'] * 1e3:>11.1f} {x['ttft_s_median']:>11.3f}")
     if util:
         print(f"pool-mode utilisation: prefill {util['prefill']:.2f}, decode "
               f"{util['decode']:.2f}; ratio {util['configured_ratio']} -> suggested "
