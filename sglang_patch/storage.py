@@ -227,6 +227,13 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                   target_sizes: Any = None) -> bool:
         return all(self.set(k, v) for k, v in zip(keys, values or [], strict=True))
 
+    def clear(self) -> None:
+        """SGLang's ``/clear_hicache_storage_backend``: the whole shared pool is emptied (its
+        pages cannot be told apart by namespace) and the index is told what left."""
+        tags = self._pool().clear()
+        if tags:
+            self._publish([block_removed([PageKey(t) for t in tags])])
+
     def get_stats(self) -> Any:
         return None  # SGLang expects its StorageMetrics type here; see pool_stats()
 

@@ -93,6 +93,10 @@ class PagePool(ABC):
         """Drop ``key``; False if it was not there."""
 
     @abstractmethod
+    def clear(self) -> list[int]:
+        """Drop every page (of every namespace sharing the pool); the dropped pages' tags."""
+
+    @abstractmethod
     def stats(self) -> PoolStats: ...
 
     @abstractmethod

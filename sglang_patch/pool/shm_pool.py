@@ -278,6 +278,14 @@ class ShmPagePool(PagePool):
             slot = self._meta.find(m.key_digest(key))
             return slot >= 0 and self._remove_slot_if(slot, int(self._meta.slots["gen"][slot]))
 
+    def clear(self) -> list[int]:
+        with self._locked():
+            slots = np.flatnonzero(self._meta.slots["state"] == m.VALID)
+            tags = [int(self._meta.slots["tag"][s]) for s in slots]
+            for s in slots:
+                self._remove_slot_if(int(s), int(self._meta.slots["gen"][s]))
+        return tags
+
     def stats(self) -> PoolStats:
         with self._locked():
             h = [int(x) for x in self._meta.header]

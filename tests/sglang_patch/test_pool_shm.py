@@ -53,6 +53,16 @@ def test_namespaces_are_separate_keys(pool_id):
     assert not pool.get_into("model-b@1/abcd", [np.zeros(PAGE, np.uint8)])
 
 
+def test_clear_drops_every_page_and_returns_their_tags(pool_id):
+    pool = ShmPagePool(pool_id, PAGE, 4 * PAGE)
+    pool.put("a@1/k1", [page(1)], tag=11)
+    pool.put("b@1/k2", [page(2)], tag=-5)  # tags are stored as int64: negatives round-trip
+    assert sorted(pool.clear()) == [-5, 11]
+    assert not pool.exists("a@1/k1") and pool.stats().pages == 0
+    assert pool.clear() == []
+    assert pool.put("a@1/k1", [page(1)], tag=11).new  # slots are reusable
+
+
 def test_capacity_bound_and_lru_eviction(pool_id):
     pool = ShmPagePool(pool_id, PAGE, 3 * PAGE)
     for i in range(3):

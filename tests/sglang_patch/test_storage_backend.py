@@ -113,6 +113,17 @@ def _check_roundtrip(pool_id: str, layout: str, endpoint: str) -> None:
 
     assert ops[0].keys == [page_key_of(k) for k in keys]
 
+    # SGLang's /clear_hicache_storage_backend: the pool empties and the index hears of it.
+    from radix_global.ops import RemovePages
+
+    writer.clear()
+    assert reader.batch_exists(keys) == 0
+    assert sub.poll(2000)
+    _topic, seq, payload = sub.recv_multipart()
+    ops = EventDecoder(PoolId(pool_id), Namespace("tiny@1"), PAGE_SIZE).decode(payload).ops
+    assert len(ops) == 1 and isinstance(ops[0], RemovePages)
+    assert sorted(ops[0].keys) == sorted(page_key_of(k) for k in keys)
+
 
 def _check_corrupt_is_miss(pool_id: str) -> None:
     import torch
