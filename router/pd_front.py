@@ -213,7 +213,7 @@ class PoolForward:
         st, run = self.front.state, self.run
         assert run is not None
         try:
-            first = await anext(chunks, b"")
+            first = await anext(chunks, None)
         except PdFailed as exc:
             await _json(send, run.status_code if run.status_code >= 400 else 502, str(exc),
                         "upstream_error")
@@ -229,10 +229,10 @@ class PoolForward:
             (b"x-radix-request-id", self.req.request_id.encode())]})
         chunk = first
         try:
-            while chunk:
+            while chunk is not None:
                 self.tail = (self.tail + chunk)[-65536:]
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
-                chunk = await anext(chunks, b"")
+                chunk = await anext(chunks, None)
         except PdFailed as exc:  # the decode worker broke mid-answer: already in the stream
             log.warning("pool hand-off of %s broke: %s", self.req.request_id, exc)
             await send({"type": "http.response.body", "more_body": True,

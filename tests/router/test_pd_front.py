@@ -190,3 +190,27 @@ def test_status_command_shows_the_pd_pools(pd_cluster, capsys):
     assert status_main(["--router", router.url]) == 0
     out = capsys.readouterr().out
     assert "pd (pool): prefill 1 at" in out and "ratio 1:2 (suggested" in out
+
+
+@pytest.mark.parametrize("path, stream", [("/v1/completions", False), ("/v1/completions", True),
+                                          ("/v1/chat/completions", False), ("/generate", True)])
+def test_every_shape_prefills_one_token(pd_cluster, path, stream):
+    router, prefill, (decode,), _ = pd_cluster()
+    body: dict[str, Any] = {"model": "tiny", "stream": stream}
+    if path == "/generate":
+        body.update(input_ids=[1, 2, 3], sampling_params={"max_new_tokens": 6})
+    elif path == "/v1/completions":
+        body.update(prompt="hello world", max_tokens=6)
+    else:
+        body.update(messages=[{"role": "user", "content": "hello"}], max_tokens=6)
+    with router.client() as c:
+        r = c.post(path, json=body)
+    assert r.status_code == 200, r.text
+    assert (r.text.rstrip().endswith("data: [DONE]")) is stream
+    (p_path, p_body), (d_path, d_body) = prefill.requests[-1], decode.requests[-1]
+    assert p_path == d_path == path and p_body["stream"] is False
+    if path == "/generate":
+        assert p_body["sampling_params"]["max_new_tokens"] == 1
+    else:
+        assert p_body["max_tokens"] == 1 and d_body["max_tokens"] == 6
+    assert d_body.get("stream", False) is stream
