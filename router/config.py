@@ -44,6 +44,10 @@ class RouterConfig:
     health_check_interval_s: float = 2.0
     health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
     health_failures_to_remove: int = 3
+    # Request-path connect failures (router/health.py): a worker is removed after this many
+    # consecutive connect timeouts (retried elsewhere meanwhile) or refused connections.
+    connect_timeouts_to_remove: int = 3
+    connect_refusals_to_remove: int = 1
     # Proxy.
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 600.0

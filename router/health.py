@@ -9,12 +9,19 @@ given in the URL's fragment, ``URL#engine=vllm&page_size=128&kv_events_endpoint=
 (:data:`SPEC_FIELDS`; these override what the worker reports). It joins the registry once it
 answers, leaves after ``health_failures_to_remove`` failed checks (its index entries are dropped)
 and joins again when it answers again.
+
+On the request path a worker that cannot be connected to is judged by :meth:`HealthMonitor.
+connect_failed` (``router/workers.py`` ``ConnectFailures``): a connect timeout is retried
+elsewhere and evicts only after ``connect_timeouts_to_remove`` consecutive failures; a refused
+connection evicts after ``connect_refusals_to_remove`` (default 1). Counted in
+``router_connect_failures_total{worker,kind}``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import logging
@@ -26,14 +33,41 @@ from urllib.parse import parse_qsl, urlsplit
 
 import httpx
 import msgspec
+from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
 from radix_global.types import Role
 from router.config import RouterConfig
 from router.tokenize import model_context_length
-from router.workers import RegistryError, Source, WorkerRegistry
+from router.workers import (
+    CONNECT_REFUSED,
+    CONNECT_TIMEOUT,
+    ConnectFailures,
+    RegistryError,
+    Source,
+    WorkerRegistry,
+)
 
 log = logging.getLogger("radix_global.router.health")
+
+
+def connect_failure_kind(exc: BaseException) -> str:
+    """``connect_timeout`` when the failure (or what it wraps, ``raise ... from``) is a timeout
+    (aiohttp's ``ConnectionTimeoutError`` is a ``TimeoutError``; an OS-level ``ETIMEDOUT``),
+    else ``connect_refused`` (refused, reset, unreachable: nothing takes connections there)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down the cause chain
+        if seen is None:
+            break
+        if isinstance(seen, TimeoutError | httpx.TimeoutException):
+            return CONNECT_TIMEOUT
+        os_error = getattr(seen, "os_error", None)  # aiohttp.ClientConnectorError
+        for err in (seen, os_error):
+            if isinstance(err, TimeoutError) or (isinstance(err, OSError)
+                                                 and err.errno == errno.ETIMEDOUT):
+                return CONNECT_TIMEOUT
+        seen = seen.__cause__
+    return CONNECT_REFUSED
 
 
 def cli_worker_id(url: str) -> str:
@@ -161,6 +195,9 @@ class HealthMonitor:
         self.busy = busy  # worker id -> has requests of ours in flight
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
+        self.connect_failures = ConnectFailures(config.connect_timeouts_to_remove,
+                                                config.connect_refusals_to_remove)
+        self._connect_metric: Counter | None = None
         for spec in config.workers:  # a bad --workers fragment fails at start, not every round
             split_worker_spec(spec)
 
@@ -221,11 +258,38 @@ class HealthMonitor:
         if changed and self.on_change is not None:
             self.on_change()
 
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        self._connect_metric = Counter(
+            "router_connect_failures", "Failed connects to a worker on the request path "
+            "(connect_timeout: retried elsewhere, evicted after repeats; connect_refused)",
+            ["worker", "kind"], registry=registry)
+
+    def connect_failed(self, worker_id: str, exc: BaseException) -> bool:
+        """A request could not be delivered to ``worker_id`` (the caller retries elsewhere);
+        counted, and the worker removed when the failure streak says so. True if removed."""
+        kind = connect_failure_kind(exc)
+        if self._connect_metric is not None:
+            self._connect_metric.labels(worker_id, kind).inc()
+        streak = self.connect_failures.streak(worker_id) + 1
+        evict = self.connect_failures.failed(worker_id, kind)
+        log.warning("connect to worker %s failed (%s, %d in a row): %s", worker_id, kind, streak,
+                    "removed" if evict else "kept")
+        if evict:
+            self.mark_dead(worker_id)
+            if self.on_change is not None:
+                self.on_change()
+        return evict
+
+    def connect_ok(self, worker_id: str) -> None:
+        """A request reached ``worker_id``: its connect-failure streak ends."""
+        self.connect_failures.succeeded(worker_id)
+
     def mark_dead(self, worker_id: str) -> None:
         """Remove a worker now (failed checks, or refused connections on the request path)."""
         if self.registry.find(worker_id) is not None:
             self.registry.remove(worker_id)
         self._failures[worker_id] = 0
+        self.connect_failures.forget(worker_id)
 
     async def _healthy(self, url: str) -> bool | None:
         """True: healthy; False: refused or an error status; None: no answer in time."""

@@ -55,6 +55,7 @@ class RouterState:
         self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat, busy=self._busy)
+        self.health.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
         self.tenants = Tenants.from_file(config.tenants_file)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)

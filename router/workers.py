@@ -187,3 +187,55 @@ class WorkerRegistry:
 
     def __len__(self) -> int:
         return len(self._workers)
+
+
+CONNECT_TIMEOUT = "connect_timeout"
+CONNECT_REFUSED = "connect_refused"
+
+
+class ConnectFailures:
+    """Consecutive failures to connect to a worker on the request path, and when to evict it.
+
+    A connect timeout is transient (a busy engine's full accept queue, a loaded host): the
+    request is retried on another worker and the worker stays until ``timeouts_to_remove``
+    consecutive connects failed. A refused connection means nothing listens there: evicted after
+    ``refusals_to_remove`` consecutive refusals (default 1: at once, as before). Any mix of
+    failures counts towards ``timeouts_to_remove``; a successful connect resets the streak.
+    Pure bookkeeping; ``counts`` keeps the totals per kind.
+    """
+
+    def __init__(self, timeouts_to_remove: int = 3, refusals_to_remove: int = 1) -> None:
+        if timeouts_to_remove < 1 or refusals_to_remove < 1:
+            raise ValueError("need timeouts_to_remove >= 1 and refusals_to_remove >= 1")
+        self.timeouts_to_remove = timeouts_to_remove
+        self.refusals_to_remove = refusals_to_remove
+        self._streak: dict[str, int] = {}  # worker -> consecutive failures of any kind
+        self._refused: dict[str, int] = {}  # worker -> consecutive refusals
+        self.counts: dict[str, int] = {CONNECT_TIMEOUT: 0, CONNECT_REFUSED: 0}
+        self.evictions = 0
+
+    def failed(self, worker_id: str, kind: str) -> bool:
+        """Record one failed connect of ``kind``; True when the worker is to be evicted now
+        (its streak is then cleared)."""
+        if kind not in self.counts:
+            raise ValueError(f"unknown connect failure kind {kind!r}")
+        self.counts[kind] += 1
+        streak = self._streak[worker_id] = self._streak.get(worker_id, 0) + 1
+        refused = self._refused.get(worker_id, 0) + 1 if kind == CONNECT_REFUSED else 0
+        self._refused[worker_id] = refused
+        if streak >= self.timeouts_to_remove or refused >= self.refusals_to_remove:
+            self.forget(worker_id)
+            self.evictions += 1
+            return True
+        return False
+
+    def succeeded(self, worker_id: str) -> None:
+        if worker_id in self._streak:
+            self.forget(worker_id)
+
+    def forget(self, worker_id: str) -> None:
+        self._streak.pop(worker_id, None)
+        self._refused.pop(worker_id, None)
+
+    def streak(self, worker_id: str) -> int:
+        return self._streak.get(worker_id, 0)
