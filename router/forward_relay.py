@@ -152,13 +152,14 @@ class Forward:
             t = st.clock()
             try:
                 upstream = await self._send(url)
+                st.health.connect_ok(entry.info.worker_id)
                 break
             except UpstreamUnavailable as exc:
                 wid = entry.info.worker_id
                 log.warning("worker %s refused the request: %s", wid, exc)
                 st.metrics.upstream_errors.labels(wid, "unavailable").inc()
                 self._finish(False)
-                st.health.mark_dead(wid)
+                st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
                 excluded.add(wid)
                 attempts += 1
                 nxt = self.route(excluded) if attempts <= st.config.max_retries else None
