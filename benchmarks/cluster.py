@@ -30,6 +30,7 @@ import contextlib
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -41,11 +42,11 @@ from typing import NamedTuple
 
 import httpx
 
+from sglang_patch import cpu_compat
 from sglang_patch.launch_plan import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-CPU_FLAGS = ("--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
-             "pytorch", "--disable-overlap-schedule", "--dtype", "float32")
+CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
 MAX_ENGINES = 3
 
 
@@ -103,8 +104,6 @@ class Engines(NamedTuple):
 
 
 def cpu_env() -> dict[str, str]:
-    from sglang_patch import cpu_compat
-
     return cpu_compat.child_env({**os.environ})
 
 
@@ -141,7 +140,9 @@ def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: 
     argv = [sys.executable, "-m", "radix_global.cli", "router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", spec.policy, "--model-path", model_dir,
             "--log-level", "warning", *extra]
-    return argv + (["--workers", *workers] if workers else [])
+    # Stock engines on this host share its cores, as ours declare when they register.
+    shared = f"#compute_domain=cpu@{socket.gethostname()}"
+    return argv + (["--workers", *(w + shared for w in workers)] if workers else [])
 
 
 class LocalCluster:

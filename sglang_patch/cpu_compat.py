@@ -62,11 +62,14 @@ CHILD_SITE_DIR = Path(__file__).resolve().parent / "child_site"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 # The flags that make SGLang 0.5.23 serve a small Llama on CPU (see docs/ENGINES.md).
+# --sleep-on-idle: an idle scheduler otherwise busy-polls a whole core (measured 100% vs 1.5% of a
+# core), so two idle engines alone saturate a 2-core machine.
 CPU_SERVER_FLAGS: tuple[str, ...] = (
     "--device", "cpu",
     "--attention-backend", "torch_native",
     "--sampling-backend", "pytorch",
     "--disable-overlap-schedule",
+    "--sleep-on-idle",
 )
 
 

@@ -38,12 +38,13 @@ from typing import Any
 
 import pytest
 
+from sglang_patch import cpu_compat
+
 BLOCKING_ERROR = ("RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; "
                   "no pinned memory allocator is available on this system.")
 REPO = Path(__file__).resolve().parents[2]
 PAGE = 4
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
-             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+CPU_FLAGS = [*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32",
              "--max-total-tokens", "8192", "--page-size", str(PAGE)]
 
 
@@ -60,8 +61,10 @@ def _run_driver(model: Path, tmp_path: Path, patched: bool) -> dict[str, Any]:
     out = tmp_path / "result.json"
     cmd = (f"ip link set lo up && exec {sys.executable} {Path(__file__).resolve()} --driver "
            f"{out} {model} {tmp_path} {'patched' if patched else 'stock'}")
+    # PYTHONPATH: the driver imports this project before its __main__ block runs.
     proc = subprocess.run(["unshare", "-n", "bash", "-c", cmd], cwd=str(REPO), timeout=1400,
-                          capture_output=True, check=False)
+                          capture_output=True, check=False,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
     assert out.exists(), (f"driver exited {proc.returncode} without a result:\n"
                           f"{proc.stdout.decode()[-3000:]}\n{proc.stderr.decode()[-3000:]}")
     return dict(json.loads(out.read_text()))
@@ -167,7 +170,7 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
 
     os.environ["SGLANG_HOST_IP"] = "127.0.0.1"  # only `lo` exists: SGLang cannot guess an IP
     # The launch wrapper carries pd_cpu into SGLang's processes; the stock run switches it off.
-    from sglang_patch import cpu_compat, pd_cpu
+    from sglang_patch import pd_cpu
 
     if patched:
         os.environ.pop(cpu_compat.ENV_DISABLED, None)

@@ -25,11 +25,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -37,11 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import psutil
 import pytest
-from servers import _healthy, free_port
+from pd_workers import PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
-from radix_global import keys, trace
+from radix_global import keys
 from radix_global.types import Namespace, Role, WorkerId
 from router.pd import PdConfig, PdMode
 from router.pd_handoff import PdOrchestrator, PdRejected
@@ -51,71 +45,20 @@ from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
 
-PAGE = 4
 NS = Namespace("tiny@pd")
-REPO = Path(__file__).resolve().parents[2]
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
-             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
-             "--max-total-tokens", "8192", "--page-size", str(PAGE), "--hicache-ratio", "2",
-             "--hicache-storage-prefetch-policy", "wait_complete",
-             # SGLang skips L3 prefetches under 256 tokens by default; a turn's new part is less
-             "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 4}']
-
-
-class Worker:
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.name, self.proc, self.url, self.log = name, proc, url, log
-
-    def engine_pids(self) -> list[int]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-        return []
-
-    def tail(self) -> str:
-        return self.log.read_bytes()[-4000:].decode("utf-8", "replace")
-
-
-def _spawn(name: str, model: Path, args: list[str]) -> Worker:
-    port = free_port()
-    fd, log = tempfile.mkstemp(prefix=f"rg-pd-{name}-", suffix=".log")
-    os.close(fd)
-    argv = [sys.executable, "-m", "sglang_patch.launch_server", "--model-path", str(model),
-            "--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS, *args]
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                start_new_session=True)
-    return Worker(name, proc, f"http://127.0.0.1:{port}", Path(log))
-
-
-def _stop(w: Worker) -> None:
-    pids = w.engine_pids()
-    if w.proc.poll() is None:
-        w.proc.send_signal(signal.SIGTERM)
-        try:
-            w.proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            w.proc.kill()
-    for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
 
 
 @contextlib.contextmanager
 def pd_workers(model: Path, pool_id: str, timeout: float = 900) -> Iterator[dict[str, Worker]]:
     """P, D1, D2 started together (start-up overlaps), stopped together."""
     common = ["--pool-id", pool_id, "--pool-capacity-gb", "0.1", "--namespace", str(NS)]
-    workers = {n: _spawn(n, model, [*common, "--worker-id", n]) for n in ("P", "D1", "D2")}
+    workers = {n: spawn(n, model, [*common, "--worker-id", n]) for n in ("P", "D1", "D2")}
     try:
-        deadline = time.monotonic() + timeout
-        for w in workers.values():
-            while not _healthy(w.url):
-                assert w.proc.poll() is None, f"{w.name} exited:\n{w.tail()}"
-                assert time.monotonic() < deadline, f"{w.name} not healthy:\n{w.tail()}"
-                time.sleep(1.0)
+        wait_healthy(list(workers.values()), timeout)
         yield workers
     finally:
         for w in workers.values():
-            _stop(w)
+            stop(w)
 
 
 class ShmPoolProbe:
@@ -137,11 +80,6 @@ class ShmPoolProbe:
                 break
             n += 1
         return n
-
-
-def prompt(hash_ids: list[int], per_block: int = 48) -> list[int]:
-    """``per_block`` tokens per hash id (trace lengths are in 512-token blocks)."""
-    return trace.synthesize_prompt(hash_ids, len(hash_ids) * 512, per_block)
 
 
 def route_request(rid: str, ids: list[int], out: int) -> RouteRequest:
@@ -237,10 +175,7 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
                                  "/generate", prefill, decodes, stream=False)
         on_d1 = [r for r, run in runs.items() if run.decode.worker_id == "D1"]
         assert on_d1, "the reservations should have spread over both decode workers"
-        for pid in w["D1"].engine_pids():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        w["D1"].proc.wait(timeout=60)
+        kill(w["D1"])
 
         async def finish(run: Any) -> dict[str, Any]:
             return dict(json.loads(b"".join([c async for c in run.chunks()])))

@@ -46,14 +46,14 @@ from starlette.routing import Route
 
 from radix_global import keys, trace
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
+from sglang_patch import cpu_compat
 from sglang_patch.pool.shm_pool import NO_VERIFY_ENV, ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 
 TOKEN = "test-admin-token"
 PAGE = 4
-CPU_FLAGS = ["--device", "cpu", "--attention-backend", "torch_native", "--sampling-backend",
-             "pytorch", "--disable-overlap-schedule", "--dtype", "float32",
+CPU_FLAGS = [*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32",
              "--max-total-tokens", "8192", "--page-size", str(PAGE), "--hicache-ratio", "2",
              "--hicache-storage-prefetch-policy", "wait_complete"]
 REPO = Path(__file__).resolve().parents[2]
