@@ -17,14 +17,15 @@ model: bootstrap
 demo: bootstrap
 	$(PY) -m benchmarks.demo
 
-test: bootstrap lint
+# The vLLM venv is needed by the router's end-to-end test in front of real vLLM workers.
+test: bootstrap bootstrap-vllm lint
 	$(PY) -m pytest -m "not e2e" -q
 	$(PY) -m pytest -m "e2e" -q
 
 test-unit: bootstrap
 	$(PY) -m pytest -m "not e2e" -q
 
-test-e2e: bootstrap
+test-e2e: bootstrap bootstrap-vllm
 	$(PY) -m pytest -m "e2e" -q
 
 lint: bootstrap
