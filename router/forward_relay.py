@@ -26,7 +26,6 @@ from router.proxy import (
     UpstreamResponse,
     UpstreamUnavailable,
     forward_headers,
-    response_headers,
     sse_error,
     until_disconnect,
 )
@@ -240,9 +239,9 @@ class Forward:
     async def _relay_whole(self, upstream: UpstreamResponse, send: Send) -> None:
         content = upstream.content
         self.ttft = self.state.clock() - self.t0
-        headers = [(k.encode(), v.encode()) for k, v in response_headers(upstream.headers).items()]
         await send({"type": "http.response.start", "status": upstream.status_code,
-                    "headers": [*headers, *self._extra_headers()]})
+                    "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
+                                *self._extra_headers()]})
         self.state.metrics.worker(self.routed.entry.info.worker_id).proxied_bytes.inc(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
         try:
@@ -255,10 +254,8 @@ class Forward:
         wid = self.routed.entry.info.worker_id
         ok = upstream.status_code < 500
         try:
-            headers = [(k.encode(), v.encode())
-                       for k, v in response_headers(upstream.headers).items()]
             await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": [*headers, *self._extra_headers()]})
+                        "headers": [*upstream.headers, *self._extra_headers()]})
             relayed = 0
             try:
                 async for chunk in upstream.aiter_raw():

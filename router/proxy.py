@@ -1,7 +1,8 @@
 """Forwarding to a worker: pooled keep-alive connections, plain and streamed pass-through.
 
-The data plane uses ``aiohttp``'s client: on the router-overhead benchmark it costs a fraction of
-``httpx.AsyncClient``'s per-request time (``docs/benchmarks.md``); the control plane (health
+The data plane uses the lean client of ``router/http_client.py`` (asyncio protocol + httptools,
+one write per request): on the router-overhead benchmark aiohttp's request machinery was the
+largest Python cost of a forwarded request (``docs/benchmarks.md``). The control plane (health
 checks, ``/server_info``, aborts) uses ``httpx`` (:attr:`Proxy.client`).
 
 Failure classes matter to the caller: :class:`UpstreamUnavailable` means the worker never saw the
@@ -17,21 +18,19 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from typing import Any, TypeVar
 
-import aiohttp
 import httpx
 
 from router.config import RouterConfig
+from router.http_client import ConnectFailed, HttpAnswer, HttpPool, RequestFailed
 
 log = logging.getLogger("radix_global.router.proxy")
 T = TypeVar("T")
 
 # Request headers worth passing on; hop-by-hop and length headers are recomputed.
 _FORWARD_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
-_DROP_RESPONSE_HEADERS = {"content-length", "transfer-encoding", "connection", "keep-alive",
-                          "content-encoding", "date", "server"}
 
 
 class UpstreamUnavailable(Exception):
@@ -52,11 +51,6 @@ def forward_headers(headers: Any) -> dict[str, str]:
     return out
 
 
-def response_headers(headers: Any) -> dict[str, str]:
-    items: Iterable[tuple[str, str]] = headers.items()
-    return {k: v for k, v in items if k.lower() not in _DROP_RESPONSE_HEADERS}
-
-
 def sse_error(message: str, code: int = 502) -> bytes:
     """An OpenAI-style error event, then ``[DONE]``, so clients end the stream cleanly."""
     body = json.dumps({"error": {"message": message, "type": "upstream_error", "code": code}})
@@ -64,24 +58,25 @@ def sse_error(message: str, code: int = 502) -> bytes:
 
 
 class UpstreamResponse:
-    """A worker's answer: status and headers at once, the body whole or as chunks."""
+    """A worker's answer: status and headers at once (``headers``: raw pairs without hop-by-hop
+    and framing headers), the body whole (``content``) or as chunks (:meth:`aiter_raw`)."""
 
-    def __init__(self, resp: aiohttp.ClientResponse, content: bytes | None = None) -> None:
-        self._resp = resp
-        self.status_code = resp.status
-        self.headers = resp.headers
+    def __init__(self, answer: HttpAnswer, content: bytes | None = None) -> None:
+        self._answer = answer
+        self.status_code = answer.status_code
+        self.headers = answer.headers
         self.content = content if content is not None else b""
 
     async def aiter_raw(self) -> AsyncIterator[bytes]:
         """Body chunks as they arrive; a broken connection raises :class:`UpstreamFailed`."""
         try:
-            async for chunk in self._resp.content.iter_any():
+            async for chunk in self._answer.chunks():
                 yield chunk
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailed(repr(exc)) from exc
+        except RequestFailed as exc:
+            raise UpstreamFailed(str(exc)) from exc
 
     async def aclose(self) -> None:
-        self._resp.close()
+        self._answer.close()
 
 
 class Proxy:
@@ -91,44 +86,32 @@ class Proxy:
         self.config = config
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s))
-        self._session: aiohttp.ClientSession | None = None
-
-    def _data(self) -> aiohttp.ClientSession:
-        # Created lazily: an aiohttp session belongs to the running event loop.
-        if self._session is None:
-            cfg = self.config
-            self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=cfg.max_connections, ttl_dns_cache=300),
-                timeout=aiohttp.ClientTimeout(total=None, connect=cfg.connect_timeout_s,
-                                              sock_read=cfg.request_timeout_s),
-                auto_decompress=False, skip_auto_headers=("User-Agent",))
-        return self._session
+        self._pool = HttpPool(connect_timeout_s=config.connect_timeout_s,
+                              read_timeout_s=config.request_timeout_s,
+                              max_connections=config.max_connections)
 
     async def close(self) -> None:
         await self.client.aclose()
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        self._pool.close()
 
-    async def _send(self, url: str, body: bytes, headers: dict[str, str]
-                    ) -> aiohttp.ClientResponse:
+    async def _send(self, url: str, body: bytes, headers: dict[str, str]) -> HttpAnswer:
         try:
-            return await self._data().post(url, data=body, headers=headers)
-        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            raise UpstreamUnavailable(f"{url}: {exc!r}") from exc
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailed(f"{url}: {exc!r}") from exc
+            return await self._pool.post(url, body, headers.items())
+        except ConnectFailed as exc:
+            raise UpstreamUnavailable(f"{url}: {exc}") from exc
+        except RequestFailed as exc:
+            raise UpstreamFailed(f"{url}: {exc}") from exc
 
     async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
         """POST and read the whole answer."""
-        resp = await self._send(url, body, headers)
+        answer = await self._send(url, body, headers)
         try:
-            content = await resp.read()
-        except (TimeoutError, aiohttp.ClientError) as exc:
-            raise UpstreamFailed(f"{url}: {exc!r}") from exc
+            content = await answer.read()
+        except RequestFailed as exc:
+            raise UpstreamFailed(f"{url}: {exc}") from exc
         finally:
-            resp.release()
-        return UpstreamResponse(resp, content)
+            answer.close()
+        return UpstreamResponse(answer, content)
 
     async def open_stream(self, url: str, body: bytes, headers: dict[str, str]
                           ) -> UpstreamResponse:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 
-import httpx
 import pytest
 from http_peer import ServerThread, Upstream, free_port
 
@@ -14,9 +13,9 @@ from router.forward_relay import _last_event
 from router.proxy import (
     ClientGone,
     Proxy,
+    UpstreamFailed,
     UpstreamUnavailable,
     forward_headers,
-    response_headers,
     sse_error,
     until_disconnect,
 )
@@ -89,12 +88,118 @@ def test_until_disconnect():
 def test_headers_and_sse_helpers():
     fwd = forward_headers({"authorization": "Bearer k", "host": "x", "content-length": "3"})
     assert fwd == {"authorization": "Bearer k", "content-type": "application/json"}
-    kept = response_headers(httpx.Headers({"content-type": "text/event-stream",
-                                           "content-length": "9", "server": "uvicorn"}))
-    assert kept == {"content-type": "text/event-stream"}
     err = sse_error("boom").decode()
     assert json.loads(err.split("\n\n")[0][5:])["error"]["message"] == "boom"
     assert err.endswith("data: [DONE]\n\n")
     tail = b'data: {"a": 1}\n\ndata: {"usage": {"prompt_tokens": 3}}\n\ndata: [DONE]\n\n'
     assert _last_event(tail) == {"usage": {"prompt_tokens": 3}}
     assert _last_event(b"garbage") is None
+
+
+async def _raw_server(handler) -> tuple[asyncio.Server, str]:
+    """A loopback server speaking raw bytes (``handler(reader, writer)``), for wire cases."""
+    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    return server, f"http://127.0.0.1:{port}"
+
+
+async def _read_request(reader: asyncio.StreamReader) -> bytes:
+    head = await reader.readuntil(b"\r\n\r\n")
+    length = next(int(line.split(b":")[1]) for line in head.split(b"\r\n")
+                  if line.lower().startswith(b"content-length"))
+    return head + await reader.readexactly(length)
+
+
+def test_whole_answer_headers_and_keepalive_reuse():
+    """One connection carries several exchanges; framing/hop-by-hop headers are dropped."""
+    connections: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(1)
+        try:
+            while True:
+                request = await _read_request(reader)
+                assert request.startswith(b"POST /generate HTTP/1.1\r\n")
+                assert b"\r\nauthorization: Bearer k\r\n" in request
+                assert request.endswith(b'{"a":1}')
+                writer.write(b"HTTP/1.1 200 OK\r\nserver: x\r\ncontent-type: application/json"
+                             b"\r\ncontent-length: 5\r\nx-extra: 1\r\n\r\nhello")
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    async def go() -> None:
+        server, url = await _raw_server(handler)
+        proxy = Proxy(RouterConfig())
+        try:
+            for _ in range(3):
+                resp = await proxy.post(f"{url}/generate", b'{"a":1}',
+                                        {"authorization": "Bearer k"})
+                assert (resp.status_code, resp.content) == (200, b"hello")
+                assert resp.headers == [(b"content-type", b"application/json"),
+                                        (b"x-extra", b"1")]
+        finally:
+            await proxy.close()
+            server.close()
+
+    asyncio.run(go())
+    assert len(connections) == 1
+
+
+def test_stale_keepalive_connection_is_retried_on_a_fresh_one():
+    """The server closes the pooled connection right after answering: the next request must not
+    fail (it never reached a live server), it goes out on a new connection."""
+    served: list[int] = []
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        served.append(1)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+        await reader.read(1)  # the next request's first byte (or EOF): close without answering
+        writer.close()
+
+    async def go() -> None:
+        server, url = await _raw_server(handler)
+        proxy = Proxy(RouterConfig())
+        try:
+            for _ in range(3):
+                assert (await proxy.post(f"{url}/generate", b"{}", {})).content == b"ok"
+        finally:
+            await proxy.close()
+            server.close()
+
+    asyncio.run(go())
+    assert len(served) == 3
+
+
+def test_broken_stream_and_silence_are_upstream_failures():
+    async def mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+        await writer.drain()
+        writer.transport.abort()
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(5)
+
+    async def go() -> None:
+        broken, url = await _raw_server(mid_stream)
+        quiet, quiet_url = await _raw_server(silent)
+        proxy = Proxy(RouterConfig(request_timeout_s=0.2))
+        try:
+            resp = await proxy.open_stream(f"{url}/generate", b"{}", {})
+            got = []
+            with pytest.raises(UpstreamFailed):
+                async for chunk in resp.aiter_raw():
+                    got.append(chunk)
+            await resp.aclose()
+            assert got == [b"data: "]
+            with pytest.raises(UpstreamFailed):
+                await proxy.post(f"{quiet_url}/generate", b"{}", {})
+        finally:
+            await proxy.close()
+            broken.close()
+            quiet.close()
+
+    asyncio.run(go())
