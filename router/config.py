@@ -48,6 +48,8 @@ class RouterConfig:
     # consecutive connect timeouts (retried elsewhere meanwhile) or refused connections.
     connect_timeouts_to_remove: int = 3
     connect_refusals_to_remove: int = 1
+    # Hot-prefix warming (router/warming.py): planning rounds every this many seconds; 0 = off.
+    warm_interval_s: float = 0.0
     # Proxy.
     connect_timeout_s: float = 5.0
     request_timeout_s: float = 600.0

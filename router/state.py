@@ -27,6 +27,7 @@ from router.profiling import ProfileBook, fit_profile, profile_worker
 from router.proxy import Proxy
 from router.tenants import Tenants
 from router.tokenize import TokenizerCache
+from router.warming import HotPrefixWarmer
 from router.workers import WorkerEntry, WorkerRegistry
 
 log = logging.getLogger("radix_global.router")
@@ -56,6 +57,8 @@ class RouterState:
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat, busy=self._busy)
         self.health.bind_metrics(self.metrics.registry)
+        self.warmer = HotPrefixWarmer(self, config.warm_interval_s)
+        self.warmer.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
         self.tenants = Tenants.from_file(config.tenants_file)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
@@ -166,10 +169,12 @@ class RouterState:
         for url in self.config.workers:
             await self.health.discover(url)
         self.health.start()
+        self.warmer.start()
 
     async def stop(self) -> None:
         for task in list(self._profile_tasks):
             task.cancel()
+        await self.warmer.stop()
         await self.health.stop()
         await self.index.stop()
         await self.proxy.close()
