@@ -150,6 +150,8 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     first = _route(state, req, model, set())
     if isinstance(first, Response):
         return first
+    if state.warmer.enabled and ids:  # token ids of reused prefixes, for hot-prefix warming
+        state.warmer.remember(namespace, keys, ids, page_size, first.decision.prefix_tokens)
     return Forward(state, req, payload, salt, kind, upstream_path, model, first,
                    dict(request.headers), stream=is_stream(payload), t0=t0,
                    route=lambda excluded: _route(state, req, model, excluded))
