@@ -15,6 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.admin import admin_routes
 from router.forward import Forward, error, handle
@@ -24,16 +25,10 @@ from router.state import RouterState
 log = logging.getLogger("radix_global.router")
 
 
-def build_app(state: RouterState) -> Starlette:
-    async def completions(request: Request) -> Response:
-        return await _guarded(request, COMPLETION, "/v1/completions")
-
-    async def chat(request: Request) -> Response:
-        return await _guarded(request, CHAT, "/v1/chat/completions")
-
-    async def generate(request: Request) -> Response:
-        return await _guarded(request, GENERATE, "/generate")
-
+def build_app(state: RouterState) -> ASGIApp:
+    """The router's ASGI app. The three inference routes are dispatched before starlette's
+    router and middleware (a dict lookup instead of route matching and two middleware layers per
+    request: a visible share of a forwarded request's router time); the rest is starlette's."""
     async def _guarded(request: Request, kind: str, path: str) -> Response:
         response: Response | Forward
         try:
@@ -70,19 +65,32 @@ def build_app(state: RouterState) -> Starlette:
             await state.stop()
 
     routes = [
-        Route("/v1/completions", completions, methods=["POST"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/generate", generate, methods=["POST"]),
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *admin_routes(state),
     ]
-    return Starlette(routes=routes, lifespan=lifespan)
+    rest = Starlette(routes=routes, lifespan=lifespan)
+    inference = {"/v1/completions": (COMPLETION, "/v1/completions"),
+                 "/v1/chat/completions": (CHAT, "/v1/chat/completions"),
+                 "/generate": (GENERATE, "/generate")}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        hit = inference.get(scope["path"]) if scope["type"] == "http" else None
+        if hit is None or scope["method"] != "POST":
+            await rest(scope, receive, send)
+            return
+        response = await _guarded(Request(scope, receive), *hit)
+        await response(scope, receive, send)
+
+    return app
 
 
 def serve(state: RouterState) -> None:
     import uvicorn
 
-    uvicorn.run(build_app(state), host=state.config.host, port=state.config.port,
-                log_level=state.config.log_level, access_log=False)
+    from router.http_server import server_config
+
+    config = state.config
+    uvicorn.Server(server_config(build_app(state), config.host, config.port,
+                                 config.log_level)).run()
