@@ -3,9 +3,10 @@
 uvicorn writes an answer's status line and headers as soon as the app sends
 ``http.response.start``, then the body in a second write: two syscalls and two wake-ups of the
 client for every whole answer. :class:`CoalescingHttpToolsProtocol` hands uvicorn a transport
-whose writes made in one event-loop step go out as one write at the end of that step (the
-relay sends the head and the body of a whole answer in the same step). Streamed chunks still go
-out as they come (each in its own step). Closing flushes first, so nothing is lost or reordered.
+that holds a write back until the next write of the same event-loop step (then both go out
+together, at once) or the end of that step (then it goes out alone). The relay sends the head and
+the body of a whole answer in one step, so they leave in one write, before the relay's
+bookkeeping that follows in that step. Closing flushes first: nothing is lost or reordered.
 """
 
 from __future__ import annotations
@@ -18,25 +19,28 @@ from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
 
 class CoalescingTransport:
-    """Wraps a transport: ``write`` calls within one loop step become one ``write``."""
+    """Wraps a transport: a write waits for the next one of the same loop step, at most until the
+    step ends."""
 
     __slots__ = ("_loop", "_pending", "_transport")
 
     def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
         self._transport, self._loop = transport, loop
-        self._pending: list[bytes] | None = None
+        self._pending: bytes | None = None
 
     def write(self, data: bytes) -> None:
-        if self._pending is None:
-            self._pending = [data]
+        pending = self._pending
+        if pending is None:
+            self._pending = data
             self._loop.call_soon(self.flush)
         else:
-            self._pending.append(data)
+            self._pending = None  # the scheduled flush finds nothing
+            self._transport.write(pending + data)
 
     def flush(self) -> None:
         pending, self._pending = self._pending, None
         if pending and not self._transport.is_closing():
-            self._transport.write(pending[0] if len(pending) == 1 else b"".join(pending))
+            self._transport.write(pending)
 
     def close(self) -> None:
         self.flush()

@@ -42,10 +42,14 @@ def test_writes_of_one_step_go_out_once_and_close_flushes_first():
         raw = _Recorder()
         t = CoalescingTransport(raw, asyncio.get_running_loop())  # type: ignore[arg-type]
         t.write(b"HTTP/1.1 200 OK\r\n\r\n")
-        t.write(b"body")
         assert raw.writes == []
-        await asyncio.sleep(0)
+        t.write(b"body")  # the second write of the step: both leave now, together
         assert raw.writes == [b"HTTP/1.1 200 OK\r\n\r\nbody"]
+        t.write(b"chunk")  # alone in its step: leaves when the step ends
+        await asyncio.sleep(0)
+        assert raw.writes[-1] == b"chunk"
+        await asyncio.sleep(0)
+        assert len(raw.writes) == 2
         t.write(b"last")
         t.close()  # before the loop step ends: flushed, then closed
         assert raw.writes[-1] == b"last" and raw.closed
