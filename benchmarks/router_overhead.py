@@ -17,6 +17,10 @@ machine-load noise does not inflate the way it inflates wall-clock latency on a 
 temporary folder) as a fourth target, ``radix-global@REV``, so a change is compared with what it
 replaced in the same interleaved rounds, under the same machine load.
 
+The client is lean on purpose (asyncio streams, request bytes built once, httptools parsing), so
+its own CPU, on the same machine as the routers, stays small. The run ends with a verdict against
+the issue's target: median added latency <= 1 ms and within 1.5x of sglang-router's.
+
 Run: ``python -m benchmarks.router_overhead`` (table + ``benchmarks/results/router_overhead.json``).
 """
 
@@ -133,24 +137,60 @@ def wait_ready(url: str, probe: dict[str, Any], timeout: float = 120) -> None:
 # ---- client ---------------------------------------------------------------------------------
 
 
+class _Exchange:
+    """httptools callbacks of one answer (the client side of the benchmark)."""
+
+    def __init__(self) -> None:
+        import httptools
+
+        self.done = False
+        self.status = 0
+        self.size = 0
+        self.parser = httptools.HttpResponseParser(self)
+
+    def on_headers_complete(self) -> None:
+        self.status = self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        self.size += len(body)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+
+
 async def run_batch(base: str, path: str, body: dict[str, Any], concurrency: int, total: int
                     ) -> list[float]:
-    lat: list[float] = []
-    payload = json.dumps(body).encode()
-    headers = {"content-type": "application/json"}
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-    async with httpx.AsyncClient(base_url=base, limits=limits, timeout=30) as client:
-        per = total // concurrency
+    """``total`` POSTs from ``concurrency`` keep-alive connections; latency of each.
 
-        async def worker() -> None:
+    A lean client (asyncio streams, the request bytes built once, httptools parsing the answer),
+    so that the client's own CPU, which shares the machine with the routers, stays small."""
+    host, port = base.removeprefix("http://").split(":")
+    payload = json.dumps(body).encode()
+    request = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+               f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
+               ).encode() + payload
+    lat: list[float] = []
+    per = total // concurrency
+
+    async def worker() -> None:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
             for _ in range(per):
                 t = time.perf_counter()
-                r = await client.post(path, content=payload, headers=headers)
+                writer.write(request)
+                ex = _Exchange()
+                while not ex.done:
+                    data = await reader.read(65536)
+                    if not data:
+                        raise RuntimeError(f"{base}{path}: connection closed")
+                    ex.parser.feed_data(data)
                 lat.append(time.perf_counter() - t)
-                if r.status_code != 200:
-                    raise RuntimeError(f"{base}{path}: HTTP {r.status_code} {r.text[:200]}")
+                if ex.status != 200:
+                    raise RuntimeError(f"{base}{path}: HTTP {ex.status}")
+        finally:
+            writer.close()
 
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
     return lat
 
 
@@ -315,11 +355,37 @@ def main(argv: list[str] | None = None) -> int:
                  and p["concurrency"] == r["concurrency"]
                  for k in [f"{r['input']}@{r['concurrency']}"] if p["cpu_ms_per_request"] > 0}
     result["cpu_ratio_ours_over_sglang_router"] = cpu_ratio
+    result["verdict"] = verdict(rows)
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"ratio ours/sglang-router (added median): {ratios}")
     print(f"ratio ours/sglang-router (router CPU per request): {cpu_ratio}")
+    for line in result["verdict"]["lines"]:
+        print(line)
     print(f"wrote {args.json}")
     return 0
+
+
+TARGET_ADDED_MEDIAN_MS = 1.0
+TARGET_RATIO = 1.5
+
+
+def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The issue's target per input and concurrency: our added median <= 1 ms and <= 1.5x
+    sglang-router's (a peer at or below zero added latency counts as 0, so ours must be too)."""
+    lines, met = [], True
+    for r in (r for r in rows if r["router"] == "radix-global"):
+        peer = next(p for p in rows if p["router"] == "sglang-router"
+                    and p["input"] == r["input"] and p["concurrency"] == r["concurrency"])
+        ours, theirs = r["added_median_ms"], peer["added_median_ms"]
+        bound = min(TARGET_ADDED_MEDIAN_MS, TARGET_RATIO * max(theirs, 0.0))
+        ok = ours <= bound
+        met = met and ok
+        lines.append(f"target {r['input']}@{r['concurrency']}: ours +{ours:.3f} ms, "
+                     f"sglang-router +{theirs:.3f} ms, bound {bound:.3f} ms: "
+                     f"{'MET' if ok else f'MISSED by {ours - bound:.3f} ms'}")
+    lines.append(f"target (median added <= {TARGET_ADDED_MEDIAN_MS} ms and <= {TARGET_RATIO}x "
+                 f"sglang-router's, every input and concurrency): {'MET' if met else 'MISSED'}")
+    return {"met": met, "lines": lines}
 
 
 if __name__ == "__main__":
