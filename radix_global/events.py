@@ -9,7 +9,9 @@ Contract (``docs/interfaces.md`` sections 3 and 5):
 * ``medium`` -> tier: ``GPU`` (or absent) -> GPU; ``CPU``/``CPU_PINNED`` -> HOST;
   ``DISK``/``EXTERNAL``/``L3``/``POOL`` -> POOL. The batch's dp rank -> ``Location.dp_rank``.
 * Plain SGLang stores (no ``cache_salt``, no ``lora_name``) carry page keys as block hashes: used
-  as they are. Every other store (SGLang salted/LoRA, the dynamo format, vLLM) is re-keyed from its
+  as they are. An int block hash is 64 bits, signed (SGLang) or unsigned (vLLM publishes the low
+  64 bits of SHA-256 as an unsigned int): an unsigned one is taken as its two's-complement int64.
+  Every other store (SGLang salted/LoRA, the dynamo format, vLLM) is re-keyed from its
   ``token_ids`` with :mod:`radix_global.keys`; the decoder remembers ``EngineHash -> (PageKey,
   digest)`` per (dp rank, tier) copy, to translate later parents and removals, and forgets an
   entry when no copy is left or on ``AllBlocksCleared``.
@@ -87,7 +89,7 @@ _STORED = {
              "medium", "lora_name", "extra_keys", "group_idx"),
 }  # fmt: skip
 _REMOVED = {"sglang": ("block_hashes", "medium"), "vllm": ("block_hashes", "medium", "group_idx")}
-_INT64 = (-(2**63), 2**63 - 1)
+_HASH_RANGE = (-(2**63), 2**64 - 1)  # int64 (SGLang) or uint64 (vLLM: low 64 bits of SHA-256)
 
 
 class _Rekeyed:
@@ -111,9 +113,11 @@ def _engine_hash(value: Any) -> EngineHash | bytes:
     # vLLM may publish bytes hashes (ExternalBlockHash = bytes | int); keep them as opaque keys.
     if isinstance(value, bytes):
         return value
-    if isinstance(value, int) and not isinstance(value, bool) and _INT64[0] <= value <= _INT64[1]:
-        return EngineHash(value)
-    raise MalformedEventError(f"block hash must be int64 or bytes, got {value!r}")
+    if isinstance(value, int) and not isinstance(value, bool) and (
+            _HASH_RANGE[0] <= value <= _HASH_RANGE[1]):
+        # vLLM's int hashes are unsigned 64-bit: the same 64 bits as a two's-complement int64
+        return EngineHash(value - 2**64 if value >= 2**63 else value)
+    raise MalformedEventError(f"block hash must be a 64-bit int or bytes, got {value!r}")
 
 
 def _hash_list(value: Any) -> list[EngineHash | bytes]:
