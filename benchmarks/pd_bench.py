@@ -44,7 +44,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -199,6 +199,7 @@ class Bench:
                                     "ignore_eos": True}}
         before = self.probe.pages_moved() if self.probe else (0, 0)
         t0 = time.perf_counter()
+        split: tuple[float | None, float | None] = (None, None)
         if mode == "colocated":
             async with self.client.stream("POST", self.urls["D"] + "/generate",
                                           json=body) as resp:
@@ -212,6 +213,7 @@ class Bench:
                                                PAGE, output_tokens_hint=out),
                                   body, GENERATE, "/generate", prefill, [decode], stream=True)
             ttft, gaps, n = await timed_stream(run.chunks(), t0)
+            split = (run.stats.prefill_s, run.stats.pool_wait_s)
         e2e = time.perf_counter() - t0
         if gaps_out is not None:
             gaps_out.extend(gaps)
@@ -223,19 +225,19 @@ class Bench:
         else:
             moved = 0
         return {"mode": mode, "ttft_s": ttft, "tbt_s": statistics.mean(gaps) if gaps else None,
-                "e2e_s": e2e, "tokens": n, "bytes_moved": moved}
+                "e2e_s": e2e, "tokens": n, "bytes_moved": moved,
+                "prefill_s": split[0], "pool_wait_s": split[1]}
 
 
 async def load(b: Bench, mode: str, concurrency: int, waves: int, blocks: int, out: int,
                stagger_s: float, offset: int) -> dict[str, Any]:
     """``waves`` x ``concurrency`` streams, arrivals ``stagger_s`` apart within a wave."""
     gaps: list[float] = []
-    ttfts: list[float] = []
+    rows: list[dict[str, Any]] = []
 
     async def one(rid: str, ids: list[int], delay: float) -> None:
         await asyncio.sleep(delay)
-        row = await b.one(mode, rid, ids, out, gaps_out=gaps)
-        ttfts.append(row["ttft_s"])
+        rows.append(await b.one(mode, rid, ids, out, gaps_out=gaps))
 
     t0 = time.perf_counter()
     for w in range(waves):
@@ -248,7 +250,19 @@ async def load(b: Bench, mode: str, concurrency: int, waves: int, blocks: int, o
             "tbt_s_mean": statistics.mean(gaps) if gaps else None,
             "tbt_s_p90": gaps[int(0.9 * (len(gaps) - 1))] if gaps else None,
             "tbt_s_max": gaps[-1] if gaps else None,
-            "ttft_s_median": statistics.median(ttfts), "wall_s": time.perf_counter() - t0}
+            "ttft_s_median": statistics.median(r["ttft_s"] for r in rows),
+            "prefill_s_median": _median(r["prefill_s"] for r in rows),
+            "pool_wait_s_median": _median(r["pool_wait_s"] for r in rows),
+            "wall_s": time.perf_counter() - t0}
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    vals = [v for v in values if v is not None]
+    return statistics.median(vals) if vals else None
+
+
+def _fmt(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
 
 
 def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -396,12 +410,14 @@ def main() -> None:
         print(f"under load ({la.concurrency} streams per wave, {la.stagger_s} s apart, "
               f"{la.waves} waves, {la.output_tokens} tokens):")
         print(f"{'mode':<10} {'TBT mean ms':>12} {'TBT p90 ms':>11} {'TBT max ms':>11} "
-              f"{'TTFT med s':>11}")
+              f"{'TTFT med s':>11} {'prefill med s':>14} {'pool wait med s':>16}")
         for mode in ("colocated", "pool", "native"):
             x = loads.get(mode)
             if x and x["tbt_s_mean"] is not None:
                 print(f"{mode:<10} {x['tbt_s_mean'] * 1e3:>12.1f} {x['tbt_s_p90'] * 1e3:>11.1f} "
-                      f"{x['tbt_s_max'] * 1e3:>11.1f} {x['ttft_s_median']:>11.3f}")
+                      f"{x['tbt_s_max'] * 1e3:>11.1f} {x['ttft_s_median']:>11.3f} "
+                      f"{_fmt(x.get('prefill_s_median')):>14} "
+                      f"{_fmt(x.get('pool_wait_s_median')):>16}")
     if util:
         print(f"pool-mode utilisation: prefill {util['prefill']:.2f}, decode "
               f"{util['decode']:.2f}; ratio {util['configured_ratio']} -> suggested "
