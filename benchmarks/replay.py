@@ -111,6 +111,9 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
         async with client.stream("POST", url + "/generate", json=body,
                                  timeout=opts.request_timeout_s) as resp:
             result.http_status = resp.status_code
+            result.worker = resp.headers.get("x-radix-worker")
+            prefix = resp.headers.get("x-radix-prefix-tokens")
+            result.router_prefix_tokens = int(prefix) if prefix and prefix.isdigit() else None
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 result.status = "rejected" if resp.status_code in REJECT_STATUSES else "failed"

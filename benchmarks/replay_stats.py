@@ -44,6 +44,8 @@ class RequestResult:
     device_cached_tokens: int | None = None
     host_cached_tokens: int | None = None
     pool_tokens_loaded: int = 0
+    worker: str | None = None  # where our router sent it (x-radix-worker); peers do not say
+    router_prefix_tokens: int | None = None  # the prefix our router expected there
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -70,7 +70,8 @@ class SsePeer:
         want = int(body["sampling_params"]["max_new_tokens"])
         prompt_tokens = len(body["text"].split())
         return StreamingResponse(self._stream(want, prompt_tokens),
-                                 media_type="text/event-stream")
+                                 media_type="text/event-stream",
+                                 headers={"x-radix-worker": "w7", "x-radix-prefix-tokens": "16"})
 
     async def _stream(self, want: int, prompt_tokens: int) -> AsyncIterator[bytes]:
         await asyncio.sleep(self.ttft_s)
