@@ -122,9 +122,11 @@ def _without(argv: list[str], name: str) -> list[str]:
     return out
 
 
-def free_port() -> int:
+def free_port(host: str = "127.0.0.1") -> int:
+    """A port that was free on ``host`` a moment ago (its user binds it itself: a race is
+    possible, and harmless for loopback tests and benchmarks)."""
     with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
+        s.bind((host, 0))
         return int(s.getsockname()[1])
 
 

@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,6 +38,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sglang_patch import cpu_compat
+from sglang_patch.launch_plan import free_port
 
 DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--dtype", "float32"),
@@ -66,13 +66,6 @@ class RunningServer(NamedTuple):
 
     def log_tail(self, chars: int = 6000) -> str:
         return _tail(self.log_path, chars)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port that was free a moment ago (SGLang binds it itself, so a race is possible)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def server_argv(model_path: str | os.PathLike[str], port: int, extra_args: Sequence[str] = (),
