@@ -86,8 +86,9 @@ def model_version(model_path: str | None) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
+# WorkerInfo fields a --workers URL fragment may set
 SPEC_FIELDS = ("engine", "page_size", "kv_events_endpoint", "kv_events_replay_endpoint",
-               "kv_events_topic", "compute_domain")  # WorkerInfo fields a --workers URL fragment may set
+               "kv_events_topic", "compute_domain")
 
 
 def split_worker_spec(spec: str) -> tuple[str, dict[str, Any]]:
