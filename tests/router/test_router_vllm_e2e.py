@@ -178,6 +178,7 @@ def _converse(router: Router, workers: Workers, seed: int, turns: int = 3
 def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers, router_for):
     router = router_for("conductor")
     messages, turns = _converse(router, workers, seed=1)
+    print(f"\nconductor turns (worker, predicted prefix, vLLM cached, vLLM hit counter +): {turns}")
     home = turns[0][0]
     for turn, (worker, predicted, cached, hits) in enumerate(turns[1:], start=1):
         assert worker == home, (turn, turns)  # routed to the history
@@ -187,6 +188,7 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
     sub = stats["index"]["subscriber"]
     assert sub["batches"] > 0 and sub["ops_applied"] > 0, sub  # vLLM events reached the index
     assert not sub["refused"], sub
+    print(f"index subscriber: {sub}")
     hits = [d for d in stats["recent"] if d.get("predicted_prefix_tokens", 0) > 0]
     assert len(hits) == 2 and all(d["engine_cached_tokens"] > 0 for d in hits), hits
     assert router.client.get("/admin/diagnostics").json() == {"findings": []}
@@ -218,6 +220,8 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
     finally:
         for t in background:
             t.join(timeout=600)
+    print(f"overloaded: 4 in flight on {home}; next turn -> {moved_to} ({decision}), "
+          f"cached there {_cached(r)}; reply {_reply(r)!r}")
     assert len(answers) == 4 and {a.headers["x-radix-worker"] for a in answers} == {home}
     assert moved_to == other.worker_id, (moved_to, decision)
     assert int(r.headers["x-radix-prefix-tokens"]) == 0  # computed there, nothing fetched
@@ -234,6 +238,7 @@ def test_cache_blind_policy_misses_the_history_negative_control(workers, router_
     vLLM finds it uncached there, i.e. the first test's checks would fail."""
     router = router_for("round_robin")
     _, turns = _converse(router, workers, seed=2)
+    print(f"\nround_robin turns: {turns}")
     home = turns[0][0]
     away = [t for t in turns[1:] if t[0] != home]
     assert away, turns
