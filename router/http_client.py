@@ -283,6 +283,8 @@ class HttpPool:
             if conn.alive and conn.transport is not None and not conn.transport.is_closing():
                 conn.used = True
                 return conn
+        if self._open >= self.max_connections:
+            self._close_one_idle()  # an idle connection to another server gives way
         while self._open >= self.max_connections:
             waiter = asyncio.get_running_loop().create_future()
             self._slot_waiters.append(waiter)
@@ -299,6 +301,14 @@ class HttpPool:
             self._closed_one()
             raise
         return conn
+
+    def _close_one_idle(self) -> None:
+        for conns in self._idle.values():
+            while conns:
+                conn = conns.pop()
+                if conn.alive:
+                    conn._drop()  # counted as closed when the loop reports it lost
+                    return
 
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
         self._idle.setdefault(key, []).append(conn)

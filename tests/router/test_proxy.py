@@ -203,3 +203,31 @@ def test_broken_stream_and_silence_are_upstream_failures():
             quiet.close()
 
     asyncio.run(go())
+
+
+def test_connection_limit_an_idle_connection_gives_way():
+    """At max_connections, a request to another server closes an idle pooled connection
+    instead of waiting forever for it."""
+
+    async def handler(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                await _read_request(reader)
+                writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        except asyncio.IncompleteReadError:
+            writer.close()
+
+    async def go() -> None:
+        a, url_a = await _raw_server(handler)
+        b, url_b = await _raw_server(handler)
+        proxy = Proxy(RouterConfig(max_connections=1))
+        try:
+            for url in (url_a, url_b, url_a):
+                resp = await asyncio.wait_for(proxy.post(f"{url}/generate", b"{}", {}), 5)
+                assert resp.content == b"ok"
+        finally:
+            await proxy.close()
+            a.close()
+            b.close()
+
+    asyncio.run(go())
