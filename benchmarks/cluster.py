@@ -30,7 +30,6 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -44,6 +43,7 @@ import httpx
 
 from sglang_patch import cpu_compat
 from sglang_patch.launch_plan import free_port
+from sglang_patch.launch_server import cpu_compute_domain
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
@@ -65,6 +65,17 @@ class EngineSet:
     pool_capacity_gb: float = 0.5  # ours only
     pool_root: str = "/dev/shm/radix-global"
     extra_args: tuple[str, ...] = ()
+    # One core per engine (round robin over this process's cores), like one GPU per instance:
+    # unpinned engines each run as many compute threads as there are cores, so two computing at
+    # once oversubscribe them and the cluster behaves like neither one server nor two.
+    pin_cores: bool = True
+
+    def cores(self, index: int) -> set[int] | None:
+        """The cores engine ``index`` is pinned to (None: not pinned)."""
+        if not self.pin_cores:
+            return None
+        available = sorted(os.sched_getaffinity(0))
+        return {available[index % len(available)]}
 
     def __post_init__(self) -> None:
         if self.kind not in ("stock", "ours"):
@@ -140,9 +151,7 @@ def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: 
     argv = [sys.executable, "-m", "radix_global.cli", "router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", spec.policy, "--model-path", model_dir,
             "--log-level", "warning", *extra]
-    # Stock engines on this host share its cores, as ours declare when they register.
-    shared = f"#compute_domain=cpu@{socket.gethostname()}"
-    return argv + (["--workers", *(w + shared for w in workers)] if workers else [])
+    return argv + (["--workers", *workers] if workers else [])
 
 
 class LocalCluster:
@@ -163,14 +172,16 @@ class LocalCluster:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None
-               ) -> Proc:
+    def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None,
+               cores: set[int] | None = None) -> Proc:
         log_path = self.run_dir / f"{name}.log"
         with open(log_path, "ab") as out:
             out.write(("$ " + " ".join(argv) + "\n").encode())
             out.flush()
-            popen = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
-                                     env=env or dict(os.environ), start_new_session=True)
+            popen = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                env=env or dict(os.environ), start_new_session=True,
+                preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
         proc = Proc(name, popen, url, log_path)
         self.procs.append(proc)
         return proc
@@ -209,7 +220,7 @@ class LocalCluster:
             port = free_port()
             argv = engine_argv(spec, port, i, router_url, pool_id)
             procs.append(self._spawn(f"{tag}engine{i}-{spec.kind}-{port}", argv,
-                                     f"http://127.0.0.1:{port}", env))
+                                     f"http://127.0.0.1:{port}", env, spec.cores(i)))
         self.wait_healthy(procs)
         return Engines(spec, procs, pool_id)
 
@@ -221,6 +232,9 @@ class LocalCluster:
         workers: list[str] = []
         if engines is not None and (spec.kind == "sglang-router" or engines.spec.kind == "stock"):
             workers = engines.urls
+            if spec.kind == "ours":  # the compute domain ours engines declare when they register
+                workers = [f"{url}#compute_domain={cpu_compute_domain(engines.spec.cores(i))}"
+                           for i, url in enumerate(workers)]
         model_dir = model_dir or (engines.spec.model_dir if engines is not None else None)
         if not model_dir:
             raise ValueError("start_router needs engines or model_dir")

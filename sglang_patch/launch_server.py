@@ -83,6 +83,13 @@ def wait_ready(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> di
     raise LaunchError(f"SGLang did not become healthy within {timeout_s:.0f} s")
 
 
+def cpu_compute_domain(cpus: set[int] | None = None) -> str:
+    """``cpu@<host>:<cores>`` of this process's CPU affinity (or ``cpus``): engines on the same
+    cores share their compute; engines pinned to disjoint cores do not."""
+    cores = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    return f"cpu@{socket.gethostname()}:{','.join(map(str, cores))}"
+
+
 def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> WorkerInfo:
     base = f"http://{plan.host}:{plan.port}"
     bootstrap = server.get("disaggregation_bootstrap_port")
@@ -102,8 +109,8 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         pool_id=plan.flags.pool_id,
         pool_events_endpoint=plan.pool_events_endpoint,
         bootstrap_port=int(bootstrap) if native_prefill and bootstrap else None,
-        # CPU engines on one host share its cores; GPU engines each have their own device.
-        compute_domain=(f"cpu@{socket.gethostname()}"
+        # CPU engines on the same cores share them; GPU engines each have their own device.
+        compute_domain=(cpu_compute_domain()
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
     )
 

@@ -85,3 +85,12 @@ def test_command_lines() -> None:
     assert "--workers" not in rg and rg[rg.index("--model-path") + 1] == "/m"
     with pytest.raises(ValueError):
         EngineSet("stock", "/m", n=4)
+
+
+def test_engines_are_pinned_one_core_each_round_robin() -> None:
+    import os
+
+    cores = sorted(os.sched_getaffinity(0))
+    spec = EngineSet("stock", "/m", n=3)
+    assert [spec.cores(i) for i in range(3)] == [{cores[i % len(cores)]} for i in range(3)]
+    assert EngineSet("stock", "/m", pin_cores=False).cores(0) is None

@@ -143,13 +143,17 @@ def test_wrong_sglang_version_or_missing_package_is_refused(monkeypatch):
 
 
 def test_cpu_workers_register_their_host_as_compute_domain():
+    import os
     import socket
 
-    from sglang_patch.launch_server import worker_info
+    from sglang_patch.launch_server import cpu_compute_domain, worker_info
 
     server = {"page_size": 16, "served_model_name": "m"}
     cpu = worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1")
-    assert cpu.compute_domain == f"cpu@{socket.gethostname()}"
+    cores = ",".join(map(str, sorted(os.sched_getaffinity(0))))
+    assert cpu.compute_domain == f"cpu@{socket.gethostname()}:{cores}"
+    # engines pinned to different cores are different domains
+    assert cpu_compute_domain({0}) != cpu_compute_domain({1})
     gpu_argv = [a for a in BASE if a not in ("--device", "cpu")]
     gpu = worker_info(build_plan(gpu_argv, ports=(1, 2, 3)), server, "m@1")
     assert gpu.compute_domain is None
