@@ -17,12 +17,15 @@ Checked (numbers printed with ``-s``):
 - negative control in the same test: the same burst (fresh prompts) through a router with the
   same fitted profiles but no SLO accepts everything and misses the SLO for most requests.
 
-SLO choice: ``SLO_PREFILLS`` measured one-request prefill times (at least ``MIN_SLO_S``). The
-router's queue model is a FIFO per worker; the engines run ``--chunked-prefill-size 1024``, so a
-batch holds at most ~2/3 of one prompt and the engine's order is FIFO to within that, i.e. the
-last admitted request can finish up to ~0.7 prefill later than predicted; the SLO of 5 prefills
-leaves that plus noise of this shared 2-core machine (router, client and both engines compete
-for the cores; the profile was measured with both engines busy too). Hence the 0.9 fraction, not 1.
+SLO choice: ``SLO_PREFILLS`` measured one-request prefill times (at least ``MIN_SLO_S``). Both
+engines run on this host's 2 cores, so they are given one compute domain (``#compute_domain=``,
+as the launch wrapper registers CPU engines) and the router's queue model treats them as one FIFO
+server; the engines run ``--chunked-prefill-size 1024``, so a batch holds at most ~2/3 of one
+prompt and each engine's order is FIFO to within that. A first version with a FIFO per worker
+passed once and failed once (15 admitted, 40% within the SLO: profiles fitted while the engines
+took turns on the cores, bursts run both at once, and the shared machine stalled for seconds), so
+the test uses the deployment's model. The remaining slack covers the noise of this shared
+machine (router, client and both engines compete for the cores). Hence 0.9, not 1.
 """
 
 from __future__ import annotations
@@ -127,7 +130,10 @@ async def _concurrent_direct(urls: list[str], rng: np.random.Generator) -> list[
 
 
 def _router(urls: list[str], **cfg: Any) -> tuple[RouterState, ServerThread]:
-    state = RouterState(RouterConfig(workers=tuple(urls), policy="conductor",
+    # Both CPU engines share this host's cores: one compute domain, as the launch wrapper
+    # registers a --device cpu engine (the queue model then treats them as one FIFO server).
+    specs = tuple(f"{u}#compute_domain=cpu@127.0.0.1" for u in urls)
+    state = RouterState(RouterConfig(workers=specs, policy="conductor",
                                      health_check_interval_s=5.0, **cfg))
     return state, ServerThread(build_app(state)).start()
 
@@ -164,6 +170,11 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
     finally:
         server.stop()
 
+    routed = [r for r in state.recent if r.get("accepted") and r.get("ttft_s") is not None]
+    print("profiles:", {w: [round(c, 3) for c in p.get("coef", [])]
+                        for w, p in state.profiles.items()})
+    print("accepted (predicted, measured) TTFT s:",
+          sorted((round(r["predicted_ttft_s"], 1), round(r["ttft_s"], 1)) for r in routed))
     ok = [o for o in out if o.status == 200]
     rejected = [o for o in out if o.status == 429]
     assert len(ok) + len(rejected) == burst, [o for o in out if o.status not in (200, 429)]
