@@ -157,3 +157,14 @@ def test_cpu_workers_register_their_host_as_compute_domain():
     gpu_argv = [a for a in BASE if a not in ("--device", "cpu")]
     gpu = worker_info(build_plan(gpu_argv, ports=(1, 2, 3)), server, "m@1")
     assert gpu.compute_domain is None
+
+
+def test_registered_bootstrap_port_only_for_a_native_prefill_worker():
+    from sglang_patch.launch_server import worker_info
+
+    server = {"served_model_name": "m", "page_size": 4, "disaggregation_bootstrap_port": 8998}
+    native = build_plan([*BASE, "--disaggregation-mode", "prefill"], ports=(1, 2, 3))
+    pool = build_plan([*BASE, "--role", "prefill"], ports=(1, 2, 3))
+    assert worker_info(native, server, "m@1").bootstrap_port == 8998
+    info = worker_info(pool, server, "m@1")
+    assert info.role is Role.PREFILL and info.bootstrap_port is None
