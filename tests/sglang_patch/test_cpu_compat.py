@@ -128,7 +128,7 @@ def test_launch_argv_carries_the_cpu_flags() -> None:
     assert argv[1:4] == ["-m", "sglang_patch.cpu_compat", "--"]
     joined = " ".join(argv)
     assert "--device cpu --attention-backend torch_native --sampling-backend pytorch" in joined
-    assert joined.endswith("--disable-overlap-schedule --page-size 4")
+    assert joined.endswith("--disable-overlap-schedule --sleep-on-idle --page-size 4")
 
 
 @pytest.mark.sglang
