@@ -119,8 +119,7 @@ def clear_pool(engines: Engines) -> int:
     except Exception:  # the pool is created lazily by the first write: nothing to clear
         return 0
     try:
-        keys = [k for k, _, _ in pool.valid_keys_locations()]
-        return sum(1 for k in keys if pool.remove(k))
+        return len(pool.clear())
     finally:
         pool.close()
 

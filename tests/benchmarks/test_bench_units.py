@@ -94,3 +94,26 @@ def test_engines_are_pinned_one_core_each_round_robin() -> None:
     spec = EngineSet("stock", "/m", n=3)
     assert [spec.cores(i) for i in range(3)] == [{cores[i % len(cores)]} for i in range(3)]
     assert EngineSet("stock", "/m", pin_cores=False).cores(0) is None
+
+
+def test_clear_pool_empties_the_engines_pool() -> None:
+    import uuid
+
+    import numpy as np
+
+    from benchmarks.bench import clear_pool
+    from benchmarks.cluster import Engines
+    from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
+
+    spec = EngineSet("ours", "/m")
+    pool_id = f"test-clear-{uuid.uuid4().hex[:8]}"
+    assert clear_pool(Engines(spec, [], pool_id)) == 0  # not created yet: nothing to clear
+    pool = ShmPagePool(pool_id, 64, 4 * 64, spec.pool_root)
+    try:
+        for i in range(3):
+            pool.put(f"ns@1/k{i}", [np.full(64, i, np.uint8)], tag=i)
+        assert clear_pool(Engines(spec, [], pool_id)) == 3
+        assert pool.stats().pages == 0
+    finally:
+        pool.close()
+        destroy_pool(pool_id, spec.pool_root)
