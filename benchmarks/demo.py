@@ -5,8 +5,8 @@ engines per contender kind, and replays the turns of 4 multi-turn conversations 
 trace sample (``benchmarks/data/conversation_multiturn_sample.jsonl``) against the headline pair:
 sglang-router ``cache_aware`` over stock SGLang vs our Conductor over workers with the L3 pool.
 Prints the results table and the verdict; writes ``benchmarks/results/demo.json`` and
-``demo_ttft_cdf.png``. About 5 minutes on an idle 2-core machine (engine start-ups dominate);
-extra arguments go to ``radix-global bench``.
+``demo_ttft_cdf.png``. About 4-5 minutes on an idle 2-core machine (measured 4 min 09 s; engine
+start-ups dominate); extra arguments go to ``radix-global bench``.
 """
 
 from __future__ import annotations
