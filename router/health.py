@@ -53,19 +53,15 @@ log = logging.getLogger("radix_global.router.health")
 
 def connect_failure_kind(exc: BaseException) -> str:
     """``connect_timeout`` when the failure (or what it wraps, ``raise ... from``) is a timeout
-    (aiohttp's ``ConnectionTimeoutError`` is a ``TimeoutError``; an OS-level ``ETIMEDOUT``),
-    else ``connect_refused`` (refused, reset, unreachable: nothing takes connections there)."""
+    (``TimeoutError``, httpx's timeouts, an OS-level ``ETIMEDOUT``), else ``connect_refused``
+    (refused, reset, unreachable: nothing takes connections there)."""
     seen: BaseException | None = exc
     for _ in range(8):  # a bounded walk down the cause chain
         if seen is None:
             break
-        if isinstance(seen, TimeoutError | httpx.TimeoutException):
+        if isinstance(seen, TimeoutError | httpx.TimeoutException) or (
+                isinstance(seen, OSError) and seen.errno == errno.ETIMEDOUT):
             return CONNECT_TIMEOUT
-        os_error = getattr(seen, "os_error", None)  # aiohttp.ClientConnectorError
-        for err in (seen, os_error):
-            if isinstance(err, TimeoutError) or (isinstance(err, OSError)
-                                                 and err.errno == errno.ETIMEDOUT):
-                return CONNECT_TIMEOUT
         seen = seen.__cause__
     return CONNECT_REFUSED
 
