@@ -21,7 +21,6 @@ utilisation report of ``/admin/stats`` (key ``pd``) and ``radix-global status``.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import math
 import weakref
@@ -73,9 +72,7 @@ class PdFront:
         self.state = state
         self.config = PdConfig.parse_ratio(cfg.pd_ratio, mode=PdMode.POOL,
                                            pool_ready_timeout_s=cfg.pd_pool_ready_timeout_s)
-        tbt = cfg.pd_tbt_slo_s if cfg.pd_tbt_slo_s > 0 else None
-        if tbt is not None:  # the driver's decode admission uses the same SLO
-            state.routing.slo = dataclasses.replace(state.routing.slo, tbt_slo_s=tbt)
+        tbt = state.routing.slo.tbt_slo_s  # from --pd-tbt-slo-s (router/state.py)
         self.probe = _RequestPoolProbe(state)
         self.orch = PdOrchestrator(state.proxy.client, self.config, selector=state.routing.decode,
                                    probe=self.probe, tbt_slo_s=tbt, clock=state.clock)

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.types import WorkerId
+from router.admission import SloConfig
 from router.cluster_index import ClusterIndex, open_index
 from router.config import RouterConfig
 from router.cost import CostModel
@@ -48,8 +49,10 @@ class RouterState:
         self.metrics = RouterMetrics()
         self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token())
         self.index.bind_metrics(self.metrics.registry)
+        # Decode admission (native and pool PD): no decode worker meeting the TBT SLO -> 429.
+        tbt_slo = config.pd_tbt_slo_s if config.pd_tbt_slo_s > 0 else None
         self.routing = PolicyDriver(policy or get_policy(config.policy, **config.policy_options),
-                                   CostModel(), self.index.view)
+                                   CostModel(), self.index.view, slo=SloConfig(tbt_slo_s=tbt_slo))
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
         self.proxy = Proxy(config)

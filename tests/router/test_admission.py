@@ -83,3 +83,16 @@ def test_mixed_workers_need_no_decode_pairing() -> None:
     drv = PolicyDriver(get_policy("least_load"), CostModel())
     dec = drv.route(RouteRequest("r", NS, 10, [], 16), [WorkerState(WorkerId("m"), NS)], 0.0)
     assert dec.accepted and dec.decode_worker_id is None
+
+
+def test_pd_tbt_slo_of_the_router_config_applies_to_native_pd_too() -> None:
+    from router.config import RouterConfig
+    from router.state import RouterState
+
+    state = RouterState(RouterConfig(policy="round_robin", pd_tbt_slo_s=0.05))  # pd_mode native
+    state.routing.decode = DecodeSelector(DecodeConfig(tbt=TbtModel(base_s=0.01,
+                                                                    per_request_s=0.01)))
+    req = RouteRequest("r0", NS, 1000, [], 16, output_tokens_hint=500)
+    dec = state.routing.route(req, pd_cluster(running=10), 0.0)
+    assert not dec.accepted and dec.reason == "tbt_slo"
+    assert RouterState(RouterConfig()).routing.slo.tbt_slo_s is None  # 0 = no decode SLO
