@@ -2,39 +2,34 @@
 
 Issue: "with a TTFT SLO set, excess load is rejected early and accepted requests meet the SLO".
 Two SGLang CPU engines (KV events on, as in ``test_router_e2e.py``), our router with the
-conductor and ``ttft_slo_s`` in its policy options, started only after both workers' prefill
-profiles are fitted (``router/profiling.py``). Then one bounded burst of distinct ~1.5K-token
-prompts, all sent at once, sized from a measured prefill so that accepting all of it would put
-the last requests' TTFT several SLOs out.
+conductor, started only after both workers' prefill profiles are fitted (``router/profiling.py``).
+One burst of ``BURST`` distinct 1,536-token prompts, all sent at once, twice:
 
-Checked (numbers printed with ``-s``):
-- some requests get 429 with the OpenAI-shaped JSON error and a ``Retry-After`` header;
-- every 429 comes back in a small fraction of the SLO (decided before any compute), and the
-  engines never saw a rejected request: the sum of the engines' ``sglang:num_requests_total``
-  grows by exactly the number of accepted requests;
-- at least ``MEET_FRACTION`` of the accepted requests' streamed first token arrives within
-  the SLO;
-- negative control in the same test: the same burst (fresh prompts) through a router with the
-  same fitted profiles but no SLO accepts everything and misses the SLO for most requests.
+1. negative control, no admission: everything is accepted; the SLO is then set to the
+   ``SLO_QUANTILE`` quantile of these TTFTs (so most of this burst misses it; at least twice the
+   predicted lone prefill), and the test checks that the tail is far beyond it;
+2. the same burst (fresh prompts) through a router with ``ttft_slo_s`` = that SLO in its policy
+   options and the same fitted profiles. Checked: some requests get 429 with the OpenAI-shaped
+   JSON error and a ``Retry-After`` header; every 429 comes back in a small fraction of the SLO
+   (decided before any compute) and the engines never saw a rejected request (the sum of their
+   ``sglang:num_requests_total`` grows by exactly the number accepted); at least
+   ``MEET_FRACTION`` of the accepted requests' first streamed token arrives within the SLO.
 
-SLO choice: ``SLO_PREFILLS`` measured one-request prefill times (at least ``MIN_SLO_S``). Both
-engines run on this host's 2 cores, so they are given one compute domain (``#compute_domain=``,
-as the launch wrapper registers CPU engines) and the router's queue model treats them as one FIFO
-server; the engines run ``--chunked-prefill-size 1024``, so a batch holds at most ~2/3 of one
-prompt and each engine's order is FIFO to within that. A first version with a FIFO per worker
-passed once and failed once (15 admitted, 40% within the SLO: profiles fitted while the engines
-took turns on the cores, bursts run both at once, and the shared machine stalled for seconds), so
-the test uses the deployment's model. The remaining slack covers the noise of this shared
-machine (router, client and both engines compete for the cores). Hence 0.9, not 1.
+Why the SLO comes from the control run: this 2-core machine is shared, and its speed changed
+4-8x between runs (a lone 1,536-token prefill measured 0.5-4 s); an SLO sized in advance from a
+calibration prefill once left the whole burst within it. Both CPU engines share the cores, so
+they are given one compute domain (``#compute_domain=``, as the launch wrapper registers CPU
+engines) and the queue model treats them as one FIFO server; a per-worker FIFO admitted 15 of 30
+in one run and met the SLO for only 40% of them. The engines run ``--chunked-prefill-size 1024``
+(each engine's order is FIFO to within 2/3 of a prompt). The 0.9 fraction, not 1, leaves room
+for the machine's noise between the two runs (run ``-s`` to see predicted vs measured TTFTs).
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import math
 import re
-import statistics
 import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, NamedTuple
@@ -53,9 +48,9 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.timeout(600)]
 
 PAGE = 16
 PROMPT_TOKENS = 1536
-SLO_PREFILLS = 5.0  # the SLO in measured one-request prefill times
+BURST = 32  # requests sent at once (16 per worker)
+SLO_QUANTILE = 0.3  # the SLO: this quantile of the unadmitted burst's TTFTs
 MIN_SLO_S = 1.5
-BURST_MIN, BURST_MAX = 30, 40
 MEET_FRACTION = 0.9
 FAST_429_FRACTION = 0.25  # a 429 must come back within this fraction of the SLO
 
@@ -113,22 +108,6 @@ def _requests_total(url: str) -> float:
                re.finditer(r"^sglang:num_requests_total(?:\{[^}]*\})? ([0-9.e+]+)$", text, re.M))
 
 
-def _one_prefill_s(urls: list[str], rng: np.random.Generator) -> float:
-    """Median TTFT of one cold prompt per engine with both engines busy at once (as in a burst)."""
-    times: list[float] = []
-    for _ in range(2):
-        out = asyncio.run(_concurrent_direct(urls, rng))
-        times += [o.seconds for o in out]
-    return statistics.median(times)
-
-
-async def _concurrent_direct(urls: list[str], rng: np.random.Generator) -> list[Outcome]:
-    async with httpx.AsyncClient(timeout=300) as client:
-        return list(await asyncio.gather(*(
-            _one(client, u, _prompt(rng), f"calib-{i}-{time.monotonic_ns()}")
-            for i, u in enumerate(urls))))
-
-
 def _router(urls: list[str], **cfg: Any) -> tuple[RouterState, ServerThread]:
     # Both CPU engines share this host's cores: one compute domain, as the launch wrapper
     # registers a --device cpu engine (the queue model then treats them as one FIFO server).
@@ -150,19 +129,41 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
         servers = list(pool.map(lambda _: sglang_server_factory(_engine_args()), range(2)))
     urls = [s.url for s in servers]
     rng = np.random.default_rng(20261129)
-    t1 = _one_prefill_s(urls, rng)
-    slo = max(MIN_SLO_S, SLO_PREFILLS * t1)
-    # Accepting all: the last request on each worker waits for burst/2 prefills; make that at
-    # least 3 SLOs.
-    burst = min(BURST_MAX, max(BURST_MIN, math.ceil(2 * 3 * slo / t1)))
-    print(f"\none prefill {t1:.3f} s, SLO {slo:.2f} s, burst {burst} x {PROMPT_TOKENS} tokens")
+    burst = BURST
 
-    state, server = _router(urls, policy_options={"ttft_slo_s": slo}, profile_max_tokens=2048)
+    # Negative control first: no admission. The router profiles the workers; its fitted
+    # models are reused by the admission run below.
+    state, server = _router(urls, profile_max_tokens=2048)
     try:
         _wait_ready(state, 300)
         assert all(p["state"] == "done" for p in state.profiles.values()), state.profiles
-        fitted = {wid: state.routing.cost.prefill_model(wid) for wid in
-                  (e.worker_id for e in state.registry.all())}
+        fitted = {e.worker_id: state.routing.cost.prefill_model(e.worker_id)
+                  for e in state.registry.all()}
+        free = asyncio.run(_burst(server.url, [_prompt(rng) for _ in range(burst)], "free"))
+    finally:
+        server.stop()
+    assert all(o.status == 200 for o in free), [o for o in free if o.status != 200]
+    print("\nprofiles:", {w: [round(c, 3) for c in p.get("coef", [])]
+                          for w, p in state.profiles.items()})
+    free_s = sorted(o.seconds for o in free)
+    # The SLO: what the unadmitted burst met for only its first SLO_QUANTILE, measured here and
+    # now (this shared machine's speed varies several-fold with other load, so no SLO fixed in
+    # advance reliably overloads it); at least twice the slowest predicted lone prefill, so
+    # that the router can admit something.
+    lone = max(m.predict(PROMPT_TOKENS, 0) for m in fitted.values())
+    slo = max(MIN_SLO_S, free_s[int(SLO_QUANTILE * burst)], 2.0 * lone)
+    free_meet = sum(t <= slo for t in free_s) / burst
+    print(f"no admission: {burst} x {PROMPT_TOKENS} tokens accepted, TTFT median "
+          f"{free_s[burst // 2]:.2f} s max {free_s[-1]:.2f} s; SLO {slo:.2f} s (lone prefill "
+          f"predicted {lone:.2f} s): within SLO {free_meet:.0%}")
+    assert free_meet < 0.6, "without admission the burst should have missed the SLO"
+    assert free_s[-1] > 1.5 * slo
+
+    state, server = _router(urls, policy_options={"ttft_slo_s": slo}, profile_max_tokens=0)
+    try:
+        _wait_ready(state, 60)
+        for wid, model in fitted.items():
+            state.routing.cost.set_prefill_model(wid, model, learn_inferred=False)
         before = sum(_requests_total(u) for u in urls)
         out = asyncio.run(_burst(server.url, [_prompt(rng) for _ in range(burst)], "slo"))
         time.sleep(1.0)  # the metric is updated when the engine finishes the request
@@ -171,19 +172,17 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
         server.stop()
 
     routed = [r for r in state.recent if r.get("accepted") and r.get("ttft_s") is not None]
-    print("profiles:", {w: [round(c, 3) for c in p.get("coef", [])]
-                        for w, p in state.profiles.items()})
     print("accepted (predicted, measured) TTFT s:",
           sorted((round(r["predicted_ttft_s"], 1), round(r["ttft_s"], 1)) for r in routed))
     ok = [o for o in out if o.status == 200]
     rejected = [o for o in out if o.status == 429]
     assert len(ok) + len(rejected) == burst, [o for o in out if o.status not in (200, 429)]
-    meet = sum(o.seconds <= slo for o in ok) / max(1, len(ok))
+    assert rejected, "nothing was rejected: the burst did not overload the workers"
+    assert ok, "everything was rejected"
+    meet = sum(o.seconds <= slo for o in ok) / len(ok)
     print(f"admission: {len(ok)} accepted, {len(rejected)} rejected; accepted TTFT "
           f"max {max(o.seconds for o in ok):.2f} s, within SLO {meet:.0%}; 429 latency max "
           f"{max(o.seconds for o in rejected):.3f} s; engines saw {seen:.0f} requests")
-    assert rejected, "nothing was rejected: the burst did not overload the workers"
-    assert ok, "everything was rejected"
     for o in rejected:
         assert o.retry_after is not None and int(o.retry_after) >= 1, o
         assert isinstance(o.body, dict) and o.body["error"]["code"] == 429, o.body
@@ -191,19 +190,3 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
     assert max(o.seconds for o in rejected) < FAST_429_FRACTION * slo
     assert seen == len(ok), (seen, len(ok))  # rejected rids never reached an engine
     assert meet >= MEET_FRACTION, sorted(round(o.seconds, 2) for o in ok)
-
-    # Negative control: same fitted profiles, no SLO -> everything accepted, SLO mostly missed.
-    state, server = _router(urls, profile_max_tokens=0)
-    try:
-        _wait_ready(state, 60)
-        for wid, model in fitted.items():
-            state.routing.cost.set_prefill_model(wid, model, learn_inferred=False)
-        free = asyncio.run(_burst(server.url, [_prompt(rng) for _ in range(burst)], "free"))
-    finally:
-        server.stop()
-    assert all(o.status == 200 for o in free), [o for o in free if o.status != 200]
-    free_meet = sum(o.seconds <= slo for o in free) / burst
-    print(f"no admission: {burst} accepted, TTFT max {max(o.seconds for o in free):.2f} s, "
-          f"within SLO {free_meet:.0%}")
-    assert free_meet < 0.6, "without admission the burst should have missed the SLO"
-    assert max(o.seconds for o in free) > 1.5 * slo
