@@ -275,10 +275,10 @@ class Forward:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await upstream.aclose()
-        self._finish(ok, _last_event(self.tail))
+        self._finish(ok, last_sse_event(self.tail))
 
 
-def _last_event(tail: bytes) -> Any:
+def last_sse_event(tail: bytes) -> Any:
     """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final)."""
     for line in reversed(tail.split(b"\n")):
         line = line.strip()

@@ -33,7 +33,7 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from radix_global.types import PoolId, Role
-from router.forward_relay import Forward, Routed
+from router.forward_relay import Forward, Routed, last_sse_event
 from router.pd import PREFILL_RID_SUFFIX, PdConfig, PdMode, cached_tokens_of
 from router.pd_handoff import IndexPoolProbe, PdFailed, PdOrchestrator, PdRejected, PdRun
 from router.policies.base import RouteRequest, WorkerState
@@ -247,7 +247,7 @@ class PoolForward:
         if run is None:
             return
         stats = run.stats
-        answer = run.answer if run.answer is not None else _last_event(self.tail)
+        answer = run.answer if run.answer is not None else last_sse_event(self.tail)
         _, d_cached, d_storage = cached_tokens_of(answer)
         st.recent.append({
             "request_id": rid, "accepted": True, "pd": "pool", "ok": self.ok,
@@ -266,18 +266,6 @@ async def _json(send: Send, status: int, message: str, kind: str,
     raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
     await send({"type": "http.response.start", "status": status, "headers": raw})
     await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _last_event(tail: bytes) -> Any:
-    """The last JSON ``data:`` event of an SSE stream (its usage / meta_info is final)."""
-    for line in reversed(tail.split(b"\n")):
-        line = line.strip()
-        if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
-            try:
-                return msgspec.json.decode(line[5:].strip())
-            except msgspec.DecodeError:
-                return None
-    return None
 
 
 __all__ = ["PdFront", "PoolForward", "front_of", "pd_report", "pool_handoff"]

@@ -9,7 +9,7 @@ import pytest
 from http_peer import ServerThread, Upstream, free_port
 
 from router.config import RouterConfig
-from router.forward_relay import _last_event
+from router.forward_relay import last_sse_event
 from router.proxy import (
     ClientGone,
     Proxy,
@@ -92,8 +92,8 @@ def test_headers_and_sse_helpers():
     assert json.loads(err.split("\n\n")[0][5:])["error"]["message"] == "boom"
     assert err.endswith("data: [DONE]\n\n")
     tail = b'data: {"a": 1}\n\ndata: {"usage": {"prompt_tokens": 3}}\n\ndata: [DONE]\n\n'
-    assert _last_event(tail) == {"usage": {"prompt_tokens": 3}}
-    assert _last_event(b"garbage") is None
+    assert last_sse_event(tail) == {"usage": {"prompt_tokens": 3}}
+    assert last_sse_event(b"garbage") is None
 
 
 async def _raw_server(handler) -> tuple[asyncio.Server, str]:
