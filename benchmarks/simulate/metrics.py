@@ -6,7 +6,9 @@ import statistics
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from benchmarks.simulate.config import Calibration
 from benchmarks.simulate.engine import RequestRecord
+from benchmarks.simulate.workload import SimRequest, full_page_keys
 
 
 class RunSummary(NamedTuple):
@@ -66,3 +68,20 @@ def summarize(records: Sequence[RequestRecord], ttft_slo_s: float) -> RunSummary
         mean_decision_us=statistics.fmean(decisions) if decisions else float("nan"),
         p99_decision_us=_pct(decisions, 0.99),
     )
+
+
+def oracle_mean_ttft_s(cal: Calibration, requests: Sequence[SimRequest]) -> float:
+    """A lower bound of every policy's mean TTFT, at any load: no request ever waits, and each
+    reuses the longest prefix any earlier request computed (unbounded cache, free transfer).
+    Dividing it by a baseline's mean TTFT bounds the ratio any policy can reach against it."""
+    seen: set[int] = set()
+    total = 0.0
+    for req in requests:
+        keys = full_page_keys(req, cal.page_tokens)
+        hit = 0
+        while hit < len(keys) and keys[hit] in seen:
+            hit += 1
+        seen.update(keys)
+        reused = min(hit * cal.page_tokens, max(0, req.input_tokens - 1))
+        total += cal.prefill_s(req.input_tokens, reused) + cal.first_token_s
+    return total / len(requests) if requests else float("nan")

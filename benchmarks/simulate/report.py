@@ -24,7 +24,8 @@ def _f(x: float, digits: int = 2) -> str:
     return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.{digits}f}"
 
 
-def fig5_table(res: Mapping[str, list[dict[str, Any]]], paper: Mapping[str, float]) -> Table:
+def fig5_table(res: Mapping[str, list[dict[str, Any]]], paper: Mapping[str, float],
+               oracle: float | None = None) -> Table:
     labels = list(res)
     loads = [row["load"] for row in res[labels[0]]]
     t = Table(title="Fig. 5: mean TTFT (s) vs load (arrival-rate multiplier)")
@@ -43,6 +44,13 @@ def fig5_table(res: Mapping[str, list[dict[str, Any]]], paper: Mapping[str, floa
             paper_ratio = paper.get("global_cache_aware", math.nan) / paper.get(other, math.nan)
             t.add_row(f"global / {other} (target <= {target})", _f(paper_ratio),
                       *[_f(r) for r in ratios], style="bold")
+    if oracle is not None:
+        t.add_row("oracle bound (no queue, every earlier page reused)", "",
+                  *[_f(oracle) for _ in loads])
+        for other in ("load_balancing", "local_cache_aware"):
+            if other in res:
+                t.add_row(f"best attainable / {other}", "",
+                          *[_f(oracle / row["mean_ttft_s"]) for row in res[other]])
     return t
 
 

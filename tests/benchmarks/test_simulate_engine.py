@@ -100,3 +100,16 @@ def test_ttft_slo_admission_rejects_under_overload() -> None:
     with_slo, _ = run_one(CAL, trace, 2, setup, CAL.local_tokens_per_instance, ttft_slo_s=10.0)
     assert without.rejected == 0 and with_slo.rejected > 0
     assert with_slo.p99_ttft_s < without.p99_ttft_s
+
+
+def test_oracle_bound_is_exact_on_a_toy_trace_and_no_policy_beats_it() -> None:
+    from benchmarks.simulate.metrics import oracle_mean_ttft_s, summarize
+
+    toy = [req("a", 0.0, [1, 2, 3]), req("b", 0.1, [1, 2, 4]), req("c", 0.2, [9])]
+    expect = (CAL.prefill_s(1536, 0) + CAL.prefill_s(1536, 1024) + CAL.prefill_s(512, 0)) / 3
+    assert oracle_mean_ttft_s(CAL, toy) == pytest.approx(expect + CAL.first_token_s)
+    trace = scale_load(read_trace(SAMPLE, limit=120), 4.0)
+    bound = oracle_mean_ttft_s(CAL, trace)
+    for label, setup in FIG5_SETUPS.items():
+        summary, _ = run_one(CAL, trace, 4, setup, CAL.local_tokens_per_instance)
+        assert summary.mean_ttft_s >= bound * (1 - 1e-9), label
