@@ -103,7 +103,7 @@ def test_ttft_slo_admission_rejects_under_overload() -> None:
 
 
 def test_oracle_bound_is_exact_on_a_toy_trace_and_no_policy_beats_it() -> None:
-    from benchmarks.simulate.metrics import oracle_mean_ttft_s, summarize
+    from benchmarks.simulate.metrics import oracle_mean_ttft_s
 
     toy = [req("a", 0.0, [1, 2, 3]), req("b", 0.1, [1, 2, 4]), req("c", 0.2, [9])]
     expect = (CAL.prefill_s(1536, 0) + CAL.prefill_s(1536, 1024) + CAL.prefill_s(512, 0)) / 3
