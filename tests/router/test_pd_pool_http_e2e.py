@@ -168,7 +168,10 @@ def _scenario(client: httpx.Client, w: dict[str, Worker]) -> None:
     long_body["sampling_params"]["ignore_eos"] = True  # decodes (and holds its KV) until closed
     with client.stream("POST", "/generate", json=long_body) as held:
         assert held.status_code == 200
-        next(held.iter_lines())  # routed, reserved, decoding
+        # Keep the line iterator referenced: a dropped one is closed at once, and closing it
+        # closes the stream (the router then rightly aborts "long" as a client disconnect).
+        lines = held.iter_lines()
+        next(lines)  # routed, reserved, decoding
         before = prefill_batches(w["P"])
         over = client.post("/generate", json=body(short, 200, rid="over"))
         assert over.status_code == 429, over.text
