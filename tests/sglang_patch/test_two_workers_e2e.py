@@ -35,9 +35,9 @@ from typing import Any
 
 import httpx
 import numpy as np
-import psutil
 import pytest
 import uvicorn
+from pd_workers import Worker
 from servers import _healthy, free_port, sglang_server
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -112,19 +112,6 @@ class RegistrationPeer:
         self._thread.join(timeout=10)
 
 
-class Wrapper:
-    def __init__(self, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
-        self.proc, self.url, self.log = proc, url, log
-
-    def engine_pids(self) -> list[int]:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            return [p.pid for p in psutil.Process(self.proc.pid).children(recursive=True)]
-        return []
-
-    def tail(self) -> str:
-        return self.log.read_bytes()[-5000:].decode("utf-8", "replace")
-
-
 def _kill_tree(pids: list[int]) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -133,7 +120,7 @@ def _kill_tree(pids: list[int]) -> None:
 
 @contextlib.contextmanager
 def wrapper_worker(model: Path, args: list[str], env: dict[str, str] | None = None,
-                   timeout: float = 600) -> Iterator[Wrapper]:
+                   timeout: float = 600) -> Iterator[Worker]:
     """`python -m sglang_patch.launch_server ...`, healthy, then SIGTERM (wrapper deregisters)."""
     port = free_port()
     fd, name = tempfile.mkstemp(prefix=f"rg-wrapper-{port}-", suffix=".log")
@@ -143,7 +130,7 @@ def wrapper_worker(model: Path, args: list[str], env: dict[str, str] | None = No
     with open(name, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
                                 env={**os.environ, **(env or {})}, start_new_session=True)
-    w = Wrapper(proc, f"http://127.0.0.1:{port}", Path(name))
+    w = Worker(f"wrapper-{port}", proc, f"http://127.0.0.1:{port}", Path(name))
     descendants: list[int] = []
     try:
         deadline = time.monotonic() + timeout
