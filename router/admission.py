@@ -1,7 +1,10 @@
 """SLO admission: reject at once (HTTP 429 + Retry-After) what cannot meet its SLO.
 
 A request's own SLO (``RouteRequest.ttft_slo_s`` / ``tbt_slo_s``) wins over the configured
-default; ``None`` everywhere means no admission on that dimension. Pure.
+default; ``None`` everywhere means no admission on that dimension. ``ttft_headroom`` keeps a
+fraction of the TTFT SLO back for what the cost model does not see (the HTTP hops, the first
+decode step, streaming, the model's own error): a request is admitted when its predicted TTFT is
+at most ``(1 - ttft_headroom) x SLO``. Pure.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ NO_WORKERS = "no_workers"
 class SloConfig:
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None
+    ttft_headroom: float = 0.0
     min_retry_after_s: float = 1.0
     max_retry_after_s: float = 60.0
 
@@ -29,6 +33,8 @@ class SloConfig:
             value = getattr(self, name)
             if value is not None and value <= 0:
                 raise ValueError(f"{name} must be > 0 or None")
+        if not 0.0 <= self.ttft_headroom < 1.0:
+            raise ValueError("ttft_headroom must be in [0, 1)")
         if not 0 <= self.min_retry_after_s <= self.max_retry_after_s:
             raise ValueError("need 0 <= min_retry_after_s <= max_retry_after_s")
 
@@ -47,7 +53,10 @@ class SloConfig:
 def check_ttft(req: RouteRequest, best: CandidateEstimate, slo: SloConfig) -> float | None:
     """None when ``best`` meets the TTFT SLO (or there is none); else the excess in seconds."""
     limit = slo.ttft_for(req)
-    if limit is None or best.ttft_s <= limit:
+    if limit is None:
+        return None
+    limit *= 1.0 - slo.ttft_headroom
+    if best.ttft_s <= limit:
         return None
     return best.ttft_s - limit
 

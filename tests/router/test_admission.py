@@ -28,6 +28,18 @@ def test_request_slo_overrides_default_and_none_disables() -> None:
     assert SloConfig(tbt_slo_s=0.1).tbt_for(req._replace(tbt_slo_s=0.05)) == 0.05
 
 
+def test_headroom_keeps_part_of_the_ttft_slo_back() -> None:
+    req = RouteRequest("r", NS, 10, [], 16)
+    slo = SloConfig(ttft_slo_s=2.0, ttft_headroom=0.1)  # admit up to 1.8 s predicted
+    assert check_ttft(req, estimate(1.8), slo) is None
+    assert check_ttft(req, estimate(1.9), slo) == pytest.approx(0.1)
+    assert check_ttft(req._replace(ttft_slo_s=4.0), estimate(3.7), slo) is not None  # 3.6
+    assert check_ttft(req, estimate(1.9), SloConfig(ttft_slo_s=2.0)) is None
+    for bad in (-0.1, 1.0):
+        with pytest.raises(ValueError):
+            SloConfig(ttft_headroom=bad)
+
+
 def test_retry_after_is_the_excess_clamped() -> None:
     slo = SloConfig(min_retry_after_s=1.0, max_retry_after_s=20.0)
     assert slo.retry_after_s(0.2) == 1.0

@@ -21,8 +21,12 @@ calibration prefill once left the whole burst within it. Both CPU engines share 
 they are given one compute domain (``#compute_domain=``, as the launch wrapper registers CPU
 engines) and the queue model treats them as one FIFO server; a per-worker FIFO admitted 15 of 30
 in one run and met the SLO for only 40% of them. The engines run ``--chunked-prefill-size 1024``
-(each engine's order is FIFO to within 2/3 of a prompt). The 0.9 fraction, not 1, leaves room
-for the machine's noise between the two runs (run ``-s`` to see predicted vs measured TTFTs).
+(each engine's order is FIFO to within 2/3 of a prompt). The measured TTFT includes what the
+cost model does not price (HTTP hops, the first decode step, streaming): in a CI run the
+predictions were 0.2-0.4 s short and the last admitted request missed a 5.19 s SLO by 0.02 s
+(8 of 9 met), so the router keeps ``HEADROOM`` of the SLO back (``ttft_headroom``). The 0.9
+fraction, not 1, leaves room for the machine's noise between the two runs (run ``-s`` to see
+predicted vs measured TTFTs).
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ BURST = 32  # requests sent at once (16 per worker)
 SLO_QUANTILE = 0.3  # the SLO: this quantile of the unadmitted burst's TTFTs
 MIN_SLO_S = 1.5
 MEET_FRACTION = 0.9
+HEADROOM = 0.1  # conductor ttft_headroom: admit up to 0.9 x SLO predicted
 FAST_429_FRACTION = 0.25  # a 429 must come back within this fraction of the SLO
 
 
@@ -159,7 +164,8 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
     assert free_meet < 0.6, "without admission the burst should have missed the SLO"
     assert free_s[-1] > 1.5 * slo
 
-    state, server = _router(urls, policy_options={"ttft_slo_s": slo}, profile_max_tokens=0)
+    state, server = _router(urls, policy_options={"ttft_slo_s": slo, "ttft_headroom": HEADROOM},
+                            profile_max_tokens=0)
     try:
         _wait_ready(state, 60)
         for wid, model in fitted.items():
