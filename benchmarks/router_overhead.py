@@ -10,6 +10,10 @@ median and p99, for text prompts (``/v1/completions``, routers tokenize) and tok
 interleaved rounds so machine-load drift hits them alike. Our router's time per stage (tokenize,
 policy, proxy connect) comes from its ``router_stage_seconds`` metric (mean per request).
 
+A third target, ``http-floor`` (``benchmarks/router_floor.py``), is the HTTP stack our router runs
+on (uvicorn with our protocol, our upstream client) forwarding bodies unchanged, without any
+routing work: what a router on this stack pays before it does anything.
+
 Also reported: each router process's CPU time per request (user + system, from /proc), which
 machine-load noise does not inflate the way it inflates wall-clock latency on a shared host.
 
@@ -45,6 +49,7 @@ from sglang_patch.launch_plan import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "router_overhead.json"
+FLOOR = "http-floor"  # benchmarks/router_floor.py: our HTTP stack forwarding, no routing
 
 # ---- the upstream: answers at once ----------------------------------------------------------
 
@@ -227,7 +232,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
     p.add_argument("--model-path", help=argparse.SUPPRESS)
     p.add_argument("--prompt-tokens", type=int, default=1024)
-    p.add_argument("--requests", type=int, default=320, help="per target, input, concurrency")
+    # Enough that each of 32 keep-alive connections carries dozens of requests per round: with
+    # 320, connection set-up was a visible share of the 32-client numbers.
+    p.add_argument("--requests", type=int, default=3200, help="per target, input, concurrency")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--json", default=str(RESULTS))
     p.add_argument("--baseline", metavar="REV",
@@ -266,9 +273,14 @@ def main(argv: list[str] | None = None) -> int:
                             "--policy", "cache_aware", "--log-level", "warn",
                             "--prometheus-host", "127.0.0.1", "--prometheus-port",
                             str(free_port())], work / "sgl.log"))
+        floor_port = free_port()
+        procs.append(spawn([sys.executable, "-m", "benchmarks.router_floor", "--upstream", up,
+                            "--port", str(floor_port)], work / "floor.log"))
         targets = {"direct": up, "radix-global": f"http://127.0.0.1:{ours_port}",
-                   "sglang-router": f"http://127.0.0.1:{sgl_port}"}
-        pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid}
+                   "sglang-router": f"http://127.0.0.1:{sgl_port}",
+                   FLOOR: f"http://127.0.0.1:{floor_port}"}
+        pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid,
+                FLOOR: procs[3].pid}
         if args.baseline:
             base_root = checkout(args.baseline, work / "baseline")
             base_port = free_port()

@@ -99,14 +99,14 @@ class ConductorPolicy(RoutingPolicy):
         pools = _pool_pages(match)
         n = len(candidates)
         k = self.price_top_k
-        priced: list[tuple[int, WorkerState, float | None]]
+        priced: list[tuple[int, WorkerState, float | None, int | None]]
         if k is None:
-            priced = [(i, c, None) for i, c in enumerate(candidates)]
+            priced = [(i, c, None, None) for i, c in enumerate(candidates)]
         else:
             priced = self._shortlist(req, candidates, match, view, now, k)
-        estimates = [self.estimate(req, c, match, view, now, pools, queue)
-                     for _, c, queue in priced]
-        best = self._pick(estimates, [i for i, _, _ in priced], n)
+        estimates = [self.estimate(req, c, match, view, now, pools, queue, routed)
+                     for _, c, queue, routed in priced]
+        best = self._pick(estimates, [p[0] for p in priced], n)
         excess = check_ttft(req, best, self.slo)
         if excess is not None:
             return reject(req, self.name, TTFT_SLO, self.slo.retry_after_s(excess), estimates)
@@ -138,14 +138,17 @@ class ConductorPolicy(RoutingPolicy):
         now: float,
         pools: dict[HolderId, int] | None = None,
         queue: float | None = None,
+        routed: int | None = None,
     ) -> CandidateEstimate:
         """The TTFT breakdown for one slot, choosing between recomputing and fetching.
         ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already; ``queue``:
-        the slot's ``cost.queue_s`` at ``now``, likewise."""
+        the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages."""
         if pools is None:
             pools = _pool_pages(match)
         local_pages, pool_pages = _reachable_pages(worker, match, pools)
-        local_pages = max(local_pages, self._routed_pages(worker, req, now))
+        if routed is None:
+            routed = self._routed_pages(worker, req, now)
+        local_pages = max(local_pages, routed)
         ps = req.page_size
         n = req.input_tokens
         local_tokens = min(n, local_pages * ps)
@@ -197,18 +200,19 @@ class ConductorPolicy(RoutingPolicy):
     def _shortlist(
         self, req: RouteRequest, candidates: list[WorkerState], match: MatchResult | None,
         view: ClusterView, now: float, k: int,
-    ) -> list[tuple[int, WorkerState, float | None]]:
-        """(position, slot, queue) of the slots worth pricing, in slot order: every local prefix
-        holder (index or routed memory) and the ``k`` others with the shortest queue (then least
-        load, then rotation)."""
+    ) -> list[tuple[int, WorkerState, float | None, int | None]]:
+        """(position, slot, queue, routed pages) of the slots worth pricing, in slot order: every
+        local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
+        (then least load, then rotation)."""
         held = match.matched if match is not None else {}
-        keep: list[tuple[int, WorkerState, float | None]] = []
+        keep: list[tuple[int, WorkerState, float | None, int | None]] = []
         others: list[tuple[float, int, int, WorkerState]] = []
         for i, c in enumerate(candidates):
             own = held.get((c.worker_id, c.dp_rank))
             queue = view.cost.queue_s(c, now)
-            if (own is not None and own.host > 0) or self._routed_pages(c, req, now) > 0:
-                keep.append((i, c, queue))
+            routed = self._routed_pages(c, req, now)
+            if (own is not None and own.host > 0) or routed > 0:
+                keep.append((i, c, queue, routed))
             else:
                 others.append((queue, slot_load(c, view), i, c))
         if len(others) > k:
@@ -217,7 +221,7 @@ class ConductorPolicy(RoutingPolicy):
             n, turn = len(candidates), self._turn
             others.sort(key=lambda o: (o[0], o[1], (o[2] - turn) % n))
             del others[k:]
-        keep.extend((i, c, queue) for queue, _, i, c in others)
+        keep.extend((i, c, queue, 0) for queue, _, i, c in others)
         keep.sort(key=lambda t: t[0])
         return keep
 
