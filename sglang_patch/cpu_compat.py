@@ -53,6 +53,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, NamedTuple
 
+from sglang_patch.stand_ins import StandInFinder, install_finder, real_package_works
+
 ENV_FLAG = "RADIX_GLOBAL_CPU_COMPAT"
 ENV_PATCH_MODULES = "RADIX_GLOBAL_CPU_PATCH_MODULES"
 # Comma-separated patch names to leave out (an operator whose SGLang no longer needs one; the
@@ -169,99 +171,7 @@ def import_listed_patch_modules() -> None:
 
 
 # ---------------------------------------------------------------------------------------------
-# Stand-in packages
-
-
-class StandInCallError(NotImplementedError):
-    """Raised when code calls into a stand-in package: that op has no CPU implementation here."""
-
-
-class _StandInAttr:
-    """An attribute of a stand-in package: resolves further attributes, raises when called."""
-
-    def __init__(self, qualname: str, reason: str) -> None:
-        self._qualname = qualname
-        self._reason = reason
-
-    def __getattr__(self, name: str) -> _StandInAttr:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _StandInAttr(f"{self._qualname}.{name}", self._reason)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        raise StandInCallError(
-            f"{self._qualname} was called, but it is a CPU import-only stand-in "
-            f"({self._reason}); this code path needs the real package"
-        )
-
-    def __mro_entries__(self, bases: tuple[Any, ...]) -> tuple[type, ...]:
-        # Lets `class X(stub.Base)` import; instantiating X then raises like a call would.
-        qualname, reason = self._qualname, self._reason
-
-        def _init(self: Any, *a: Any, **k: Any) -> None:
-            _StandInAttr(qualname, reason)()
-
-        return (type(qualname.rsplit(".", 1)[-1], (), {"__init__": _init}),)
-
-    def __repr__(self) -> str:
-        return f"<stand-in {self._qualname}>"
-
-
-class _StandInModule(ModuleType):
-    _stand_in_reason = ""
-
-    def __getattr__(self, name: str) -> Any:
-        if name.startswith("__") and name.endswith("__"):
-            raise AttributeError(name)
-        return _StandInAttr(f"{self.__name__}.{name}", self._stand_in_reason)
-
-
-class _StandInFinder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Serves ``root`` and every ``root.sub.module`` as a stand-in package."""
-
-    def __init__(self, root: str, reason: str, extras: Callable[[ModuleType], None]) -> None:
-        self.root = root
-        self.reason = reason
-        self.extras = extras
-
-    def find_spec(
-        self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None
-    ) -> importlib.machinery.ModuleSpec | None:
-        if fullname != self.root and not fullname.startswith(self.root + "."):
-            return None
-        spec = importlib.machinery.ModuleSpec(fullname, self, is_package=True)
-        spec.submodule_search_locations = []
-        return spec
-
-    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
-        module = _StandInModule(spec.name)
-        module._stand_in_reason = self.reason
-        return module
-
-    def exec_module(self, module: ModuleType) -> None:
-        module.__doc__ = f"CPU import-only stand-in: {self.reason}"
-        module.__version__ = "0.0.0+cpu.stand.in"  # type: ignore[attr-defined]
-        self.extras(module)
-
-
-def _install_finder(finder: _StandInFinder) -> None:
-    if not any(isinstance(f, _StandInFinder) and f.root == finder.root for f in sys.meta_path):
-        sys.meta_path.insert(0, finder)
-
-
-def _real_package_works(name: str) -> bool:
-    """True when ``name`` is installed and imports; a broken partial import is cleaned up."""
-    if name in sys.modules:
-        return not isinstance(sys.modules[name], _StandInModule)
-    try:
-        if importlib.util.find_spec(name) is None:
-            return False
-        importlib.import_module(name)
-        return True
-    except Exception:
-        for key in [k for k in sys.modules if k == name or k.startswith(name + ".")]:
-            del sys.modules[key]
-        return False
+# Stand-in packages (the machinery is in sglang_patch/stand_ins.py)
 
 
 def _torchvision_extras(module: ModuleType) -> None:
@@ -298,11 +208,11 @@ def _install_torchvision_stand_in() -> None:
     from transformers.utils import import_utils
 
     import_utils.is_torchvision_available()
-    _install_finder(_StandInFinder("torchvision", TORCHVISION_REASON, _torchvision_extras))
+    install_finder(StandInFinder("torchvision", TORCHVISION_REASON, _torchvision_extras))
 
 
 def _install_sgl_kernel_stand_in() -> None:
-    _install_finder(_StandInFinder("sgl_kernel", SGL_KERNEL_REASON, lambda m: None))
+    install_finder(StandInFinder("sgl_kernel", SGL_KERNEL_REASON, lambda m: None))
 
 
 def _install_cpu_engine_env() -> None:
@@ -315,11 +225,11 @@ register_patch(Patch(
 ))
 register_patch(Patch(
     "torchvision-stand-in", TORCHVISION_REASON,
-    lambda device: not _real_package_works("torchvision"), _install_torchvision_stand_in,
+    lambda device: not real_package_works("torchvision"), _install_torchvision_stand_in,
 ))
 register_patch(Patch(
     "sgl-kernel-stand-in", SGL_KERNEL_REASON,
-    lambda device: not _real_package_works("sgl_kernel"), _install_sgl_kernel_stand_in,
+    lambda device: not real_package_works("sgl_kernel"), _install_sgl_kernel_stand_in,
 ))
 
 
