@@ -1,7 +1,7 @@
 """Router overhead: latency a router adds per request, ours against ``sglang-router``.
 
 Setup (all on loopback, each in its own process): an upstream HTTP server that answers every
-request at once (``--serve-upstream``; a raw ASGI app, this benchmark only), our router
+request at once (``benchmarks/instant_upstream.py``, this benchmark only), our router
 (``radix-global router --policy conductor``) and ``sglang-router`` (``--policy cache_aware``), both
 in front of that upstream. The client (this process, asyncio + httpx) sends requests directly to
 the upstream and through each router; added latency = router latency - direct latency, at the
@@ -45,54 +45,12 @@ from typing import Any
 
 import httpx
 
+from benchmarks.lean_client import run_batch
 from sglang_patch.launch_plan import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "router_overhead.json"
 FLOOR = "http-floor"  # benchmarks/router_floor.py: our HTTP stack forwarding, no routing
-
-# ---- the upstream: answers at once ----------------------------------------------------------
-
-
-def upstream_app(model_path: str) -> Any:
-    info = json.dumps({"served_model_name": "tiny", "model_path": model_path,
-                       "tokenizer_path": model_path, "page_size": 16, "dp_size": 1,
-                       "context_length": 8192}).encode()
-    gen = json.dumps({"text": "ok", "meta_info": {"cached_tokens": 0, "prompt_tokens": 1,
-                                                  "completion_tokens": 1}}).encode()
-    cmpl = json.dumps({"id": "c", "object": "text_completion", "model": "tiny",
-                       "choices": [{"index": 0, "text": "ok", "finish_reason": "stop"}],
-                       "usage": {"prompt_tokens": 1, "completion_tokens": 1,
-                                 "total_tokens": 2}}).encode()
-    models = json.dumps({"object": "list", "data": [{"id": "tiny", "object": "model"}]}).encode()
-    model_info = json.dumps({"model_path": model_path, "tokenizer_path": model_path,
-                             "is_generation": True}).encode()
-    by_path = {"/generate": gen, "/v1/completions": cmpl, "/server_info": info,
-               "/get_server_info": info, "/v1/models": models, "/get_model_info": model_info,
-               "/model_info": model_info}
-
-    async def app(scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        more = True
-        while more:  # drain the request body
-            message = await receive()
-            more = message.get("more_body", False)
-        body = by_path.get(scope["path"], b"{}")
-        await send({"type": "http.response.start", "status": 200,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(body)).encode())]})
-        await send({"type": "http.response.body", "body": body})
-
-    return app
-
-
-def serve_upstream(port: int, model_path: str) -> None:
-    import uvicorn
-
-    uvicorn.run(upstream_app(model_path), host="127.0.0.1", port=port, log_level="warning",
-                access_log=False)
-
 
 # ---- processes ------------------------------------------------------------------------------
 
@@ -139,66 +97,6 @@ def wait_ready(url: str, probe: dict[str, Any], timeout: float = 120) -> None:
     raise RuntimeError(f"{url} not ready: {last!r}")
 
 
-# ---- client ---------------------------------------------------------------------------------
-
-
-class _Exchange:
-    """httptools callbacks of one answer (the client side of the benchmark)."""
-
-    def __init__(self) -> None:
-        import httptools
-
-        self.done = False
-        self.status = 0
-        self.size = 0
-        self.parser = httptools.HttpResponseParser(self)
-
-    def on_headers_complete(self) -> None:
-        self.status = self.parser.get_status_code()
-
-    def on_body(self, body: bytes) -> None:
-        self.size += len(body)
-
-    def on_message_complete(self) -> None:
-        self.done = True
-
-
-async def run_batch(base: str, path: str, body: dict[str, Any], concurrency: int, total: int
-                    ) -> list[float]:
-    """``total`` POSTs from ``concurrency`` keep-alive connections; latency of each.
-
-    A lean client (asyncio streams, the request bytes built once, httptools parsing the answer),
-    so that the client's own CPU, which shares the machine with the routers, stays small."""
-    host, port = base.removeprefix("http://").split(":")
-    payload = json.dumps(body).encode()
-    request = (f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n"
-               f"content-type: application/json\r\ncontent-length: {len(payload)}\r\n\r\n"
-               ).encode() + payload
-    lat: list[float] = []
-    per = total // concurrency
-
-    async def worker() -> None:
-        reader, writer = await asyncio.open_connection(host, int(port))
-        try:
-            for _ in range(per):
-                t = time.perf_counter()
-                writer.write(request)
-                ex = _Exchange()
-                while not ex.done:
-                    data = await reader.read(65536)
-                    if not data:
-                        raise RuntimeError(f"{base}{path}: connection closed")
-                    ex.parser.feed_data(data)
-                lat.append(time.perf_counter() - t)
-                if ex.status != 200:
-                    raise RuntimeError(f"{base}{path}: HTTP {ex.status}")
-        finally:
-            writer.close()
-
-    await asyncio.gather(*(worker() for _ in range(concurrency)))
-    return lat
-
-
 def stage_sums(metrics_url: str) -> dict[str, tuple[float, float]]:
     text = httpx.get(metrics_url, timeout=10).text
     out: dict[str, list[float]] = {}
@@ -229,8 +127,6 @@ def pct(values: list[float], q: float) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--serve-upstream", type=int, help=argparse.SUPPRESS)
-    p.add_argument("--model-path", help=argparse.SUPPRESS)
     p.add_argument("--prompt-tokens", type=int, default=1024)
     # Enough that each of 32 keep-alive connections carries dozens of requests per round: with
     # 320, connection set-up was a visible share of the 32-client numbers.
@@ -240,9 +136,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--baseline", metavar="REV",
                    help="also measure our router as of this git revision (same rounds)")
     args = p.parse_args(argv)
-    if args.serve_upstream:
-        serve_upstream(args.serve_upstream, args.model_path)
-        return 0
 
     from radix_global.trace import synthetic_word
     from sglang_patch.make_model import main as make_model
@@ -261,8 +154,8 @@ def main(argv: list[str] | None = None) -> int:
 
     up_port, ours_port, sgl_port = free_port(), free_port(), free_port()
     up = f"http://127.0.0.1:{up_port}"
-    procs = [spawn([sys.executable, "-m", "benchmarks.router_overhead", "--serve-upstream",
-                    str(up_port), "--model-path", str(model)], work / "upstream.log")]
+    procs = [spawn([sys.executable, "-m", "benchmarks.instant_upstream", "--port", str(up_port),
+                    "--model-path", str(model)], work / "upstream.log")]
     try:
         wait_ready(f"{up}/generate", {"input_ids": [1]})
         procs.append(spawn([sys.executable, "-m", "radix_global.cli", "router", "--workers", up,
