@@ -53,7 +53,7 @@ class ApproxCachePolicy(RoutingPolicy):
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
-        candidates = sorted(prefill_candidates(req, workers), key=lambda w: w.slot)
+        candidates = prefill_candidates(req, workers)
         if not candidates:
             return no_workers(req, self.name)
         loads = [slot_load(w, view) for w in candidates]

@@ -172,8 +172,10 @@ def is_prefill_candidate(req: RouteRequest, worker: WorkerState) -> bool:
 
 
 def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
-    """Slots that may run ``req``'s prefill: accepting, not decode-only, same namespace."""
-    return [w for w in workers if is_prefill_candidate(req, w)]
+    """Slots that may run ``req``'s prefill (accepting, not decode-only, same namespace), in slot
+    order (worker id, dp rank): rotations and tie-breaks then do not depend on the order the
+    caller listed the workers in."""
+    return sorted((w for w in workers if is_prefill_candidate(req, w)), key=lambda w: w.slot)
 
 
 def slot_load(worker: WorkerState, view: ClusterView) -> int:

@@ -92,7 +92,7 @@ class ConductorPolicy(RoutingPolicy):
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
-        candidates = sorted(prefill_candidates(req, workers), key=lambda w: w.slot)
+        candidates = prefill_candidates(req, workers)
         if not candidates:
             return no_workers(req, self.name)
         match = self._match(req, view, now)

@@ -30,7 +30,7 @@ class LeastLoadPolicy(RoutingPolicy):
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
-        candidates = sorted(prefill_candidates(req, workers), key=lambda w: w.slot)
+        candidates = prefill_candidates(req, workers)
         if not candidates:
             return no_workers(req, self.name)
         n = len(candidates)

@@ -11,8 +11,8 @@ from router.policies.base import (
     RouteRequest,
     RoutingPolicy,
     WorkerState,
+    is_prefill_candidate,
     no_workers,
-    prefill_candidates,
     route_to,
 )
 
@@ -26,7 +26,8 @@ class RandomPolicy(RoutingPolicy):
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
-        candidates = prefill_candidates(req, workers)
+        # In the caller's order, not slot order: the seeded draws stay those of recorded runs.
+        candidates = [w for w in workers if is_prefill_candidate(req, w)]
         if not candidates:
             return no_workers(req, self.name)
         return route_to(req, self.name, self._rng.choice(candidates), view, now)

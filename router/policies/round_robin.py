@@ -25,7 +25,7 @@ class RoundRobinPolicy(RoutingPolicy):
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
-        candidates = sorted(prefill_candidates(req, workers), key=lambda w: w.slot)
+        candidates = prefill_candidates(req, workers)
         if not candidates:
             return no_workers(req, self.name)
         return route_to(req, self.name, candidates[self._turn % len(candidates)], view, now)
