@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import dataclasses
+import tomllib
+from pathlib import Path
 
 import pytest
 
 from router.config import ConfigError, RouterConfig, config_from_file
+from router.health import split_worker_spec
 from router.main import build_parser, config_from_args, main
+from router.policies import PolicyConfigError, get_policy
 
 
 def test_cli_defaults_are_the_dataclass_defaults():
@@ -54,3 +58,21 @@ def test_bad_config_is_refused(tmp_path, text, match):
 def test_frozen():
     with pytest.raises(dataclasses.FrozenInstanceError):
         RouterConfig().port = 1  # type: ignore[misc]
+
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "docs" / "examples" / "router.toml"
+
+
+def test_the_documented_example_config_is_valid():
+    """docs/examples/router.toml: every key is a real option, its policy options build the policy,
+    and its worker fragments parse (so the example cannot drift from the code unnoticed)."""
+    cfg = config_from_file(EXAMPLE)
+    assert cfg.policy == "conductor" and cfg.policy_options["ttft_headroom"] == 0.1
+    policy = get_policy(cfg.policy, **cfg.policy_options)
+    assert policy.slo.ttft_slo_s == 2.0  # type: ignore[attr-defined]
+    assert [split_worker_spec(w)[1] for w in cfg.workers] == [
+        {}, {"compute_domain": "cpu@host-a"}]
+    # Negative control: a misspelt option in the same file is refused.
+    bad = EXAMPLE.read_text().replace("ttft_headroom", "ttft_headrom")
+    with pytest.raises(PolicyConfigError, match="ttft_headrom"):
+        get_policy(cfg.policy, **tomllib.loads(bad)["router"]["policy_options"])
