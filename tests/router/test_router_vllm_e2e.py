@@ -27,13 +27,11 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from chat_e2e import cached_tokens, chat, reply, text, wait_indexed, wait_router_ready
 from http_peer import ServerThread
 from vllm_servers import BLOCK_SIZE, VllmMissingError, events_endpoint, vllm_python, vllm_servers
 
-from radix_global.keys import page_keys
 from radix_global.registration import encode_worker_info
-from radix_global.trace import synthetic_word
-from radix_global.types import Namespace, WorkerId
 from router.app import build_app
 from router.health import cli_worker_id
 from router.main import config_from_args
@@ -83,15 +81,7 @@ def router_for(workers: Workers) -> Iterator[Any]:
         servers.append(server)
         client = httpx.Client(base_url=server.url, timeout=300)
         clients.append(client)
-        deadline = time.monotonic() + 60
-        while len(state.registry) < 2:
-            assert time.monotonic() < deadline, "router did not discover both vLLM workers"
-            time.sleep(0.2)
-        deadline = time.monotonic() + 300
-        while state.profiling_pending():
-            assert time.monotonic() < deadline, "profiling the workers did not finish"
-            time.sleep(0.5)
-        assert all(p.get("state") == "done" for p in state.profiles.values()), state.profiles
+        wait_router_ready(state)
         for e in state.registry.all():
             assert (e.info.engine, e.info.page_size, e.model_path) == (
                 "vllm", BLOCK_SIZE, workers.model), e.to_json()
@@ -105,31 +95,10 @@ def router_for(workers: Workers) -> Iterator[Any]:
         s.stop()
 
 
-def _text(seed: int, words: int) -> str:
-    return " ".join(synthetic_word((seed * 7919 + i) % 4000) for i in range(words))
-
-
-def _chat(client: httpx.Client, messages: list[dict[str, str]], max_tokens: int = 8,
-          **extra: Any) -> httpx.Response:
-    r = client.post("/v1/chat/completions", json={
-        "model": "tiny", "messages": messages, "max_tokens": max_tokens, "temperature": 0,
-        **extra})
-    assert r.status_code == 200, r.text
-    return r
-
-
-def _cached(r: httpx.Response) -> int:
-    return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
-
-
-def _reply(r: httpx.Response) -> str:
-    return str(r.json()["choices"][0]["message"]["content"])
-
-
 def _prefix_cache_hits(url: str) -> float:
     """vLLM's own counter of prompt tokens served from its prefix cache."""
-    text = httpx.get(f"{url}/metrics", timeout=30).text
-    found = re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", text, re.M)
+    metrics = httpx.get(f"{url}/metrics", timeout=30).text
+    found = re.findall(r"^vllm:prefix_cache_hits_total\{[^}]*\} ([0-9.e+]+)$", metrics, re.M)
     assert found, "vLLM /metrics has no vllm:prefix_cache_hits_total"
     return sum(float(v) for v in found)
 
@@ -138,40 +107,22 @@ def _url_of(workers: Workers, worker_id: str) -> str:
     return next(u for u in workers.urls if cli_worker_id(u) == worker_id)
 
 
-def _wait_indexed(state: RouterState, worker: str, messages: list[dict[str, str]],
-                  model: str) -> int:
-    """vLLM's events arrive asynchronously: wait until the index holds every full page of the
-    prompt for ``worker`` (the router's page keys == the re-keyed engine blocks)."""
-    keys = page_keys(state.tokenizers.get(model).encode_chat(messages), BLOCK_SIZE)
-    ns = Namespace(state.registry.models()["tiny"])
-    deadline = time.monotonic() + 30
-    held = None
-    while time.monotonic() < deadline:
-        held = state.index.index.match(ns, keys, time.monotonic()).matched.get(
-            (WorkerId(worker), 0))
-        if held is not None and held.gpu == len(keys):
-            return len(keys)
-        time.sleep(0.2)
-    raise AssertionError(f"vLLM events of {worker} never covered the prompt's {len(keys)} "
-                         f"pages (index holds {held}); stats {state.index.stats()}")
-
-
 def _converse(router: Router, workers: Workers, seed: int, turns: int = 3
               ) -> tuple[list[dict[str, str]], list[tuple[str, int, int, float]]]:
     """One conversation; per turn (worker, predicted prefix tokens, engine cached tokens,
     growth of that worker's vLLM prefix-cache-hit counter)."""
-    messages = [{"role": "system", "content": _text(seed, 420)}]
+    messages = [{"role": "system", "content": text(seed, 420)}]
     out = []
     for turn in range(turns):
-        messages.append({"role": "user", "content": _text(100 * seed + turn, 120)})
+        messages.append({"role": "user", "content": text(100 * seed + turn, 120)})
         before = {u: _prefix_cache_hits(u) for u in workers.urls}
-        r = _chat(router.client, messages)
+        r = chat(router.client, messages)
         worker = r.headers["x-radix-worker"]
         url = _url_of(workers, worker)
-        out.append((worker, int(r.headers["x-radix-prefix-tokens"]), _cached(r),
+        out.append((worker, int(r.headers["x-radix-prefix-tokens"]), cached_tokens(r),
                     _prefix_cache_hits(url) - before[url]))
-        _wait_indexed(router.state, worker, messages, workers.model)
-        messages.append({"role": "assistant", "content": _reply(r) or "ok"})
+        wait_indexed(router.state, worker, messages, workers.model, BLOCK_SIZE)
+        messages.append({"role": "assistant", "content": reply(r) or "ok"})
     return messages, out
 
 
@@ -200,9 +151,9 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
     background: list[threading.Thread] = []
     answers: list[httpx.Response] = []
     for k in range(4):
-        bg = [*messages, {"role": "user", "content": _text(500 + k, 500)}]
+        bg = [*messages, {"role": "user", "content": text(500 + k, 500)}]
         t = threading.Thread(target=lambda m=bg: answers.append(
-            _chat(router.client, m, max_tokens=256, ignore_eos=True)))
+            chat(router.client, m, max_tokens=256, ignore_eos=True)))
         t.start()
         background.append(t)
     try:
@@ -212,8 +163,8 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
             time.sleep(0.05)
         readd = router.client.post("/admin/workers", content=encode_worker_info(other))
         assert readd.status_code == 201, readd.text
-        messages.append({"role": "user", "content": _text(103, 40)})
-        r = _chat(router.client, messages)
+        messages.append({"role": "user", "content": text(103, 40)})
+        r = chat(router.client, messages)
         moved_to = r.headers["x-radix-worker"]
         decision = [d for d in router.state.recent
                     if d.get("request_id") == r.headers["x-radix-request-id"]]
@@ -221,16 +172,16 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
         for t in background:
             t.join(timeout=600)
     print(f"overloaded: 4 in flight on {home}; next turn -> {moved_to} ({decision}), "
-          f"cached there {_cached(r)}; reply {_reply(r)!r}")
+          f"cached there {cached_tokens(r)}; reply {reply(r)!r}")
     assert len(answers) == 4 and {a.headers["x-radix-worker"] for a in answers} == {home}
     assert moved_to == other.worker_id, (moved_to, decision)
     assert int(r.headers["x-radix-prefix-tokens"]) == 0  # computed there, nothing fetched
-    assert _cached(r) < HISTORY_PAGES * BLOCK_SIZE  # vLLM computed the history itself
+    assert cached_tokens(r) < HISTORY_PAGES * BLOCK_SIZE  # vLLM computed the history itself
     # ... and answers exactly what the holder answers (greedy), now served from its cache
     with httpx.Client(base_url=_url_of(workers, home), timeout=300) as direct:
-        at_home = _chat(direct, messages)
-    assert _cached(at_home) >= HISTORY_PAGES * BLOCK_SIZE
-    assert _reply(r) == _reply(at_home), (_reply(r), _reply(at_home))
+        at_home = chat(direct, messages)
+    assert cached_tokens(at_home) >= HISTORY_PAGES * BLOCK_SIZE
+    assert reply(r) == reply(at_home), (reply(r), reply(at_home))
 
 
 def test_cache_blind_policy_misses_the_history_negative_control(workers, router_for):
