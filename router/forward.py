@@ -22,6 +22,7 @@ from starlette.responses import JSONResponse, Response
 
 from radix_global.keys import page_keys
 from radix_global.types import Namespace
+from router.admission import DECODE_KV, TBT_SLO
 from router.forward_relay import Forward, Routed
 from router.policies.base import RouteRequest
 from router.prompt import GENERATE, is_stream, needs_tokenizer, output_tokens_hint
@@ -183,6 +184,10 @@ def _route(state: RouterState, req: RouteRequest, model: str, excluded: set[str]
     m.decision(model, outcome).inc()
     state.totals[f"decision_{outcome}"] += 1
     if not decision.accepted:
+        if decision.reason in (DECODE_KV, TBT_SLO):  # PD admission: for the utilisation report
+            from router.pd_front import pd_util
+
+            pd_util(state).rejected_before_prefill += 1
         if decision.reason == "no_workers":
             return error(503, f"no healthy worker for model {model!r}", "service_unavailable")
         retry = decision.retry_after_s if decision.retry_after_s is not None else 1.0

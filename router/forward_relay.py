@@ -18,6 +18,8 @@ import msgspec
 from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from radix_global.types import Role, WorkerId
+from router.pd_native import native_util
 from router.policies.base import Decision, RouteRequest
 from router.prompt import engine_cached_tokens
 from router.proxy import (
@@ -59,6 +61,7 @@ class Forward:
         self.ttft: float | None = None
         self.tail = b""
         self.decode_entry: WorkerEntry | None = None
+        self._pd_open: list[WorkerId] = []  # native PD workers busy with this request
 
     # --- life cycle ---------------------------------------------------------------------------
     def _start(self, routed: Routed) -> None:
@@ -84,6 +87,8 @@ class Forward:
             routed.entry.expected_hits += 1
 
     def _finish(self, ok: bool, answer: Any = None) -> None:
+        if self._pd_open:
+            self._pd_idle()
         if not self.open:
             return
         self.open = False
@@ -196,6 +201,7 @@ class Forward:
         pd = {"bootstrap_host": urlsplit(entry.info.url).hostname,
               "bootstrap_port": entry.info.bootstrap_port,
               "bootstrap_room": random.getrandbits(63)}
+        self._pd_busy(entry.worker_id, decode.worker_id)
         prefill = asyncio.ensure_future(st.proxy.post(url, self._body_for(entry, pd), headers))
         self._prefill_task = prefill  # its answer is dropped; a failure aborts the decode side
         prefill.add_done_callback(self._prefill_done)
@@ -209,7 +215,25 @@ class Forward:
             prefill.cancel()
             raise
 
+    def _pd_busy(self, prefill: WorkerId, decode: WorkerId) -> None:
+        """Both halves busy from now (the utilisation report, ``router/pd_native.py``)."""
+        st, now = self.state, self.state.clock()
+        util = native_util(st)
+        util.known_workers((e.worker_id, e.info.role) for e in st.registry.for_model(self.model)
+                           if e.info.role in (Role.PREFILL, Role.DECODE))
+        util.begin(prefill, Role.PREFILL, now)
+        util.begin(decode, Role.DECODE, now)
+        self._pd_open = [prefill, decode]
+
+    def _pd_idle(self, worker: WorkerId | None = None) -> None:
+        """``worker`` (default: every one still open) done with this request."""
+        now = self.state.clock()
+        for wid in [w for w in self._pd_open if worker is None or w == worker]:
+            native_util(self.state).end(wid, now)
+            self._pd_open.remove(wid)
+
     def _prefill_done(self, task: asyncio.Future[UpstreamResponse]) -> None:
+        self._pd_idle(self.routed.entry.worker_id)
         if task.cancelled():
             return
         exc = task.exception()

@@ -34,8 +34,9 @@ from starlette.types import Receive, Scope, Send
 
 from radix_global.types import PoolId, Role
 from router.forward_relay import Forward, Routed, last_sse_event
-from router.pd import PREFILL_RID_SUFFIX, PdConfig, PdMode, cached_tokens_of
+from router.pd import PREFILL_RID_SUFFIX, PdConfig, PdMode, PdUtilization, cached_tokens_of
 from router.pd_handoff import IndexPoolProbe, PdFailed, PdOrchestrator, PdRejected, PdRun
+from router.pd_native import native_util, native_util_if_used
 from router.policies.base import RouteRequest, WorkerState
 from router.prompt import is_stream
 from router.proxy import ClientGone, forward_headers, sse_error, until_disconnect
@@ -98,17 +99,21 @@ class PdFront:
                 capacity[wid] = tokens
 
     def report(self) -> dict[str, Any]:
-        r = self.orch.util.report(self.state.clock())
-        return {"mode": self.config.mode.value, "window_s": r.window_s,
-                "configured_ratio": r.configured_ratio, "suggested_ratio": r.suggested_ratio,
-                "prefill": {"workers": r.prefill.workers, "busy_s": round(r.prefill.busy_s, 3),
-                            "utilization": round(r.prefill.utilization, 4)},
-                "decode": {"workers": r.decode.workers, "busy_s": round(r.decode.busy_s, 3),
-                           "utilization": round(r.decode.utilization, 4)},
-                "rejected_before_prefill": r.rejected_before_prefill,
-                "decode_retries": r.decode_retries,
+        return {**_report_json(self.orch.util, self.state.clock()),
                 "decode_capacity_tokens": dict(self.orch.selector.capacity),
                 "failed_decode_workers": sorted(self.orch.failed)}
+
+
+def _report_json(util: PdUtilization, now: float) -> dict[str, Any]:
+    r = util.report(now)
+    return {"mode": util.config.mode.value, "window_s": r.window_s,
+            "configured_ratio": r.configured_ratio, "suggested_ratio": r.suggested_ratio,
+            "prefill": {"workers": r.prefill.workers, "busy_s": round(r.prefill.busy_s, 3),
+                        "utilization": round(r.prefill.utilization, 4)},
+            "decode": {"workers": r.decode.workers, "busy_s": round(r.decode.busy_s, 3),
+                       "utilization": round(r.decode.utilization, 4)},
+            "rejected_before_prefill": r.rejected_before_prefill,
+            "decode_retries": r.decode_retries}
 
 
 _FRONTS: weakref.WeakKeyDictionary[RouterState, PdFront] = weakref.WeakKeyDictionary()
@@ -121,10 +126,20 @@ def front_of(state: RouterState) -> PdFront:
     return front
 
 
+def pd_util(state: RouterState) -> PdUtilization:
+    """The utilisation tracker of the router's PD mode."""
+    if state.config.pd_mode == PdMode.POOL:
+        return front_of(state).orch.util
+    return native_util(state)
+
+
 def pd_report(state: RouterState) -> dict[str, Any] | None:
-    """The PD utilisation report, or None when no pool-mode request was seen yet."""
+    """The PD utilisation report, or None when no PD request was seen yet."""
     front = _FRONTS.get(state)
-    return front.report() if front is not None else None
+    if front is not None:
+        return front.report()
+    native = native_util_if_used(state)
+    return _report_json(native, state.clock()) if native is not None else None
 
 
 async def pool_handoff(state: RouterState, req: RouteRequest, payload: dict[str, Any],
@@ -268,4 +283,4 @@ async def _json(send: Send, status: int, message: str, kind: str,
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
-__all__ = ["PdFront", "PoolForward", "front_of", "pd_report", "pool_handoff"]
+__all__ = ["PdFront", "PoolForward", "front_of", "pd_report", "pd_util", "pool_handoff"]

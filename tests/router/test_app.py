@@ -217,3 +217,37 @@ def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory
     assert p_body["bootstrap_room"] == d_body["bootstrap_room"]
     assert p_body["bootstrap_host"] == "127.0.0.1" and p_body["bootstrap_port"] == 8998
     assert p_body["rid"] == d_body["rid"] == r.headers["x-radix-request-id"]
+
+
+def test_native_pd_utilisation_report(upstreams, router_factory):
+    """Native PD through the HTTP front end reports both pools' busy time (the ratio report of
+    ``/admin/stats`` and ``radix-global status``), closes every busy span when the request ends,
+    and counts PD admission rejections."""
+    _, p_server = upstreams(role="prefill")
+    _, d_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, d_server.url), policy="conductor",
+                            pd_ratio="1:2")
+    router.wait_workers(2)
+    with router.client() as c:
+        assert c.get("/admin/stats").json()["pd"] is None  # nothing disaggregated yet
+        assert c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]}).status_code == 200
+        pd = c.get("/admin/stats").json()["pd"]
+    assert pd["mode"] == "native" and pd["configured_ratio"] == "1:2"
+    assert pd["prefill"]["workers"] == 1 and pd["decode"]["workers"] == 1
+    assert pd["prefill"]["busy_s"] > 0 and pd["decode"]["busy_s"] > 0
+    assert pd["decode"]["busy_s"] >= pd["prefill"]["busy_s"]  # decode waits for the prefill
+    from router.pd_native import native_util
+
+    deadline = time.monotonic() + 5  # the prefill answer may land after the client's
+    while native_util(router.state)._open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert native_util(router.state)._open == {}, "a busy span was left open"
+    from radix_global.types import Role
+
+    wid = next(e.worker_id for e in router.state.registry.all() if e.info.role == Role.DECODE)
+    router.state.routing.decode.capacity[wid] = 10  # no KV room left for 100 output tokens
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {
+            "max_new_tokens": 100}})
+        assert r.status_code == 429 and "decode_kv" in r.text
+        assert c.get("/admin/stats").json()["pd"]["rejected_before_prefill"] == 1

@@ -107,6 +107,7 @@ def test_saturated_decode_pool_is_rejected_before_prefill(pd_cluster):
         assert r.status_code == 429, r.text
         assert "decode_kv" in r.json()["error"]["message"]
         assert int(r.headers["retry-after"]) >= 1
+        assert c.get("/admin/stats").json()["pd"]["rejected_before_prefill"] == 1
     assert prefill.requests == [] and decode.requests == []
 
 
