@@ -163,6 +163,14 @@ class EventDecoder:
         """Drop the re-keying map (the holder's entries were dropped from the index: resync)."""
         self._rekeyed.clear()
 
+    def _forget_rank(self, dp_rank: int) -> None:
+        """Drop that rank's copies from the re-keying map (other ranks keep theirs)."""
+        for h in list(self._rekeyed):
+            entry = self._rekeyed[h]
+            entry.copies = {c for c in entry.copies if c[0] != dp_rank}
+            if not entry.copies:
+                del self._rekeyed[h]
+
     def refuse(self, exc: IndexRefusal) -> None:
         """Count a refusal and log it (1st and every ``log_every``-th); also for index refusals."""
         self.refused[exc.reason] += 1
@@ -228,8 +236,8 @@ class EventDecoder:
         if tag == "BlockRemoved":
             return self._removed(_fields(ev, _REMOVED[self._layout]), dp_rank)
         if tag == "AllBlocksCleared":
-            self._rekeyed.clear()
-            return ClearHolder(self.holder, None)
+            self._forget_rank(dp_rank)
+            return ClearHolder(self.holder, None, dp_rank)
         raise MalformedEventError(f"unknown event type {tag!r}")
 
     def _location(self, f: dict[str, Any], dp_rank: int) -> Location:

@@ -108,7 +108,7 @@ class GlobalIndex:
         elif isinstance(op, ClearHolder):
             tier = None if op.tier is None else _tier(op.tier)
             for tree in self._trees.values():
-                tree.clear_holder(op.holder, tier)
+                tree.clear_holder(op.holder, tier, op.dp_rank)
         else:
             raise MalformedEventError(f"not an index operation: {type(op).__name__}")
 

@@ -61,12 +61,17 @@ class LocSetInterner:
     def without_loc(self, s: LocSet, loc: Location) -> LocSet:
         return self.get(s.locs - {loc}) if loc in s.locs else s
 
-    def without_holder(self, s: LocSet, holder: HolderId, tier: Tier | None) -> LocSet:
-        """``s`` minus every location of ``holder`` (at ``tier`` only, unless it is None)."""
+    def without_holder(
+        self, s: LocSet, holder: HolderId, tier: Tier | None, dp_rank: int | None = None
+    ) -> LocSet:
+        """``s`` minus every location of ``holder`` (at ``tier`` / of ``dp_rank`` only, unless
+        None)."""
         if holder not in s.holders:
             return s
         kept = frozenset(
-            loc for loc in s.locs if loc.holder != holder or (tier is not None and loc.tier != tier)
+            loc for loc in s.locs
+            if loc.holder != holder or (tier is not None and loc.tier != tier)
+            or (dp_rank is not None and loc.dp_rank != dp_rank)
         )
         return s if len(kept) == len(s.locs) else self.get(kept)
 

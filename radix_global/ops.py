@@ -59,10 +59,12 @@ class RemovePages(NamedTuple):
 
 
 class ClearHolder(NamedTuple):
-    """The holder dropped everything (``AllBlocksCleared``) at ``tier`` (None: every tier)."""
+    """The holder dropped everything (``AllBlocksCleared``) at ``tier`` (None: every tier) of data
+    parallel rank ``dp_rank`` (None: every rank; an engine's reset is per rank)."""
 
     holder: HolderId
     tier: Tier | None
+    dp_rank: int | None = None
 
 
 IndexOp = StorePages | RemovePages | ClearHolder

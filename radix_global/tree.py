@@ -179,11 +179,14 @@ class RadixTree:
             self._settle(c)
         return unknown
 
-    def clear_holder(self, holder: HolderId, tier: Tier | None = None) -> int:
-        """Drop every location of ``holder`` (at ``tier`` only unless None); returns nodes hit."""
+    def clear_holder(
+        self, holder: HolderId, tier: Tier | None = None, dp_rank: int | None = None
+    ) -> int:
+        """Drop every location of ``holder`` (at ``tier`` / of ``dp_rank`` only, unless None);
+        returns nodes hit."""
         nodes = list(self._by_holder.get(holder, ()))
         for node in nodes:
-            self._set_locset(node, self._sets.without_holder(node.locset, holder, tier))
+            self._set_locset(node, self._sets.without_holder(node.locset, holder, tier, dp_rank))
         for node in nodes:
             self._settle(node)
         return len(nodes)

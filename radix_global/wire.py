@@ -91,7 +91,10 @@ def op_to_pb(op: IndexOp) -> pb.IndexOp:
             )
         )
     if isinstance(op, ClearHolder):
-        return pb.IndexOp(clear=pb.ClearHolder(holder=op.holder, tier=int(op.tier or 0)))
+        clear = pb.ClearHolder(holder=op.holder, tier=int(op.tier or 0))
+        if op.dp_rank is not None:
+            clear.dp_rank = op.dp_rank
+        return pb.IndexOp(clear=clear)
     raise TypeError(f"not an index operation: {op!r}")
 
 
@@ -114,7 +117,7 @@ def op_from_pb(msg: pb.IndexOp) -> IndexOp:
             tier = Tier(c.tier) if c.tier else None
         except ValueError as exc:
             raise MalformedEventError(f"unknown tier {c.tier}") from exc
-        return ClearHolder(WorkerId(c.holder), tier)
+        return ClearHolder(WorkerId(c.holder), tier, c.dp_rank if c.HasField("dp_rank") else None)
     raise MalformedEventError("IndexOp with no operation set")
 
 

@@ -161,12 +161,14 @@ class RemovePages(_message.Message):
     def __init__(self, namespace: _Optional[str] = ..., location: _Optional[_Union[Location, _Mapping]] = ..., keys: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class ClearHolder(_message.Message):
-    __slots__ = ("holder", "tier")
+    __slots__ = ("holder", "tier", "dp_rank")
     HOLDER_FIELD_NUMBER: _ClassVar[int]
     TIER_FIELD_NUMBER: _ClassVar[int]
+    DP_RANK_FIELD_NUMBER: _ClassVar[int]
     holder: str
     tier: int
-    def __init__(self, holder: _Optional[str] = ..., tier: _Optional[int] = ...) -> None: ...
+    dp_rank: int
+    def __init__(self, holder: _Optional[str] = ..., tier: _Optional[int] = ..., dp_rank: _Optional[int] = ...) -> None: ...
 
 class IndexOp(_message.Message):
     __slots__ = ("store", "remove", "clear")

@@ -114,8 +114,23 @@ def test_salted_chain_rekeyed_across_events_and_freed() -> None:
     rm = d.decode(batch([{"type": "BlockRemoved", "block_hashes": [104, 103], "medium": None}]))
     assert rm.ops == [RemovePages(NS, Location(W, 0, Tier.GPU), [want[3], want[2]])]
     assert d.rekeyed_entries == 2
-    assert d.decode(batch([{"type": "AllBlocksCleared"}])).ops == [ClearHolder(W, None)]
+    assert d.decode(batch([{"type": "AllBlocksCleared"}])).ops == [ClearHolder(W, None, 0)]
     assert d.rekeyed_entries == 0
+
+
+def test_a_ranks_reset_clears_only_that_rank() -> None:
+    """``AllBlocksCleared`` on one data-parallel rank's stream: that rank's pages leave the index
+    and the re-keying map; the other rank's stay, and its later removal still translates."""
+    toks = _tokens(8, seed=3)
+    d = decoder()
+    for rank in (0, 1):
+        d.decode(batch([sgl_stored([201, 202], None, toks, cache_salt="s")], rank=rank))
+    assert d.decode(batch([{"type": "AllBlocksCleared"}], rank=1)).ops == [
+        ClearHolder(W, None, 1)]
+    assert d.rekeyed_entries == 2  # rank 0's copies keep the translation
+    out = d.decode(batch([{"type": "BlockRemoved", "block_hashes": [202], "medium": None}]))
+    assert out.ops == [
+        RemovePages(NS, Location(W, 0, Tier.GPU), [keys.page_keys(toks, PS, cache_salt="s")[1]])]
 
 
 def test_copies_at_two_tiers_keep_translation_alive() -> None:
@@ -347,6 +362,6 @@ def test_vllm_msgspec_structs_round_trip() -> None:
     assert out.ops == [
         StorePages(NS, loc, None, want),
         RemovePages(NS, loc, [want[1]]),
-        ClearHolder(W, None),
+        ClearHolder(W, None, 3),
     ]
     assert out.refusals == [] and d.rekeyed_entries == 0

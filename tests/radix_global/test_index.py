@@ -97,6 +97,17 @@ def test_remove_clear_and_remove_holder_free_entries() -> None:
     assert (s.pages, s.nodes, s.holders) == (0, 0, 0)
 
 
+def test_clear_of_one_dp_rank_keeps_the_other_ranks() -> None:
+    idx = make()
+    for rank in (0, 1):
+        idx.apply(StorePages(NS, Location(W0, rank, Tier.GPU), None, k(1, 2)))
+    idx.apply(ClearHolder(W0, None, 1))
+    matched = idx.match(NS, k(1, 2), 0.0).matched
+    assert matched == {(W0, 0): HolderMatch(2, 2, 2)}
+    idx.apply(ClearHolder(W0, None))  # every rank
+    assert idx.match(NS, k(1, 2), 0.0).matched == {}
+
+
 def test_snapshot_is_plain_data_and_restores_the_same_answers() -> None:
     idx = make()
     idx.apply(StorePages(NS, W0_GPU, None, k(1, 2, 3, 4)))

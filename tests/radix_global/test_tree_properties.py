@@ -74,7 +74,8 @@ labels = st.lists(st.integers(0, 2), min_size=1, max_size=8)
 op = st.one_of(
     st.tuples(st.just("store"), st.sampled_from(LOCATIONS), labels, st.integers(0, 7)),
     st.tuples(st.just("remove"), st.sampled_from(LOCATIONS), labels, st.integers(0, 7)),
-    st.tuples(st.just("clear"), st.sampled_from(HOLDERS), st.sampled_from([None, *Tier])),
+    st.tuples(st.just("clear"), st.sampled_from(HOLDERS), st.sampled_from([None, *Tier]),
+              st.sampled_from([None, 0, 1])),
     st.tuples(st.just("match"), labels),
 )
 
@@ -120,10 +121,11 @@ def run(ops: list[tuple[Any, ...]]) -> tuple[RadixTree, Reference]:
             assert tree.remove(loc, path) == expected_unknown
             ref.held[loc].difference_update(path)
         elif kind == "clear":
-            _, holder, tier = o
-            tree.clear_holder(holder, tier)
+            _, holder, tier, rank = o
+            tree.clear_holder(holder, tier, rank)
             for loc in LOCATIONS:
-                if loc.holder == holder and (tier is None or loc.tier == tier):
+                if loc.holder == holder and (tier is None or loc.tier == tier) and (
+                        rank is None or loc.dp_rank == rank):
                     ref.held[loc].clear()
         else:
             query = chain(o[1])
