@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import collections
 import json
+import socket
 
 import pytest
 
@@ -168,3 +170,32 @@ def test_registered_bootstrap_port_only_for_a_native_prefill_worker():
     assert worker_info(native, server, "m@1").bootstrap_port == 8998
     info = worker_info(pool, server, "m@1")
     assert info.role is Role.PREFILL and info.bootstrap_port is None
+
+
+def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports(monkeypatch) -> None:
+    from sglang_patch import launch_plan
+
+    ports = [launch_plan.free_port() for _ in range(50)]
+    low, high = launch_plan.LATER_BIND_PORTS
+    assert all(low <= p <= high for p in ports) and len(set(ports)) == 50
+    # Every port of a small range but one is held by someone else: that one comes back.
+    base = ports[0] // 100 * 100 if ports[0] + 80 < high else low
+    held = []
+    try:
+        for port in range(base, base + 65):
+            s = socket.socket()
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                s.close()
+                continue
+            held.append(s)
+        free = held.pop(30)
+        want = free.getsockname()[1]
+        free.close()
+        monkeypatch.setattr(launch_plan, "LATER_BIND_PORTS", (base, base + 64))
+        monkeypatch.setattr(launch_plan, "_handed", collections.deque(maxlen=512))
+        assert launch_plan.free_port() == want
+    finally:
+        for s in held:
+            s.close()
