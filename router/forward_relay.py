@@ -47,6 +47,16 @@ def _err(status: int, message: str, kind: str) -> JSONResponse:
                         status_code=status)
 
 
+class DecodeRefused(UpstreamUnavailable):
+    """Native PD: the paired decode worker refused the connection. That worker is the one to
+    blame (and remove), not the prefill worker; the prefill side was aborted, so the retry may
+    pair the prefill worker again, under a new rid."""
+
+    def __init__(self, worker_id: str, cause: UpstreamUnavailable) -> None:
+        super().__init__(f"decode worker {worker_id}: {cause}")
+        self.worker_id = worker_id
+
+
 class Forward:
     """ASGI response forwarding one routed request (with retries on refused connections)."""
 
@@ -62,6 +72,7 @@ class Forward:
         self.tail = b""
         self.decode_entry: WorkerEntry | None = None
         self._pd_open: list[WorkerId] = []  # native PD workers busy with this request
+        self.engine_rid = req.request_id  # the rid the engines see (new after a decode refusal)
 
     # --- life cycle ---------------------------------------------------------------------------
     def _start(self, routed: Routed) -> None:
@@ -125,9 +136,9 @@ class Forward:
             self.state.metrics.client_aborts.inc()
             self.state.totals["client_aborts"] += 1
             if self.open:
-                await self.state.proxy.abort(self.routed.entry.info.url, self.req.request_id)
+                await self.state.proxy.abort(self.routed.entry.info.url, self.engine_rid)
                 if self.decode_entry is not None:
-                    await self.state.proxy.abort(self.decode_entry.info.url, self.req.request_id)
+                    await self.state.proxy.abort(self.decode_entry.info.url, self.engine_rid)
         finally:
             self._finish(False)
 
@@ -137,7 +148,7 @@ class Forward:
         d = self.routed.decision
         if entry.info.engine == "sglang":
             if not isinstance(payload.get("rid"), list):
-                payload["rid"] = self.req.request_id
+                payload["rid"] = self.engine_rid
             if entry.info.dp_size > 1:
                 payload["routed_dp_rank"] = d.dp_rank if dp_rank is None else dp_rank
             payload.update(extra or {})
@@ -159,7 +170,9 @@ class Forward:
                 st.health.connect_ok(entry.info.worker_id)
                 break
             except UpstreamUnavailable as exc:
-                wid = entry.info.worker_id
+                wid = exc.worker_id if isinstance(exc, DecodeRefused) else entry.info.worker_id
+                if isinstance(exc, DecodeRefused):  # the prefill side saw (and dropped) that rid
+                    self.engine_rid = f"{self.req.request_id}-pd{attempts + 1}"
                 log.warning("worker %s refused the request: %s", wid, exc)
                 st.metrics.upstream_errors.labels(wid, "unavailable").inc()
                 self._finish(False)
@@ -211,6 +224,11 @@ class Forward:
             if self.stream:
                 return await st.proxy.open_stream(decode_url, body, headers)
             return await st.proxy.post(decode_url, body, headers)
+        except UpstreamUnavailable as exc:
+            prefill.cancel()
+            # The prefill worker may hold the request already, waiting for this decode side.
+            await st.proxy.abort(entry.info.url, self.engine_rid)
+            raise DecodeRefused(decode.worker_id, exc) from exc
         except BaseException:
             prefill.cancel()
             raise
@@ -247,7 +265,7 @@ class Forward:
         d = self.routed.decision
         return [(b"x-radix-worker", self.routed.entry.info.worker_id.encode()),
                 (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
-                (b"x-radix-request-id", self.req.request_id.encode())]
+                (b"x-radix-request-id", self.engine_rid.encode())]
 
     def _observe_first(self) -> None:
         st = self.state

@@ -251,3 +251,29 @@ def test_native_pd_utilisation_report(upstreams, router_factory):
             "max_new_tokens": 100}})
         assert r.status_code == 429 and "decode_kv" in r.text
         assert c.get("/admin/stats").json()["pd"]["rejected_before_prefill"] == 1
+
+
+def test_native_pd_decode_refusal_blames_the_decode_worker_and_retries(upstreams,
+                                                                          router_factory):
+    """The paired decode worker refuses the connection: it (not the prefill worker) leaves the
+    pool, the prefill side's copy of the request is aborted, and the request is retried with
+    another decode worker under a new engine rid."""
+    prefill, p_server = upstreams(role="prefill")
+    _, dead_server = upstreams(role="decode")
+    live, live_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, dead_server.url, live_server.url),
+                            policy="conductor", health_check_interval_s=60.0)
+    router.wait_workers(3)
+    by_url = {e.info.url: e.worker_id for e in router.state.registry.all()}
+    dead, pre = by_url[dead_server.url], by_url[p_server.url]
+    router.state.routing.decode.capacity.update({dead: 10**6, by_url[live_server.url]: 10**5})
+    dead_server.stop()  # refuses connections from now on; the router still lists it
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]})
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "hello from decode"
+    rid = r.headers["x-radix-request-id"]
+    assert rid.endswith("-pd1") and live.requests[-1][1]["rid"] == rid
+    assert rid.removesuffix("-pd1") in prefill.aborted  # the first attempt's prefill
+    ids = {e.worker_id for e in router.state.registry.all()}
+    assert pre in ids and dead not in ids
