@@ -51,7 +51,7 @@ class Worker:
 
 
 def spawn(name: str, model: Path, args: Sequence[str],
-          flags: Sequence[str] = tuple(CPU_FLAGS)) -> Worker:
+          flags: Sequence[str] = tuple(CPU_FLAGS), env: dict[str, str] | None = None) -> Worker:
     port = free_port()
     fd, log = tempfile.mkstemp(prefix=f"rg-pd-{name}-", suffix=".log")
     os.close(fd)
@@ -59,7 +59,7 @@ def spawn(name: str, model: Path, args: Sequence[str],
             "--host", "127.0.0.1", "--port", str(port), *flags, *args]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                start_new_session=True)
+                                env={**os.environ, **(env or {})}, start_new_session=True)
     return Worker(name, proc, f"http://127.0.0.1:{port}", Path(log))
 
 

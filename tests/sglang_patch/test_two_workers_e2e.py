@@ -24,8 +24,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
-import tempfile
 import threading
 import time
 import uuid
@@ -37,8 +35,8 @@ import httpx
 import numpy as np
 import pytest
 import uvicorn
-from pd_workers import Worker
-from servers import _healthy, free_port, sglang_server
+from pd_workers import Worker, spawn, wait_healthy
+from servers import free_port, sglang_server
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
@@ -56,7 +54,6 @@ PAGE = 4
 CPU_FLAGS = [*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32",
              "--max-total-tokens", "8192", "--page-size", str(PAGE), "--hicache-ratio", "2",
              "--hicache-storage-prefetch-policy", "wait_complete"]
-REPO = Path(__file__).resolve().parents[2]
 
 
 class RegistrationPeer:
@@ -122,22 +119,11 @@ def _kill_tree(pids: list[int]) -> None:
 def wrapper_worker(model: Path, args: list[str], env: dict[str, str] | None = None,
                    timeout: float = 600) -> Iterator[Worker]:
     """`python -m sglang_patch.launch_server ...`, healthy, then SIGTERM (wrapper deregisters)."""
-    port = free_port()
-    fd, name = tempfile.mkstemp(prefix=f"rg-wrapper-{port}-", suffix=".log")
-    os.close(fd)
-    argv = [sys.executable, "-m", "sglang_patch.launch_server", "--model-path", str(model),
-            "--host", "127.0.0.1", "--port", str(port), *CPU_FLAGS, *args]
-    with open(name, "wb") as out:
-        proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
-                                env={**os.environ, **(env or {})}, start_new_session=True)
-    w = Worker(f"wrapper-{port}", proc, f"http://127.0.0.1:{port}", Path(name))
+    w = spawn("wrapper", model, args, flags=CPU_FLAGS, env=env)
+    proc = w.proc
     descendants: list[int] = []
     try:
-        deadline = time.monotonic() + timeout
-        while not _healthy(w.url):
-            assert proc.poll() is None, f"wrapper exited {proc.returncode}:\n{w.tail()}"
-            assert time.monotonic() < deadline, f"not healthy in {timeout} s:\n{w.tail()}"
-            time.sleep(1.0)
+        wait_healthy([w], timeout)
         descendants = w.engine_pids()
         yield w
     finally:
