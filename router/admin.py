@@ -20,12 +20,16 @@ from router.state import RouterState
 from router.workers import RegistryError, Source, WorkerEntry
 
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+_PROXIED = ("forwarded", "x-forwarded-for", "x-real-ip")
 
 
 def _authorized(state: RouterState, request: Request) -> bool:
     token = state.config.resolved_admin_token()
     if token is None:
-        return request.client is not None and request.client.host in _LOOPBACK
+        # Without a token: loopback peers only, and not through a reverse proxy on this host
+        # (the server does not rewrite the peer from forwarding headers: it would be loopback).
+        return (request.client is not None and request.client.host in _LOOPBACK
+                and not any(h in request.headers for h in _PROXIED))
     given = request.headers.get("authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 

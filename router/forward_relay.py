@@ -131,7 +131,7 @@ class Forward:
     # --- ASGI ---------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(receive, self._run(scope, receive, send))
+            await until_disconnect(scope, receive, self._run(scope, receive, send))
         except ClientGone:
             self.state.metrics.client_aborts.inc()
             self.state.totals["client_aborts"] += 1

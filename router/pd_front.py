@@ -179,7 +179,7 @@ class PoolForward:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         st = self.front.state
         try:
-            await until_disconnect(receive, self._run(send))
+            await until_disconnect(scope, receive, self._run(send))
         except ClientGone:
             st.metrics.client_aborts.inc()
             st.totals["client_aborts"] += 1

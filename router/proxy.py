@@ -18,13 +18,15 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any, TypeVar
 
 import httpx
+from starlette.types import Receive, Scope
 
 from router.config import RouterConfig
 from router.http_client import ConnectFailed, HttpAnswer, HttpPool, RequestFailed
+from router.http_server import DISCONNECT_HOOK
 
 log = logging.getLogger("radix_global.router.proxy")
 T = TypeVar("T")
@@ -127,31 +129,40 @@ class Proxy:
             log.info("abort of %s on %s failed: %r", rid, base_url, exc)
 
 
-async def until_disconnect(receive: Callable[[], Awaitable[MutableMapping[str, Any]]],
-                           work: Awaitable[T]) -> T:
+async def until_disconnect(scope: Scope, receive: Receive, work: Awaitable[T]) -> T:
     """Run ``work``; if the ASGI client disconnects first, cancel it and raise :class:`ClientGone`.
 
-    ``receive`` must be the raw ASGI receive whose request body was already consumed, so the
-    next message it yields is ``http.disconnect``.
-
-    ``work`` runs in the calling task (no second task, no ``asyncio.wait``: both were a visible
-    share of a request's router time); a watcher task cancels the caller on disconnect.
+    ``work`` runs in the calling task. Under the router's own server the connection's
+    :class:`~router.http_server.DisconnectHook` (in ``scope["extensions"]``) cancels the caller
+    when the connection is lost: no second task. Under any other ASGI server a watcher task
+    waits on ``receive``, which must be the raw ASGI receive whose request body was already
+    consumed, so that the next message it yields is ``http.disconnect``.
     """
     caller = asyncio.current_task()
     if caller is None:
         raise RuntimeError("until_disconnect must run inside a task")
     state = {"done": False, "gone": False}
 
-    async def watch() -> None:
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                if not state["done"]:
-                    state["gone"] = True
-                    caller.cancel()
-                return
+    def lost() -> None:
+        if not state["done"] and not state["gone"]:
+            state["gone"] = True
+            caller.cancel()
 
-    watcher = asyncio.ensure_future(watch())
+    hook = scope.get("extensions", {}).get(DISCONNECT_HOOK)
+    watcher: asyncio.Future[None] | None = None
+    if hook is not None:
+        if hook.lost:  # gone before the work began
+            if asyncio.iscoroutine(work):
+                work.close()
+            raise ClientGone()
+        hook.add(lost)
+    else:
+        async def watch() -> None:
+            while (await receive())["type"] != "http.disconnect":
+                pass
+            lost()
+
+        watcher = asyncio.ensure_future(watch())
     try:
         result = await work
     except asyncio.CancelledError:
@@ -161,5 +172,8 @@ async def until_disconnect(receive: Callable[[], Awaitable[MutableMapping[str, A
         raise ClientGone() from None
     finally:
         state["done"] = True
-        watcher.cancel()
+        if hook is not None:
+            hook.discard(lost)
+        if watcher is not None:
+            watcher.cancel()
     return result

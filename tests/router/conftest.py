@@ -86,7 +86,7 @@ def router_factory() -> Iterator[Callable[..., RunningRouter]]:
         options.setdefault("policy", "round_robin")
         options.setdefault("profile_max_tokens", 0)  # peers count requests: no profiling calls
         state = RouterState(RouterConfig(**options))
-        server = ServerThread(build_app(state)).start()
+        server = ServerThread(build_app(state), router=True).start()
         started.append(server)
         return RunningRouter(state, server)
 

@@ -24,13 +24,18 @@ from sglang_patch.launch_plan import free_port
 
 
 class ServerThread:
-    """Run an ASGI app under uvicorn in a thread, on a free loopback port."""
+    """Run an ASGI app under uvicorn in a thread, on a free loopback port (``router=True``: with
+    the router's own server configuration, ``router.http_server``)."""
 
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, *, router: bool = False) -> None:
+        from router.http_server import server_config
+
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=self.port,
-                                                    log_level="warning", lifespan="on"))
+        config = (server_config(app, "127.0.0.1", self.port, "warning") if router else
+                  uvicorn.Config(app, host="127.0.0.1", port=self.port, log_level="warning",
+                                 lifespan="on"))
+        self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def start(self) -> ServerThread:

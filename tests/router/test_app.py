@@ -140,6 +140,15 @@ def test_admin_needs_token_when_configured(upstreams, router_factory):
         assert r.status_code == 200 and r.json() == {"workers": []}
 
 
+def test_admin_without_token_is_loopback_only_and_not_proxied(upstreams, router_factory):
+    router = router_factory()
+    with httpx.Client(base_url=router.url) as c:
+        assert c.get("/admin/workers").status_code == 200
+        for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP"):
+            # a reverse proxy on this host: the peer is loopback, the client may not be
+            assert c.get("/admin/workers", headers={header: "203.0.113.7"}).status_code == 401
+
+
 def test_status_command_prints_the_cluster(upstreams, router_factory, capsys):
     from router.status import main as status_main
 

@@ -10,6 +10,7 @@ from http_peer import ServerThread, Upstream, free_port
 
 from router.config import RouterConfig
 from router.forward_relay import last_sse_event
+from router.http_server import DISCONNECT_HOOK, DisconnectHook
 from router.proxy import (
     ClientGone,
     Proxy,
@@ -68,7 +69,7 @@ def test_until_disconnect():
             await gone.wait()
             return {"type": "http.disconnect"}
 
-        assert await until_disconnect(receive, asyncio.sleep(0, result=7)) == 7
+        assert await until_disconnect({}, receive, asyncio.sleep(0, result=7)) == 7
         cancelled = asyncio.Event()
 
         async def slow() -> None:
@@ -79,10 +80,34 @@ def test_until_disconnect():
 
         asyncio.get_running_loop().call_later(0.05, gone.set)
         with pytest.raises(ClientGone):
-            await until_disconnect(receive, slow())
+            await until_disconnect({}, receive, slow())
         assert cancelled.is_set()
 
     asyncio.run(go())
+
+
+def test_until_disconnect_with_the_servers_hook():
+    """Under the router's server the connection's hook cancels the work (no watcher task; the
+    ``receive`` given would never answer)."""
+    async def never() -> dict:
+        await asyncio.sleep(3600)
+        return {}
+
+    async def go() -> None:
+        hook = DisconnectHook()
+        scope = {"extensions": {DISCONNECT_HOOK: hook}}
+        assert await until_disconnect(scope, never, asyncio.sleep(0, result=7)) == 7
+        assert hook._callbacks == []  # discarded when done
+        asyncio.get_running_loop().call_later(0.05, hook.fire)
+        tasks_before = len(asyncio.all_tasks())
+        with pytest.raises(ClientGone):
+            await until_disconnect(scope, never, asyncio.sleep(30))
+        assert len(asyncio.all_tasks()) == tasks_before
+        # a connection lost before the answer began: gone at once
+        with pytest.raises(ClientGone):
+            await until_disconnect(scope, never, asyncio.sleep(30))
+
+    asyncio.run(asyncio.wait_for(go(), 10))
 
 
 def test_headers_and_sse_helpers():
