@@ -78,6 +78,34 @@ def test_bad_input_refused() -> None:
         keys.page_digests([1, 2], 2, prior=b"short")
 
 
+def test_compiled_chain_is_built_and_equals_the_python_loop() -> None:
+    """The project's install builds the C chain (``radix_global/_chainhash.c``); a build that
+    silently fell back to Python would cost every request ~50 us, so its absence fails here."""
+    from array import array
+
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    assert keys._chain_native is not None and keys._chain is keys._chain_native
+
+    @settings(max_examples=300, deadline=None)
+    @given(st.lists(st.integers(0, 2**32 - 1), max_size=300), st.integers(1, 40),
+           st.sampled_from([b"", bytes(range(32))]))
+    def same(tokens: list[int], page: int, prior: bytes) -> None:
+        data = array("I", tokens[: len(tokens) - len(tokens) % page]).tobytes()
+        assert keys._chain_native(data, page * 4, prior) == keys._chain_py(data, page * 4, prior)
+
+    same()
+    with pytest.raises(ValueError, match="whole number"):
+        keys._chain_native(b"123", 2, b"")
+    with pytest.raises(ValueError, match="page_bytes"):
+        keys._chain_native(b"", 0, b"")
+    with pytest.raises(ValueError, match="32-byte"):
+        keys._chain_native(b"12", 2, b"short")
+    with pytest.raises(TypeError):
+        keys._chain_native("text", 2, b"")
+
+
 def test_lora_extra_key_is_stable_uuid5() -> None:
     a = keys.lora_extra_key("ad", "/p")
     assert a == keys.lora_extra_key("ad", "/p") and len(a) == 32
