@@ -155,7 +155,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         state.warmer.remember(namespace, keys, ids, page_size, first.decision.prefix_tokens)
     return Forward(state, req, payload, salt, kind, upstream_path, model, first,
                    dict(request.headers), stream=is_stream(payload), t0=t0,
-                   route=lambda excluded: _route(state, req, model, excluded))
+                   route=lambda excluded: _route(state, req, model, excluded), raw=body)
 
 
 _RID_PREFIX = uuid.uuid4().hex[:12]  # unique per router process

@@ -63,8 +63,10 @@ class Forward:
     def __init__(self, state: RouterState, req: RouteRequest, payload: dict[str, Any],
                  salt: str | None, kind: str, path: str, model: str, first: Routed,
                  headers: dict[str, str], *, stream: bool, t0: float,
-                 route: Callable[[set[str]], Routed | Response]) -> None:
+                 route: Callable[[set[str]], Routed | Response], raw: bytes | None = None
+                 ) -> None:
         self.state, self.req, self.payload, self.salt = state, req, payload, salt
+        self.raw = raw  # the client's body, ``payload`` encoded
         self.kind, self.path, self.model, self.routed = kind, path, model, first
         self.headers, self.stream, self.t0, self.route = headers, stream, t0, route
         self.open = False  # routed and not yet finished
@@ -144,17 +146,17 @@ class Forward:
 
     def _body_for(self, entry: WorkerEntry, extra: dict[str, Any] | None = None,
                   dp_rank: int | None = None) -> bytes:
-        payload = dict(self.payload)
+        fields: dict[str, Any] = {}
         d = self.routed.decision
         if entry.info.engine == "sglang":
-            if not isinstance(payload.get("rid"), list):
-                payload["rid"] = self.engine_rid
+            if not isinstance(self.payload.get("rid"), list):
+                fields["rid"] = self.engine_rid
             if entry.info.dp_size > 1:
-                payload["routed_dp_rank"] = d.dp_rank if dp_rank is None else dp_rank
-            payload.update(extra or {})
+                fields["routed_dp_rank"] = d.dp_rank if dp_rank is None else dp_rank
+            fields.update(extra or {})
         if self.salt is not None:
-            payload["cache_salt"] = self.salt
-        return msgspec.json.encode(payload)
+            fields["cache_salt"] = self.salt
+        return encode_with(self.payload, fields, self.raw)
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         st = self.state
@@ -318,6 +320,23 @@ class Forward:
         finally:
             await upstream.aclose()
         self._finish(ok, last_sse_event(self.tail))
+
+
+def encode_with(payload: dict[str, Any], fields: dict[str, Any], raw: bytes | None = None
+                ) -> bytes:
+    """``payload`` with ``fields`` set, as JSON. Given ``raw`` (``payload`` as the client sent
+    it), fields the payload lacks are spliced in front of it instead of re-encoding the whole
+    request: a long ``input_ids`` list is most of a request's bytes."""
+    fields = {k: v for k, v in fields.items() if k not in payload or payload[k] != v}
+    if raw is None or any(k in payload for k in fields):
+        return msgspec.json.encode({**payload, **fields})
+    if not fields:
+        return raw
+    body = raw.lstrip()
+    if body[:1] != b"{":
+        raise ValueError("raw must be the JSON object payload was decoded from")
+    head = msgspec.json.encode(fields)[:-1]  # '{"k":v,...' without the closing brace
+    return head + (b"," if payload else b"") + body[1:]
 
 
 def last_sse_event(tail: bytes) -> Any:
