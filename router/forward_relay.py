@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from radix_global.types import Role, WorkerId
+from router.bodies import encode_with, last_sse_event
 from router.pd_native import native_util
 from router.policies.base import Decision, RouteRequest
 from router.prompt import engine_cached_tokens
@@ -320,32 +321,3 @@ class Forward:
         finally:
             await upstream.aclose()
         self._finish(ok, last_sse_event(self.tail))
-
-
-def encode_with(payload: dict[str, Any], fields: dict[str, Any], raw: bytes | None = None
-                ) -> bytes:
-    """``payload`` with ``fields`` set, as JSON. Given ``raw`` (``payload`` as the client sent
-    it), fields the payload lacks are spliced in front of it instead of re-encoding the whole
-    request: a long ``input_ids`` list is most of a request's bytes."""
-    fields = {k: v for k, v in fields.items() if k not in payload or payload[k] != v}
-    if raw is None or any(k in payload for k in fields):
-        return msgspec.json.encode({**payload, **fields})
-    if not fields:
-        return raw
-    body = raw.lstrip()
-    if body[:1] != b"{":
-        raise ValueError("raw must be the JSON object payload was decoded from")
-    head = msgspec.json.encode(fields)[:-1]  # '{"k":v,...' without the closing brace
-    return head + (b"," if payload else b"") + body[1:]
-
-
-def last_sse_event(tail: bytes) -> Any:
-    """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final)."""
-    for line in reversed(tail.split(b"\n")):
-        line = line.strip()
-        if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
-            try:
-                return msgspec.json.decode(line[5:].strip())
-            except msgspec.DecodeError:
-                return None
-    return None

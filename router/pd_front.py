@@ -33,7 +33,8 @@ from starlette.responses import Response
 from starlette.types import Receive, Scope, Send
 
 from radix_global.types import PoolId, Role
-from router.forward_relay import Forward, Routed, last_sse_event
+from router.bodies import last_sse_event
+from router.forward_relay import Forward, Routed
 from router.pd import PREFILL_RID_SUFFIX, PdConfig, PdMode, PdUtilization, cached_tokens_of
 from router.pd_handoff import IndexPoolProbe, PdFailed, PdOrchestrator, PdRejected, PdRun
 from router.pd_native import native_util, native_util_if_used

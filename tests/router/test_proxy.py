@@ -8,8 +8,8 @@ import json
 import pytest
 from http_peer import ServerThread, Upstream, free_port
 
+from router.bodies import last_sse_event
 from router.config import RouterConfig
-from router.forward_relay import last_sse_event
 from router.http_server import DISCONNECT_HOOK, DisconnectHook
 from router.proxy import (
     ClientGone,

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.forward_relay import encode_with
+from router.bodies import encode_with
 
 _values = st.one_of(st.none(), st.booleans(), st.integers(-10**6, 10**6), st.text(max_size=8),
                     st.lists(st.integers(0, 50_000), max_size=20))
