@@ -11,6 +11,7 @@ Pure: no clock, no I/O; the caller feeds observations.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from collections.abc import Sequence
 from typing import NamedTuple
@@ -118,11 +119,13 @@ class PrefillModel:
     def observe(self, input_tokens: int, prefix_tokens: int, seconds: float) -> None:
         """Add one measured prefill. Non-positive or non-finite times are ignored (a clock or
         bookkeeping error must not poison the fit)."""
-        if not np.isfinite(seconds) or seconds <= 0 or input_tokens <= 0:
+        if not math.isfinite(seconds) or seconds <= 0 or input_tokens <= 0:
             return
         predicted = self.predict(input_tokens, prefix_tokens)
         self._errors.append(abs(predicted - seconds) / seconds)
-        self._x[self._next] = features(input_tokens, prefix_tokens)
+        p = max(0, min(prefix_tokens, input_tokens)) / _K  # features(), without an array
+        m = max(0, input_tokens - prefix_tokens) / _K
+        self._x[self._next] = (1.0, m, m * p, m * m)
         self._y[self._next] = seconds
         self._next = (self._next + 1) % len(self._y)
         self._n = min(self._n + 1, len(self._y))
