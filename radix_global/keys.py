@@ -13,6 +13,9 @@ Contract (``docs/interfaces.md`` section 3):
   SGLang's KV-event block hash.
 * Only full pages are keyed; a trailing partial page is ignored.
 
+The chain's loop runs in C (``radix_global/_chainhash.c``) where the install compiled it, in
+Python otherwise; both give the same bytes (tested against each other).
+
 :func:`sglang_event_hashes` reproduces SGLang's KV-event block hashes for salted, LoRA and
 dynamo-format requests, whose event hashes differ from the storage chain.
 """
