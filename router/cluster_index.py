@@ -22,7 +22,7 @@ import collections
 import importlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
@@ -40,8 +40,9 @@ class EmbeddedIndex:
 
     remote = False
 
-    def __init__(self) -> None:
+    def __init__(self, lora_extra_keys: Mapping[str, str] | None = None) -> None:
         self.index = GlobalIndex()
+        self._lora_extra_keys = dict(lora_extra_keys or {})  # adapter name -> SGLang extra key
         self._subscriber: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
         self._subscriber_error: str | None = None
@@ -60,7 +61,8 @@ class EmbeddedIndex:
         if self._subscriber_cls is not None:
             # Liveness is the registry's job (heartbeats, health checks): the subscriber's own
             # timeout is never polled.
-            self._subscriber = self._subscriber_cls(self.index)
+            self._subscriber = self._subscriber_cls(self.index,
+                                                    lora_extra_keys=self._lora_extra_keys)
         else:
             log.warning("%s: KV events are not consumed, routing is cache-blind",
                         self._subscriber_error)
@@ -304,9 +306,11 @@ ClusterIndex = EmbeddedIndex | RemoteIndex
 
 
 def open_index(index_url: str | None, admin_token: str | None = None,
-               match_timeout_s: float = 0.1) -> ClusterIndex:
+               match_timeout_s: float = 0.1,
+               lora_extra_keys: Mapping[str, str] | None = None) -> ClusterIndex:
     """Embedded index by default; ``index_url`` (host:port of ``radix-global index serve``)
-    selects the standalone service."""
+    selects the standalone service. ``lora_extra_keys``: adapter name -> SGLang extra key, for
+    re-keying LoRA stores (embedded index only)."""
     if index_url is None:
-        return EmbeddedIndex()
+        return EmbeddedIndex(lora_extra_keys)
     return RemoteIndex(index_url, admin_token, match_timeout_s)

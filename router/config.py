@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.lora import parse_lora_paths
+
 
 class ConfigError(ValueError):
     """An unknown option, a value of the wrong type, or an unreadable config file."""
@@ -38,6 +40,9 @@ class RouterConfig:
     context_length: int | None = None  # prompt limit; default: the model config's max positions
     # Tenants: a TOML/YAML file mapping API keys to tenants (see router/tenants.py).
     tenants_file: str | None = None
+    # LoRA adapters the workers serve, name -> path as given to SGLang's --lora-paths: the router
+    # then keys their requests exactly as SGLang does (router/lora.py, docs/interfaces.md).
+    lora_paths: dict[str, str] = field(default_factory=dict)
     # Worker liveness.
     heartbeat_interval_s: float = 5.0
     heartbeat_timeout_s: float = 20.0
@@ -107,6 +112,11 @@ def _coerce(values: dict[str, Any]) -> dict[str, Any]:
         elif key == "policy_options":
             if not isinstance(value, dict):
                 raise ConfigError("policy_options must be a table/mapping")
+        elif key == "lora_paths":
+            try:
+                value = parse_lora_paths(value)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from exc
         elif value is not None and default is not None:
             want = type(default)
             if want is float and isinstance(value, int) and not isinstance(value, bool):

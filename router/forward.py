@@ -24,6 +24,7 @@ from radix_global.keys import page_keys
 from radix_global.types import Namespace
 from router.admission import DECODE_KV, TBT_SLO
 from router.forward_relay import Forward, Routed
+from router.lora import ModelRef, adapter_extra_key, request_adapter, resolve_model
 from router.policies.base import RouteRequest
 from router.prompt import GENERATE, is_stream, needs_tokenizer, output_tokens_hint
 from router.prompt import prompt_token_ids as _prompt_ids
@@ -95,15 +96,16 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
 
     models = state.registry.models()
     model = payload.get("model")
-    if model is None or (kind == GENERATE and model not in models):
-        if len(models) == 1:
-            model = next(iter(models))
-        elif model is None:
-            return error(400, f"'model' is required; served: {sorted(models)}")
-    if not isinstance(model, str) or model not in models:
+    ref = resolve_model(model, models) if isinstance(model, str) else None  # <model>:<adapter>
+    if ref is None and (model is None or kind == GENERATE) and len(models) == 1:
+        ref = ModelRef(next(iter(models)), None)
+    if ref is None:
         if not models:
             return error(503, "no healthy worker", "service_unavailable")
+        if model is None:
+            return error(400, f"'model' is required; served: {sorted(models)}")
         return error(404, f"unknown model {model!r}; served: {sorted(models)}", "model_not_found")
+    model = ref.model
     namespace = models[model]
     entries = state.registry.for_model(model)
     if not any(e.accepting for e in entries):
@@ -132,7 +134,10 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         return error(400, f"prompt has {len(ids)} tokens; the model's context length is "
                      f"{context}", "context_length_exceeded")
     page_size = state.registry.page_size(namespace) or head.info.page_size
-    keys = page_keys(ids, page_size, cache_salt=salt) if ids else []
+    # SGLang reads "<model>:<adapter>" on its OpenAI endpoints only; /generate has lora_path.
+    adapter = request_adapter(payload, ref.adapter if kind != GENERATE else None)
+    extra_key = adapter_extra_key(adapter, cfg.lora_paths)
+    keys = page_keys(ids, page_size, cache_salt=salt, extra_key=extra_key) if ids else []
     m.stage("tokenize").observe(clock() - t_tok)
 
     given = payload.get("rid")

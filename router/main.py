@@ -41,6 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--page-size", type=int, default=s)
     p.add_argument("--context-length", type=int, default=s)
     p.add_argument("--tenants-file", default=s, help="API key -> tenant table (TOML/YAML)")
+    p.add_argument("--lora-paths", nargs="+", default=s, metavar="NAME=PATH",
+                   help="the workers' LoRA adapters, as given to SGLang's --lora-paths")
     p.add_argument("--heartbeat-timeout-s", type=float, default=s,
                    help=f"default {d.heartbeat_timeout_s}")
     p.add_argument("--health-check-interval-s", type=float, default=s,

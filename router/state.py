@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from radix_global.keys import lora_extra_key
 from radix_global.types import WorkerId
 from router.admission import SloConfig
 from router.cluster_index import ClusterIndex, open_index
@@ -47,7 +48,9 @@ class RouterState:
         self.config = config
         self.clock = clock
         self.metrics = RouterMetrics()
-        self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token())
+        lora = {name: lora_extra_key(name, path) for name, path in config.lora_paths.items()}
+        self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token(),
+                                              lora_extra_keys=lora)
         self.index.bind_metrics(self.metrics.registry)
         # Decode admission (native and pool PD): no decode worker meeting the TBT SLO -> 429.
         tbt_slo = config.pd_tbt_slo_s if config.pd_tbt_slo_s > 0 else None

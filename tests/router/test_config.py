@@ -72,6 +72,7 @@ def test_the_documented_example_config_is_valid():
     assert policy.slo.ttft_slo_s == 2.0  # type: ignore[attr-defined]
     assert [split_worker_spec(w)[1] for w in cfg.workers] == [
         {}, {"compute_domain": "cpu@host-a"}]
+    assert cfg.lora_paths == {"sql-expert": "/adapters/sql-expert"}
     # Negative control: a misspelt option in the same file is refused.
     bad = EXAMPLE.read_text().replace("ttft_headroom", "ttft_headrom")
     with pytest.raises(PolicyConfigError, match="ttft_headrom"):
