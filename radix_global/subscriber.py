@@ -132,15 +132,19 @@ class KVEventSubscriber:
         self._retired_refusals: Counter[str] = Counter()
 
     # ---- membership -----------------------------------------------------------------------
-    async def add_worker(self, info: WorkerInfo) -> None:
-        """Start following ``info`` (replaces a previous registration of the same id)."""
+    async def add_worker(
+        self, info: WorkerInfo, lora_extra_keys: Mapping[str, str] | None = None
+    ) -> None:
+        """Start following ``info`` (replaces a previous registration of the same id).
+        ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map."""
         wid = WorkerId(info.worker_id)
         if wid in self._feeds:
             await self.remove_worker(wid)
         self._index.register_namespace(Namespace(info.namespace), info.page_size)
         engine = EngineKind.SGLANG if info.engine == "sglang" else EngineKind.VLLM
+        lora = {**self._lora, **(lora_extra_keys or {})}
         decoder = EventDecoder(
-            wid, Namespace(info.namespace), info.page_size, engine, lora_extra_keys=self._lora
+            wid, Namespace(info.namespace), info.page_size, engine, lora_extra_keys=lora
         )
         feed = _Feed(info, decoder, self._clock())
         self._feeds[wid] = feed

@@ -86,7 +86,7 @@ class EmbeddedIndex:
         except IndexRefusal as exc:
             raise ConflictError(str(exc)) from exc
         if self._subscriber is not None and info.kv_events_endpoint:
-            self._spawn(self._subscriber.add_worker(info))
+            self._spawn(self._subscriber.add_worker(info, lora_extra_keys=entry.lora))
 
     def worker_removed(self, entry: WorkerEntry) -> None:
         if self._subscriber is not None:

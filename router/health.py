@@ -38,6 +38,7 @@ from prometheus_client import CollectorRegistry, Counter
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
 from radix_global.types import Role
 from router.config import RouterConfig
+from router.lora import adapters_from_server_info
 from router.tokenize import model_context_length
 from router.workers import (
     CONNECT_REFUSED,
@@ -218,7 +219,7 @@ class HealthMonitor:
             info, model_path, context = info_from_server_info(url, server, self.config,
                                                               overrides)
             self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
-                              context_length=context)
+                              context_length=context, lora=adapters_from_server_info(server))
         except (RegistrationError, RegistryError) as exc:
             log.error("worker %s refused: %s", url, exc)
             return False

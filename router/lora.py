@@ -3,8 +3,9 @@
 Contract (``docs/interfaces.md`` section 3): SGLang takes the adapter from an OpenAI ``model`` of
 the form ``<served model>:<adapter>`` (it wins) or from ``lora_path``. The router routes such a
 request in the served model's pool, forwards it unchanged, and keys its pages in the adapter's
-namespace: SGLang's own extra key when the adapter's path is configured (``lora_paths``), else
-a namespace of the router's own, so a LoRA request never matches base-model pages.
+namespace: SGLang's own extra key when the worker reports the adapter (``/server_info``
+``lora_paths``) or the operator configured its path (``lora_paths``), else a namespace of the
+router's own, so a LoRA request never matches base-model pages.
 """
 
 from __future__ import annotations
@@ -44,12 +45,38 @@ def request_adapter(payload: Mapping[str, Any], from_model: str | None) -> str |
     return value if isinstance(value, str) and value else None
 
 
-def adapter_extra_key(adapter: str | None, lora_paths: Mapping[str, str]) -> str | None:
-    """The extra key the adapter's pages are keyed with; None for the base model."""
+def adapter_extra_key(adapter: str | None, known: Mapping[str, str]) -> str | None:
+    """The extra key the adapter's pages are keyed with (``known``: adapter name -> SGLang extra
+    key); None for the base model, the router's own namespace for an adapter not known."""
     if adapter is None:
         return None
-    path = lora_paths.get(adapter)
-    return lora_extra_key(adapter, path) if path is not None else ROUTER_LORA_PREFIX + adapter
+    return known.get(adapter, ROUTER_LORA_PREFIX + adapter)
+
+
+def configured_extra_keys(lora_paths: Mapping[str, str]) -> dict[str, str]:
+    """SGLang's extra key of each ``name -> path`` adapter (``--lora-paths name=path``)."""
+    return {name: lora_extra_key(name, path) for name, path in lora_paths.items()}
+
+
+def adapters_from_server_info(server: Mapping[str, Any]) -> dict[str, str]:
+    """Adapter name -> SGLang extra key from an SGLang ``/server_info``: its ``lora_paths`` are
+    ``{"lora_name", "lora_path", "lora_id"}`` records (SGLang 0.5.23; the ``lora_id`` is the
+    extra key) or ``name=path`` strings. Entries of other shapes are skipped."""
+    items = server.get("lora_paths")
+    if isinstance(items, Mapping):
+        items = [f"{k}={v}" for k, v in items.items()]
+    out: dict[str, str] = {}
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, Mapping):
+            name, lora_id, path = item.get("lora_name"), item.get("lora_id"), item.get("lora_path")
+            if isinstance(name, str) and isinstance(lora_id, str) and lora_id:
+                out[name] = lora_id
+            elif isinstance(name, str) and isinstance(path, str):
+                out[name] = lora_extra_key(name, path)
+        elif isinstance(item, str) and "=" in item:
+            name, _, path = item.partition("=")
+            out[name] = lora_extra_key(name, path)
+    return out
 
 
 def parse_lora_paths(items: Any) -> dict[str, str]:

@@ -13,13 +13,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from radix_global.keys import lora_extra_key
 from radix_global.types import WorkerId
 from router.admission import SloConfig
 from router.cluster_index import ClusterIndex, open_index
 from router.config import RouterConfig
 from router.cost import CostModel
 from router.health import HealthMonitor
+from router.lora import configured_extra_keys
 from router.metrics import RouterMetrics
 from router.policies import get_policy
 from router.policies.base import RoutingPolicy
@@ -48,9 +48,9 @@ class RouterState:
         self.config = config
         self.clock = clock
         self.metrics = RouterMetrics()
-        lora = {name: lora_extra_key(name, path) for name, path in config.lora_paths.items()}
+        self.lora_extra_keys = configured_extra_keys(config.lora_paths)  # name -> SGLang's key
         self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token(),
-                                              lora_extra_keys=lora)
+                                              lora_extra_keys=self.lora_extra_keys)
         self.index.bind_metrics(self.metrics.registry)
         # Decode admission (native and pool PD): no decode worker meeting the TBT SLO -> 429.
         tbt_slo = config.pd_tbt_slo_s if config.pd_tbt_slo_s > 0 else None

@@ -60,6 +60,8 @@ class WorkerEntry:
     prompt_tokens: int = 0
     failures: int = 0
     extra: dict[str, int] = field(default_factory=dict)
+    # LoRA adapters the engine reported (/server_info): name -> SGLang extra key (router/lora.py).
+    lora: dict[str, str] = field(default_factory=dict)
 
     @property
     def worker_id(self) -> WorkerId:
@@ -96,7 +98,8 @@ class WorkerRegistry:
     # --- membership -------------------------------------------------------------------------
 
     def add(self, info: WorkerInfo, source: Source, now: float, *, model_path: str | None = None,
-            context_length: int | None = None) -> WorkerEntry:
+            context_length: int | None = None, lora: dict[str, str] | None = None
+            ) -> WorkerEntry:
         """Add or replace ``info.worker_id``; raises :class:`ConflictError` on a contradiction."""
         ns = Namespace(info.namespace)
         fixed = self._page_size.get(ns)
@@ -119,7 +122,7 @@ class WorkerRegistry:
         if old is not None and old.info != info:
             self._drop(old)  # a changed record: forget what the index knew about the old one
         entry = WorkerEntry(info, source, model_path=model_path, context_length=context_length,
-                            last_seen=now)
+                            last_seen=now, lora=dict(lora or {}))
         if old is not None and old.info == info:
             entry = old
             entry.last_seen, entry.draining = now, False

@@ -58,7 +58,7 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
     repo = str(cpu_compat.REPO_ROOT)
     if plan.device == "cpu":
         # Importing registers their patches for SGLang's spawned scheduler (see cpu_compat).
-        from sglang_patch import hicache_cpu, pd_cpu  # noqa: F401
+        from sglang_patch import hicache_cpu, lora_cpu, pd_cpu  # noqa: F401
 
         return cpu_compat.child_env()
     env = dict(os.environ)

@@ -130,7 +130,9 @@ def sglang_server(
     log = Path(log_path)
     if "--enable-hierarchical-cache" in extra_args:
         # Registers the HiCache host-pool patches so child_env() hands them to the scheduler.
-        import sglang_patch.hicache_cpu  # noqa: F401
+        import sglang_patch.hicache_cpu
+    if "--enable-lora" in extra_args:
+        import sglang_patch.lora_cpu  # likewise: LoRA without pinned host memory
     child_env = cpu_compat.child_env({**os.environ, **(env or {})})
     url = f"http://{host}:{port}"
     with open(log, "wb") as out:

@@ -11,6 +11,8 @@ from router.lora import (
     ROUTER_LORA_PREFIX,
     ModelRef,
     adapter_extra_key,
+    adapters_from_server_info,
+    configured_extra_keys,
     parse_lora_paths,
     request_adapter,
     resolve_model,
@@ -37,10 +39,25 @@ def test_adapter_and_its_extra_key():
     assert request_adapter({"lora_path": [None]}, None) is None
     assert request_adapter({"lora_path": ""}, None) is None
     assert request_adapter({}, None) is None
-    paths = {"a": "/adapters/a"}
-    assert adapter_extra_key("a", paths) == lora_extra_key("a", "/adapters/a")  # SGLang's
-    assert adapter_extra_key("b", paths) == ROUTER_LORA_PREFIX + "b"
-    assert adapter_extra_key(None, paths) is None
+    known = configured_extra_keys({"a": "/adapters/a"})
+    assert adapter_extra_key("a", known) == lora_extra_key("a", "/adapters/a")  # SGLang's
+    assert adapter_extra_key("b", known) == ROUTER_LORA_PREFIX + "b"
+    assert adapter_extra_key(None, known) is None
+
+
+def test_adapters_from_sglang_server_info():
+    # SGLang 0.5.23's /server_info (seen from a CPU server with --lora-paths ad1=/tmp/lora/ad1)
+    server = {"lora_paths": [{"lora_id": "6fe644d941da5eff9317cf67dff19e25", "lora_name": "ad1",
+                              "lora_path": "/tmp/lora/ad1", "pinned": False}]}
+    assert adapters_from_server_info(server) == {"ad1": "6fe644d941da5eff9317cf67dff19e25"}
+    # ... which is the id keys.lora_extra_key derives from the name and path
+    assert lora_extra_key("ad1", "/tmp/lora/ad1") == "6fe644d941da5eff9317cf67dff19e25"
+    assert adapters_from_server_info({"lora_paths": ["b=/p/b"]}) == {
+        "b": lora_extra_key("b", "/p/b")}
+    assert adapters_from_server_info({"lora_paths": {"c": "/p/c"}}) == {
+        "c": lora_extra_key("c", "/p/c")}
+    for junk in ({}, {"lora_paths": None}, {"lora_paths": [3, "x", {"lora_name": 1}]}):
+        assert adapters_from_server_info(junk) == {}
 
 
 def test_lora_paths_option(tmp_path):

@@ -167,3 +167,21 @@ def test_disabled_patch_is_left_out() -> None:
         print("ok")
     """, env=env)
     assert out.strip() == "ok"
+
+
+def test_lora_patch_gives_sglang_lora_an_unpinned_torch() -> None:
+    """``sglang_patch.lora_cpu``: the tensor factories drop ``pin_memory`` (CPU torch has no
+    pinned allocator), everything else is torch's own. The whole path runs in
+    ``tests/router/test_lora_e2e.py`` (a real SGLang CPU server with an adapter)."""
+    import torch
+
+    from sglang_patch.lora_cpu import unpinned_torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA build pins memory for real")
+    with pytest.raises(RuntimeError, match="pin"):
+        torch.tensor([1, 2], pin_memory=True)
+    shim = unpinned_torch(torch)
+    assert shim.tensor([1, 2], dtype=torch.int32, pin_memory=True).tolist() == [1, 2]
+    assert shim.zeros(3, pin_memory=True).sum().item() == 0
+    assert shim.int32 is torch.int32 and shim.Tensor is torch.Tensor
