@@ -132,7 +132,7 @@ def sglang_server(
         # Registers the HiCache host-pool patches so child_env() hands them to the scheduler.
         import sglang_patch.hicache_cpu
     if "--enable-lora" in extra_args:
-        import sglang_patch.lora_cpu  # likewise: LoRA without pinned host memory
+        import sglang_patch.lora_cpu  # noqa: F401  (registers its patch likewise)
     child_env = cpu_compat.child_env({**os.environ, **(env or {})})
     url = f"http://{host}:{port}"
     with open(log, "wb") as out:
