@@ -136,8 +136,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     page_size = state.registry.page_size(namespace) or head.info.page_size
     # SGLang reads "<model>:<adapter>" on its OpenAI endpoints only; /generate has lora_path.
     adapter = request_adapter(payload, ref.adapter if kind != GENERATE else None)
-    extra_key = adapter_extra_key(adapter, {**state.lora_extra_keys, **head.lora}) \
-        if adapter is not None else None
+    extra_key = adapter_extra_key(adapter, head.lora, state.lora_extra_keys)  # worker's first
     keys = page_keys(ids, page_size, cache_salt=salt, extra_key=extra_key) if ids else []
     m.stage("tokenize").observe(clock() - t_tok)
 

@@ -45,12 +45,17 @@ def request_adapter(payload: Mapping[str, Any], from_model: str | None) -> str |
     return value if isinstance(value, str) and value else None
 
 
-def adapter_extra_key(adapter: str | None, known: Mapping[str, str]) -> str | None:
+def adapter_extra_key(adapter: str | None, *known: Mapping[str, str]) -> str | None:
     """The extra key the adapter's pages are keyed with (``known``: adapter name -> SGLang extra
-    key); None for the base model, the router's own namespace for an adapter not known."""
+    key maps, the first that has it wins); None for the base model, the router's own namespace
+    for an adapter none knows."""
     if adapter is None:
         return None
-    return known.get(adapter, ROUTER_LORA_PREFIX + adapter)
+    for names in known:
+        key = names.get(adapter)
+        if key is not None:
+            return key
+    return ROUTER_LORA_PREFIX + adapter
 
 
 def configured_extra_keys(lora_paths: Mapping[str, str]) -> dict[str, str]:

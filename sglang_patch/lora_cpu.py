@@ -32,8 +32,9 @@ REASON = (
 )
 _FACTORIES = ("tensor", "empty", "zeros", "ones", "full", "arange", "ones_like", "zeros_like",
               "empty_like", "cumsum", "repeat_interleave")
-MODULES = ("sglang.srt.lora.layers", "sglang.srt.lora.backend.torch_backend",
-           "sglang.srt.lora.mem_pool", "sglang.srt.lora.lora_manager")
+# The modules of the CPU path that pass pin_memory=True (the memory pool asks
+# is_pin_memory_available() itself; the other backends are GPU-only).
+MODULES = ("sglang.srt.lora.layers", "sglang.srt.lora.backend.torch_backend")
 
 
 def unpinned_torch(torch: Any) -> types.SimpleNamespace:

@@ -43,6 +43,7 @@ def test_adapter_and_its_extra_key():
     assert adapter_extra_key("a", known) == lora_extra_key("a", "/adapters/a")  # SGLang's
     assert adapter_extra_key("b", known) == ROUTER_LORA_PREFIX + "b"
     assert adapter_extra_key(None, known) is None
+    assert adapter_extra_key("a", {"a": "reported"}, known) == "reported"  # first map wins
 
 
 def test_adapters_from_sglang_server_info():
