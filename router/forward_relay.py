@@ -138,7 +138,9 @@ class Forward:
         except ClientGone:
             self.state.metrics.client_aborts.inc()
             self.state.totals["client_aborts"] += 1
-            if self.open:
+            started = self.open
+            self._finish(False)  # released now, not after the aborts' round trips
+            if started:
                 await self.state.proxy.abort(self.routed.entry.info.url, self.engine_rid)
                 if self.decode_entry is not None:
                     await self.state.proxy.abort(self.decode_entry.info.url, self.engine_rid)
