@@ -12,7 +12,7 @@ bootstrap-vllm:
 	scripts/bootstrap.sh vllm
 
 model: bootstrap
-	$(PY) -m radix_global.cli make-model build/tiny-llama
+	$(PY) -m radix_global_cli make-model build/tiny-llama
 
 demo: bootstrap
 	$(PY) -m benchmarks.demo
@@ -30,7 +30,7 @@ test-e2e: bootstrap bootstrap-vllm
 
 lint: bootstrap
 	$(PY) -m ruff check .
-	$(PY) -m mypy radix_global router sglang_patch
+	$(PY) -m mypy radix_global radix_global_cli router sglang_patch
 
 bench: bootstrap
 	$(PY) -m benchmarks.bench

@@ -133,7 +133,7 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
         return argv
     if router_url is None or pool_id is None:
         raise ValueError("ours engines need the router URL and a pool id")
-    return [sys.executable, "-m", "radix_global.cli", "sglang", *common,
+    return [sys.executable, "-m", "radix_global_cli", "sglang", *common,
             "--radix-global", router_url, "--worker-id", f"eng-{index}-{port}",
             "--pool-id", pool_id, "--pool-root", spec.pool_root,
             "--pool-capacity-gb", str(spec.pool_capacity_gb), "--hicache-ratio", "2",
@@ -148,7 +148,7 @@ def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: 
                 "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy, *extra]
     if spec.kind != "ours":
         raise ValueError(f"unknown router kind {spec.kind!r}")
-    argv = [sys.executable, "-m", "radix_global.cli", "router", "--host", "127.0.0.1",
+    argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", "127.0.0.1",
             "--port", str(port), "--policy", spec.policy, "--model-path", model_dir,
             "--log-level", "warning", *extra]
     return argv + (["--workers", *workers] if workers else [])
@@ -247,7 +247,8 @@ class LocalCluster:
 
     def wait_workers(self, router: Proc, n: int, timeout_s: float = 180.0) -> None:
         """Until our router lists ``n`` workers (registered or discovered) and has finished
-        profiling them (router/profiling.py: the replay must not compete with it), bounded."""
+        profiling them (router/cluster/profiling.py: the replay must not compete with it),
+        bounded."""
         deadline = time.monotonic() + timeout_s
         with httpx.Client(timeout=3.0) as client:
             while time.monotonic() < deadline:

@@ -48,7 +48,7 @@ def _pct(samples: list[float], q: float) -> float:
 
 def _serve(shards: int, snap: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radix_global.cli", "index", "serve", "--port", "0",
+        [sys.executable, "-m", "radix_global_cli", "index", "serve", "--port", "0",
          "--shards", str(shards), "--snapshot", snap, "--log-level", "WARNING"],
         cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=True,
     )

@@ -4,7 +4,7 @@ Workers started by ``radix-global sglang`` (tiny make-model Llama, 15.9M paramet
 page size 4). Each request is a fresh prompt (no cache anywhere), streamed, greedy, fixed length:
 
 - ``colocated``: straight to one mixed worker D (prefill + decode in one engine; no KV moves).
-- ``pool``: ``router/pd_handoff.py`` pool mode: P computes the prompt with one output token and
+- ``pool``: ``router/pd/orchestrator.py`` pool mode: P computes the prompt with one output token and
   writes its pages through to the shared-memory pool; once they are there, D gets the request,
   fetches the prompt from the pool (``wait_complete`` prefetch) and decodes.
 - ``native``: SGLang's PD (``--disaggregation-mode prefill|decode``, Mooncake TCP transfer
@@ -57,10 +57,10 @@ from benchmarks.pd_cluster import (
 )
 from radix_global import keys, trace
 from radix_global.types import Role, WorkerId
-from router.pd import PdConfig, PdMode
-from router.pd_handoff import PdOrchestrator
-from router.policies.base import RouteRequest, WorkerState
-from router.prompt import GENERATE
+from router.keying.prompt import GENERATE
+from router.pd.orchestrator import PdOrchestrator
+from router.pd.protocol import PdConfig, PdMode
+from router.routing.contract import RouteRequest, WorkerState
 from sglang_patch.launch_plan import free_port
 
 

@@ -20,7 +20,7 @@ import httpx
 
 from radix_global import keys
 from radix_global.types import Namespace
-from router.policies.base import RouteRequest
+from router.routing.contract import RouteRequest
 from sglang_patch import cpu_compat
 from sglang_patch.launch_plan import free_port
 

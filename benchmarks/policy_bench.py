@@ -21,11 +21,11 @@ from pathlib import Path
 from radix_global.index import GlobalIndex
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
-from router.cost import CostModel
-from router.policies import get_policy
-from router.policies.base import RouteRequest, WorkerState
-from router.policies.driver import PolicyDriver
-from router.prefill_model import PrefillModel
+from router.routing.contract import RouteRequest, WorkerState
+from router.routing.cost import CostModel
+from router.routing.driver import PolicyDriver
+from router.routing.policies import get_policy
+from router.routing.prefill_model import PrefillModel
 
 NS = Namespace("bench@1")
 PAGE = 512

@@ -1,8 +1,9 @@
 """The floor under our router's overhead: the same HTTP stack forwarding with no routing at all.
 
 ``benchmarks/router_overhead.py`` measures this as a target of its own, ``http-floor``: the
-server our router runs on (uvicorn with ``router.http_server``'s protocol) and the client it
-forwards with (``router.http_client.HttpPool``), passing each POST body unchanged to one
+server our router runs on (uvicorn with ``router.transport.http_server``'s protocol) and the client
+it
+forwards with (``router.transport.http_client.HttpPool``), passing each POST body unchanged to one
 upstream and the answer back. No parsing, tokenizing, page keys, policy or metrics. Its added
 latency is what any router built on this stack pays before doing anything; our router's added
 latency minus this is the cost of the routing work itself.
@@ -15,8 +16,8 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from router.http_client import HttpPool
-from router.http_server import server_config
+from router.transport.http_client import HttpPool
+from router.transport.http_server import server_config
 
 
 def floor_app(upstream: str) -> Any:

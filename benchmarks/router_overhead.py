@@ -158,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
                     "--model-path", str(model)], work / "upstream.log")]
     try:
         wait_ready(f"{up}/generate", {"input_ids": [1]})
-        procs.append(spawn([sys.executable, "-m", "radix_global.cli", "router", "--workers", up,
+        procs.append(spawn([sys.executable, "-m", "radix_global_cli", "router", "--workers", up,
                             "--policy", "conductor", "--port", str(ours_port),
                             "--log-level", "warning"], work / "ours.log"))
         procs.append(spawn([sys.executable, "-m", "sglang_router.launch_router", "--host",
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             base_root = checkout(args.baseline, work / "baseline")
             base_port = free_port()
-            procs.append(spawn([sys.executable, "-m", "radix_global.cli", "router", "--workers",
+            procs.append(spawn([sys.executable, "-m", "radix_global_cli", "router", "--workers",
                                 up, "--policy", "conductor", "--port", str(base_port),
                                 "--log-level", "warning"], work / "baseline.log", base_root))
             targets[f"radix-global@{args.baseline}"] = f"http://127.0.0.1:{base_port}"

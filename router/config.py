@@ -1,6 +1,7 @@
 """Every option of the router in one frozen dataclass.
 
-The CLI (``router/main.py``) takes its defaults from :class:`RouterConfig`, a file (YAML or TOML,
+The CLI (``router/cli/main.py``) takes its defaults from :class:`RouterConfig`, a file (YAML or
+TOML,
 ``--config``) overrides those defaults, and explicit command-line flags override the file. Nothing
 else reads options: the app, proxy and registry get a ``RouterConfig``.
 """
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from router.lora import parse_lora_paths
+from router.keying.lora import parse_lora_paths
 
 
 class ConfigError(ValueError):
@@ -38,10 +39,10 @@ class RouterConfig:
     model_version: str | None = None  # namespace version; default: hash of the model's config
     page_size: int | None = None  # override the page size reported by the worker
     context_length: int | None = None  # prompt limit; default: the model config's max positions
-    # Tenants: a TOML/YAML file mapping API keys to tenants (see router/tenants.py).
+    # Tenants: a TOML/YAML file mapping API keys to tenants (see router/keying/tenants.py).
     tenants_file: str | None = None
     # LoRA adapters the workers serve, name -> path as given to SGLang's --lora-paths: the router
-    # then keys their requests exactly as SGLang does (router/lora.py, docs/interfaces.md).
+    # then keys their requests exactly as SGLang does (router/keying/lora.py, docs/interfaces.md).
     lora_paths: dict[str, str] = field(default_factory=dict)
     # Worker liveness.
     heartbeat_interval_s: float = 5.0
@@ -49,11 +50,12 @@ class RouterConfig:
     health_check_interval_s: float = 2.0
     health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
     health_failures_to_remove: int = 3
-    # Request-path connect failures (router/health.py): a worker is removed after this many
+    # Request-path connect failures (router/cluster/health.py): a worker is removed after this many
     # consecutive connect timeouts (retried elsewhere meanwhile) or refused connections.
     connect_timeouts_to_remove: int = 3
     connect_refusals_to_remove: int = 1
-    # Hot-prefix warming (router/warming.py): planning rounds every this many seconds; 0 = off.
+    # Hot-prefix warming (router/cluster/warming.py): planning rounds every this many seconds; 0 =
+    # off.
     warm_interval_s: float = 0.0
     # Proxy.
     connect_timeout_s: float = 5.0
@@ -65,7 +67,8 @@ class RouterConfig:
     # with an expected hit is flagged (metric + /admin/diagnostics).
     mismatch_min_requests: int = 20
     log_level: str = "info"
-    # Prefill-model bootstrap (router/profiling.py): timed 1-token generations up to this many
+    # Prefill-model bootstrap (router/cluster/profiling.py): timed 1-token generations up to this
+    # many
     # input tokens when a worker joins; 0 = off (the GPU-like prior until refitted online).
     profile_max_tokens: int = 1024
     profile_sizes: int = 3  # input lengths profiled (halving), each cold and half cached
@@ -75,7 +78,7 @@ class RouterConfig:
     learn_from_inferred_prefill: bool = False
     # Prefill/decode disaggregation (docs/pd.md), used when a model has prefill- and decode-role
     # workers: "native" = SGLang's PD (bootstrap fields to both workers), "pool" = hand-off
-    # through the L3 pool (router/pd_front.py). pd_ratio: the deployed prefill:decode ratio the
+    # through the L3 pool (router/pd/pool_front.py). pd_ratio: the deployed prefill:decode ratio the
     # utilisation report compares against. pd_tbt_slo_s: decode admission (0 = none).
     pd_mode: str = "native"
     pd_ratio: str = "1:1"

@@ -14,23 +14,23 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.types import WorkerId
-from router.admission import SloConfig
-from router.cluster_index import ClusterIndex, open_index
+from router.cluster.health import HealthMonitor
+from router.cluster.index_link import ClusterIndex, open_index
+from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
+from router.cluster.registry import WorkerEntry, WorkerRegistry
+from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
-from router.cost import CostModel
-from router.health import HealthMonitor
-from router.lora import configured_extra_keys
+from router.keying.lora import configured_extra_keys
+from router.keying.tenants import Tenants
+from router.keying.tokenize import TokenizerCache
 from router.metrics import RouterMetrics
-from router.policies import get_policy
-from router.policies.base import RoutingPolicy
-from router.policies.driver import PolicyDriver
-from router.prefill_model import PrefillModel
-from router.profiling import ProfileBook, fit_profile, profile_worker
-from router.proxy import Proxy
-from router.tenants import Tenants
-from router.tokenize import TokenizerCache
-from router.warming import HotPrefixWarmer
-from router.workers import WorkerEntry, WorkerRegistry
+from router.routing.admission import SloConfig
+from router.routing.contract import RoutingPolicy
+from router.routing.cost import CostModel
+from router.routing.driver import PolicyDriver
+from router.routing.policies import get_policy
+from router.routing.prefill_model import PrefillModel
+from router.transport.proxy import Proxy
 
 log = logging.getLogger("radix_global.router")
 
@@ -109,7 +109,8 @@ class RouterState:
                 WorkerId(wid), inherited, learn_inferred=self.config.learn_from_inferred_prefill)
 
     def start_profile(self, entry: WorkerEntry) -> None:
-        """Measure the joining worker's prefill curve in the background (router/profiling.py);
+        """Measure the joining worker's prefill curve in the background
+        (router/cluster/profiling.py);
         until it is done the worker is priced with its peers' profile (or the default prior)."""
         if self.config.profile_max_tokens <= 0:
             return

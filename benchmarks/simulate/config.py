@@ -50,7 +50,8 @@ class Calibration:
         return self.fetch_latency_s + tokens * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
 
     def prior_coefficients(self) -> tuple[float, float, float, float]:
-        """The same curve in ``router.prefill_model`` features ``[1, m, m*p, m^2]`` (thousands of
+        """The same curve in ``router.routing.prefill_model`` features ``[1, m, m*p, m^2]``
+        (thousands of
         tokens, m = new tokens): n^2 - p^2 = m^2 + 2 m p."""
         k = 1000.0
         q = self.quadratic_s_per_token2 * k * k

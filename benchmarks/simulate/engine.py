@@ -30,15 +30,15 @@ from benchmarks.simulate.workload import SimRequest, full_page_keys
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexOp, IndexRefusal
 from radix_global.types import Location, Namespace, PoolId, Tier, WorkerId
-from router.cost import CostModel
-from router.policies.base import (
+from router.routing.contract import (
     ClusterView,
     Decision,
     RouteRequest,
     RoutingPolicy,
     WorkerState,
 )
-from router.policies.driver import PolicyDriver
+from router.routing.cost import CostModel
+from router.routing.driver import PolicyDriver
 
 NAMESPACE = Namespace("llama3-70b@sim")
 POOL_ID = PoolId("pool-global")

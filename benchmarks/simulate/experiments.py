@@ -22,10 +22,10 @@ from benchmarks.simulate.engine import ClusterSpec, Simulation
 from benchmarks.simulate.metrics import RunSummary, summarize
 from benchmarks.simulate.workload import SimRequest, replicate, scale_load
 from radix_global.index import GlobalIndex
-from router.cost import CostConfig, CostModel
-from router.policies import get_policy
-from router.policies.base import RoutingPolicy
-from router.prefill_model import PrefillModel
+from router.routing.contract import RoutingPolicy
+from router.routing.cost import CostConfig, CostModel
+from router.routing.policies import get_policy
+from router.routing.prefill_model import PrefillModel
 
 
 class PolicySetup(NamedTuple):

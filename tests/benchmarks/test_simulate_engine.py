@@ -12,7 +12,7 @@ from benchmarks.simulate.engine import NAMESPACE, POOL_ID, ClusterSpec, Simulati
 from benchmarks.simulate.experiments import FIG5_SETUPS, make_cost, make_policy, run_one
 from benchmarks.simulate.workload import SimRequest, full_page_keys, read_trace, scale_load
 from radix_global.types import PageKey
-from router.policies import get_policy
+from router.routing.policies import get_policy
 
 SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "conversation_sample.jsonl"
 CAL = Calibration()

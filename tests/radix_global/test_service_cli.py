@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def _start(*args: str) -> tuple[subprocess.Popen[str], str]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "radix_global.cli", "index", "serve", "--port", "0", *args],
+        [sys.executable, "-m", "radix_global_cli", "index", "serve", "--port", "0", *args],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True,
     )
@@ -82,7 +82,7 @@ def test_serve_snapshot_on_sigterm_and_restore(tmp_path: Path) -> None:
         _kill(proc)
     snap.write_bytes(b"RGIXSNAP broken")
     bad = subprocess.run(
-        [sys.executable, "-m", "radix_global.cli", "index", "serve", "--port", "0",
+        [sys.executable, "-m", "radix_global_cli", "index", "serve", "--port", "0",
          "--snapshot", str(snap)], cwd=ROOT, capture_output=True, text=True, timeout=60,
     )
     assert bad.returncode == 2 and "cannot start" in bad.stderr and "truncated" in bad.stderr

@@ -12,8 +12,8 @@ import httpx
 import pytest
 from http_peer import ServerThread, Upstream
 
-from router.app import build_app
 from router.config import RouterConfig
+from router.http.app import build_app
 from router.state import RouterState
 
 CHAT_TEMPLATE = (

@@ -25,10 +25,10 @@ from sglang_patch.launch_plan import free_port
 
 class ServerThread:
     """Run an ASGI app under uvicorn in a thread, on a free loopback port (``router=True``: with
-    the router's own server configuration, ``router.http_server``)."""
+    the router's own server configuration, ``router.transport.http_server``)."""
 
     def __init__(self, app: Any, port: int | None = None, *, router: bool = False) -> None:
-        from router.http_server import server_config
+        from router.transport.http_server import server_config
 
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"

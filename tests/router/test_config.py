@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from router.cli.main import build_parser, config_from_args, main
+from router.cluster.health import split_worker_spec
 from router.config import ConfigError, RouterConfig, config_from_file
-from router.health import split_worker_spec
-from router.main import build_parser, config_from_args, main
-from router.policies import PolicyConfigError, get_policy
+from router.routing.policies import PolicyConfigError, get_policy
 
 
 def test_cli_defaults_are_the_dataclass_defaults():

@@ -23,8 +23,8 @@ from servers import sglang_server
 
 from radix_global.keys import lora_extra_key, page_keys
 from radix_global.types import Namespace, WorkerId
-from router.app import build_app
 from router.config import RouterConfig
+from router.http.app import build_app
 from router.state import RouterState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang]

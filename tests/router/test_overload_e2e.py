@@ -2,7 +2,8 @@
 
 Issue: "with a TTFT SLO set, excess load is rejected early and accepted requests meet the SLO".
 Two SGLang CPU engines (KV events on, as in ``test_router_e2e.py``), our router with the
-conductor, started only after both workers' prefill profiles are fitted (``router/profiling.py``).
+conductor, started only after both workers' prefill profiles are fitted
+(``router/cluster/profiling.py``).
 One burst of ``BURST`` distinct 1,536-token prompts, all sent at once, twice:
 
 1. negative control, no admission: everything is accepted; the SLO is then set to the
@@ -43,8 +44,8 @@ import numpy as np
 import pytest
 from http_peer import ServerThread
 
-from router.app import build_app
 from router.config import RouterConfig
+from router.http.app import build_app
 from router.state import RouterState
 from sglang_patch.launch_plan import free_port
 

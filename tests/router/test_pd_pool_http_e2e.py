@@ -35,8 +35,8 @@ import pytest
 from http_peer import ServerThread
 from pd_workers import ENGINE_FLAGS, PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
-from router.app import build_app
 from router.config import RouterConfig
+from router.http.app import build_app
 from router.state import RouterState
 from sglang_patch.pool.shm_pool import destroy_pool
 

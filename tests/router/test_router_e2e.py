@@ -20,8 +20,8 @@ from chat_e2e import cached_tokens, chat, reply, text, wait_indexed, wait_router
 from http_peer import ServerThread, free_port
 from servers import sglang_server
 
-from router.app import build_app
 from router.config import RouterConfig
+from router.http.app import build_app
 from router.state import RouterState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang]

@@ -32,9 +32,9 @@ from http_peer import ServerThread
 from vllm_servers import BLOCK_SIZE, VllmMissingError, events_endpoint, vllm_python, vllm_servers
 
 from radix_global.registration import encode_worker_info
-from router.app import build_app
-from router.health import cli_worker_id
-from router.main import config_from_args
+from router.cli.main import config_from_args
+from router.cluster.health import cli_worker_id
+from router.http.app import build_app
 from router.state import RouterState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]

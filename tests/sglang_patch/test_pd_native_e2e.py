@@ -5,7 +5,8 @@ What the driver does (``docs/pd.md`` explains every step): inside a private netw
 prefill and a decode worker through our launch wrapper with ``--disaggregation-transfer-backend
 mooncake_tcp``, then send one greedy request the way SGLang's router does in PD mode: the same
 body, with ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``, to both workers at once
-(``router/pd_handoff.py``, native mode). The reference is HF transformers' greedy output for the
+(``router/pd/orchestrator.py``, native mode). The reference is HF transformers' greedy output for
+the
 same prompt (equal to SGLang's on CPU: ``tests/sglang_patch/test_sglang_server.py``).
 
 - With ``sglang_patch.pd_cpu`` (the launch wrapper carries it into SGLang's processes): the decode
@@ -140,10 +141,10 @@ async def _pd_request(model: str, prefill_url: str, decode_url: str, bootstrap: 
 
     from radix_global import keys
     from radix_global.types import Namespace, Role, WorkerId
-    from router.pd import PdConfig, PdMode
-    from router.pd_handoff import PdOrchestrator
-    from router.policies.base import RouteRequest, WorkerState
-    from router.prompt import GENERATE
+    from router.keying.prompt import GENERATE
+    from router.pd.orchestrator import PdOrchestrator
+    from router.pd.protocol import PdConfig, PdMode
+    from router.routing.contract import RouteRequest, WorkerState
 
     ns = Namespace("tiny@native")
     async with httpx.AsyncClient(timeout=httpx.Timeout(240, connect=5)) as client:

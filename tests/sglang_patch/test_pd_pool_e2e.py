@@ -1,4 +1,4 @@
-"""PD hand-off through the L3 pool with real SGLang CPU workers (``router/pd_handoff.py``).
+"""PD hand-off through the L3 pool with real SGLang CPU workers (``router/pd/orchestrator.py``).
 
 Three workers started by ``radix-global sglang`` (``sglang_patch.launch_server``) on one shared
 pool: P (prefill role) and D1, D2 (decode role; ``wait_complete`` prefetch). The router side is
@@ -37,10 +37,10 @@ from pd_workers import PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
 from radix_global import keys
 from radix_global.types import Namespace, Role, WorkerId
-from router.pd import PdConfig, PdMode
-from router.pd_handoff import PdOrchestrator, PdRejected
-from router.policies.base import RouteRequest, WorkerState
-from router.prompt import GENERATE
+from router.keying.prompt import GENERATE
+from router.pd.orchestrator import PdOrchestrator, PdRejected
+from router.pd.protocol import PdConfig, PdMode
+from router.routing.contract import RouteRequest, WorkerState
 from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -15,7 +15,7 @@ One scenario (server start-ups are minutes on a shared 2-core box; at most 2 SGL
    over a corrupted pool gives a different output: the comparison can fail.
 
 The registration peer is a tiny Starlette app speaking the protocol of docs/interfaces.md s. 2
-(router/app.py is the real implementation); it decodes records with the real ``WorkerInfo``.
+(router/http/app.py is the real implementation); it decodes records with the real ``WorkerInfo``.
 """
 
 from __future__ import annotations

@@ -1,0 +1,5 @@
+import sys
+
+from radix_global_cli import main
+
+sys.exit(main())

@@ -1,0 +1,320 @@
+"""Liveness of workers: discovery and HTTP health checks of command-line workers, heartbeat
+expiry of registered ones. The only async part of the worker registry.
+
+A command-line worker (``--workers URL``) is described by its own ``/server_info`` (SGLang):
+served model name, model folder (tokenizer), page size, KV-event endpoint, dp size, role. An
+engine without ``/server_info`` (vLLM) is described by its OpenAI ``/v1/models`` (served name,
+model folder, context length) and is engine ``other`` unless told. What the engine cannot say is
+given in the URL's fragment, ``URL#engine=vllm&page_size=128&kv_events_endpoint=ipc:///PATH``
+(:data:`SPEC_FIELDS`; these override what the worker reports). It joins the registry once it
+answers, leaves after ``health_failures_to_remove`` failed checks (its index entries are dropped)
+and joins again when it answers again.
+
+On the request path a worker that cannot be connected to is judged by :meth:`HealthMonitor.
+connect_failed` (``router/cluster/registry.py`` ``ConnectFailures``): a connect timeout is retried
+elsewhere and evicts only after ``connect_timeouts_to_remove`` consecutive failures; a refused
+connection evicts after ``connect_refusals_to_remove`` (default 1). Counted in
+``router_connect_failures_total{worker,kind}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import errno
+import hashlib
+import json
+import logging
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+from urllib.parse import parse_qsl, urlsplit
+
+import httpx
+import msgspec
+from prometheus_client import CollectorRegistry, Counter
+
+from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
+from radix_global.types import Role
+from router.cluster.registry import (
+    CONNECT_REFUSED,
+    CONNECT_TIMEOUT,
+    ConnectFailures,
+    RegistryError,
+    Source,
+    WorkerRegistry,
+)
+from router.config import RouterConfig
+from router.keying.lora import adapters_from_server_info
+from router.keying.tokenize import model_context_length
+
+log = logging.getLogger("radix_global.router.cluster.health")
+
+
+def connect_failure_kind(exc: BaseException) -> str:
+    """``connect_timeout`` when the failure (or what it wraps, ``raise ... from``) is a timeout
+    (``TimeoutError``, httpx's timeouts, an OS-level ``ETIMEDOUT``), else ``connect_refused``
+    (refused, reset, unreachable: nothing takes connections there)."""
+    seen: BaseException | None = exc
+    for _ in range(8):  # a bounded walk down the cause chain
+        if seen is None:
+            break
+        if isinstance(seen, TimeoutError | httpx.TimeoutException) or (
+                isinstance(seen, OSError) and seen.errno == errno.ETIMEDOUT):
+            return CONNECT_TIMEOUT
+        seen = seen.__cause__
+    return CONNECT_REFUSED
+
+
+def cli_worker_id(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.hostname}:{parts.port or 80}"
+
+
+def model_version(model_path: str | None) -> str:
+    """The namespace version of a model folder: the first 12 hex digits of SHA-256 over its
+    config.json (or over the path). Same rule as ``sglang_patch.register.model_version``, so a
+    command-line worker and a registered worker of one model land in one namespace."""
+    if not model_path:
+        return "0"
+    config = Path(model_path) / "config.json"
+    data = config.read_bytes() if config.is_file() else model_path.encode()
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+# WorkerInfo fields a --workers URL fragment may set
+SPEC_FIELDS = ("engine", "page_size", "kv_events_endpoint", "kv_events_replay_endpoint",
+               "kv_events_topic", "compute_domain")
+
+
+def split_worker_spec(spec: str) -> tuple[str, dict[str, Any]]:
+    """``URL[#field=value&...]`` -> (base URL, WorkerInfo overrides); ValueError on a field not
+    in :data:`SPEC_FIELDS` or a non-integer ``page_size``."""
+    url, _, fragment = spec.partition("#")
+    overrides: dict[str, Any] = {}
+    for name, value in parse_qsl(fragment, keep_blank_values=True, strict_parsing=bool(fragment)):
+        if name not in SPEC_FIELDS:
+            raise ValueError(f"worker {url}: unknown field {name!r} after '#' "
+                             f"(allowed: {', '.join(SPEC_FIELDS)})")
+        if name == "page_size":
+            if not value.isdigit():
+                raise ValueError(f"worker {url}: page_size must be an integer, got {value!r}")
+            overrides[name] = int(value)
+        else:
+            overrides[name] = value
+    return url.rstrip("/"), overrides
+
+
+def server_info_from_models(models: Any) -> dict[str, Any]:
+    """A ``/server_info``-like dict from an OpenAI ``/v1/models`` answer (vLLM: ``root`` is the
+    model folder, ``max_model_len`` the context length); empty if it names no model."""
+    data = models.get("data") if isinstance(models, dict) else None
+    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
+        return {}
+    first = data[0]
+    out: dict[str, Any] = {"served_model_name": first.get("id"), "engine": "other"}
+    if isinstance(first.get("root"), str) and Path(first["root"]).is_dir():
+        out["model_path"] = first["root"]  # a local folder: the tokenizer lives there
+    if isinstance(first.get("max_model_len"), int):
+        out["context_length"] = first["max_model_len"]
+    return out
+
+
+def _events_endpoint(raw: Any, worker_url: str) -> str | None:
+    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
+    if not raw:
+        return None
+    try:
+        cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
+    except (ValueError, TypeError):
+        return None
+    endpoint = cfg.get("endpoint")
+    if not isinstance(endpoint, str):
+        return None
+    host = urlsplit(worker_url).hostname or "127.0.0.1"
+    for wildcard in ("*", "0.0.0.0"):
+        endpoint = endpoint.replace(f"//{wildcard}:", f"//{host}:")
+    return endpoint
+
+
+def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig,
+                          overrides: dict[str, Any] | None = None
+                          ) -> tuple[WorkerInfo, str | None, int | None]:
+    """A registration record for a command-line worker from its ``/server_info`` answer, with
+    ``overrides`` (from :func:`split_worker_spec`) replacing the matching fields."""
+    model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
+    model = config.served_model_name or server.get("served_model_name") or model_path or "default"
+    page_size = config.page_size or int(server.get("page_size") or 1)
+    mode = server.get("disaggregation_mode") or "null"
+    role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(mode, Role.MIXED)
+    version = config.model_version or model_version(model_path)
+    events = _events_endpoint(server.get("kv_events_config"), url)
+    topic = "kv-events"
+    if isinstance(server.get("kv_events_config"), str):
+        with contextlib.suppress(ValueError):
+            topic = json.loads(server["kv_events_config"]).get("topic") or topic
+    info = WorkerInfo(
+        worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
+        namespace=f"{str(model).replace('/', '-')}@{version}", page_size=page_size, role=role,
+        dp_size=int(server.get("dp_size") or 1), engine=str(server.get("engine") or "sglang"),
+        kv_events_endpoint=events, kv_events_topic=topic,
+        bootstrap_port=_bootstrap_port(server) if role is Role.PREFILL else None,
+    )
+    if overrides:
+        # through the decoder, so an override is validated like a registration record
+        info = decode_worker_info(msgspec.json.encode({**msgspec.structs.asdict(info),
+                                                       **overrides}))
+    context = config.context_length or server.get("context_length")
+    if not isinstance(context, int) and model_path:
+        context = model_context_length(model_path)
+    return info, model_path, context if isinstance(context, int) else None
+
+
+def _bootstrap_port(server: dict[str, Any]) -> int | None:
+    port = server.get("disaggregation_bootstrap_port")
+    return port if isinstance(port, int) else None
+
+
+class HealthMonitor:
+    """Runs the periodic checks. ``on_change`` is called after any membership change."""
+
+    def __init__(self, registry: WorkerRegistry, config: RouterConfig, client: httpx.AsyncClient,
+                 clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[], None] | None = None,
+                 on_alive: Callable[[str], None] | None = None,
+                 busy: Callable[[str], bool] | None = None) -> None:
+        self.registry = registry
+        self.config = config
+        self.client = client
+        self.clock = clock
+        self.on_change = on_change
+        self.on_alive = on_alive  # a passed check (forwarded as a heartbeat to the index)
+        self.busy = busy  # worker id -> has requests of ours in flight
+        self._failures: dict[str, int] = {}
+        self._task: asyncio.Task[None] | None = None
+        self.connect_failures = ConnectFailures(config.connect_timeouts_to_remove,
+                                                config.connect_refusals_to_remove)
+        self._connect_metric: Counter | None = None
+        for spec in config.workers:  # a bad --workers fragment fails at start, not every round
+            split_worker_spec(spec)
+
+    async def discover(self, spec: str) -> bool:
+        """Ask a command-line worker (``URL[#overrides]``) who it is and add it; False if it
+        does not answer yet."""
+        url, overrides = split_worker_spec(spec)
+        timeout = self.config.health_check_timeout_s
+        try:
+            health = await self.client.get(f"{url}/health", timeout=timeout)
+            if health.status_code != 200:
+                return False
+            resp = await self.client.get(f"{url}/server_info", timeout=timeout)
+            server = resp.json() if resp.status_code == 200 else None
+            if not isinstance(server, dict):  # not SGLang: an OpenAI server's model list
+                resp = await self.client.get(f"{url}/v1/models", timeout=timeout)
+                server = server_info_from_models(resp.json()) if resp.status_code == 200 else {}
+        except (httpx.HTTPError, ValueError):
+            return False
+        try:
+            info, model_path, context = info_from_server_info(url, server, self.config,
+                                                              overrides)
+            self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
+                              context_length=context, lora=adapters_from_server_info(server))
+        except (RegistrationError, RegistryError) as exc:
+            log.error("worker %s refused: %s", url, exc)
+            return False
+        log.info("worker %s joined as %s (%s, page size %d)", url, info.worker_id,
+                 info.namespace, info.page_size)
+        return True
+
+    async def check_once(self) -> None:
+        now = self.clock()
+        changed = bool(self.registry.expire(now, self.config.heartbeat_timeout_s))
+        known = {e.info.url for e in self.registry.all() if e.source is Source.CLI}
+        specs = {split_worker_spec(s)[0]: s for s in self.config.workers}
+        urls = list(specs)
+        # Checked concurrently: SGLang's /health runs a 1-token generation and answers only
+        # once the scheduler replies, which takes seconds on a busy worker.
+        results = await asyncio.gather(*(
+            self._healthy(u) if u in known else self.discover(specs[u]) for u in urls))
+        for url, result in zip(urls, results, strict=True):
+            if url not in known:
+                changed |= result is True
+                continue
+            wid = cli_worker_id(url)
+            if result is True or (result is None and self.busy is not None and self.busy(wid)):
+                # alive, or too busy with our own requests to answer in time: not a failure
+                self._failures[wid] = 0
+                if self.on_alive is not None:
+                    self.on_alive(wid)
+                continue
+            self._failures[wid] = self._failures.get(wid, 0) + 1
+            if self._failures[wid] >= self.config.health_failures_to_remove:
+                log.warning("worker %s failed %d health checks: removed", url, self._failures[wid])
+                self.mark_dead(wid)
+                changed = True
+        if changed and self.on_change is not None:
+            self.on_change()
+
+    def bind_metrics(self, registry: CollectorRegistry) -> None:
+        self._connect_metric = Counter(
+            "router_connect_failures", "Failed connects to a worker on the request path "
+            "(connect_timeout: retried elsewhere, evicted after repeats; connect_refused)",
+            ["worker", "kind"], registry=registry)
+
+    def connect_failed(self, worker_id: str, exc: BaseException) -> bool:
+        """A request could not be delivered to ``worker_id`` (the caller retries elsewhere);
+        counted, and the worker removed when the failure streak says so. True if removed."""
+        kind = connect_failure_kind(exc)
+        if self._connect_metric is not None:
+            self._connect_metric.labels(worker_id, kind).inc()
+        streak = self.connect_failures.streak(worker_id) + 1
+        evict = self.connect_failures.failed(worker_id, kind)
+        log.warning("connect to worker %s failed (%s, %d in a row): %s", worker_id, kind, streak,
+                    "removed" if evict else "kept")
+        if evict:
+            self.mark_dead(worker_id)
+            if self.on_change is not None:
+                self.on_change()
+        return evict
+
+    def connect_ok(self, worker_id: str) -> None:
+        """A request reached ``worker_id``: its connect-failure streak ends."""
+        self.connect_failures.succeeded(worker_id)
+
+    def mark_dead(self, worker_id: str) -> None:
+        """Remove a worker now (failed checks, or refused connections on the request path)."""
+        if self.registry.find(worker_id) is not None:
+            self.registry.remove(worker_id)
+        self._failures[worker_id] = 0
+        self.connect_failures.forget(worker_id)
+
+    async def _healthy(self, url: str) -> bool | None:
+        """True: healthy; False: refused or an error status; None: no answer in time."""
+        try:
+            resp = await self.client.get(f"{url}/health",
+                                         timeout=self.config.health_check_timeout_s)
+        except httpx.TimeoutException:
+            return None
+        except httpx.HTTPError:
+            return False
+        return resp.status_code == 200
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self.check_once()
+            except Exception:  # a bug in one round must not stop liveness checking
+                log.exception("health check round failed")
+            await asyncio.sleep(self.config.health_check_interval_s)
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None

@@ -1,0 +1,154 @@
+"""``/admin/*``: worker registration (docs/interfaces.md section 2), stats and diagnostics.
+
+Every call needs ``Authorization: Bearer <admin token>``; with no token configured, only loopback
+clients are accepted.
+"""
+
+from __future__ import annotations
+
+import hmac
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from radix_global.registration import RegistrationError, decode_worker_info
+from router.cluster.registry import RegistryError, Source, WorkerEntry
+from router.pd.pool_front import pd_report
+from router.request.handler import error
+from router.state import RouterState
+
+_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
+_PROXIED = ("forwarded", "x-forwarded-for", "x-real-ip")
+
+
+def _authorized(state: RouterState, request: Request) -> bool:
+    token = state.config.resolved_admin_token()
+    if token is None:
+        # Without a token: loopback peers only, and not through a reverse proxy on this host
+        # (the server does not rewrite the peer from forwarding headers: it would be loopback).
+        return (request.client is not None and request.client.host in _LOOPBACK
+                and not any(h in request.headers for h in _PROXIED))
+    given = request.headers.get("authorization", "")
+    return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
+
+
+def diagnostics(state: RouterState) -> dict[str, Any]:
+    """Router/engine disagreements, each a finding with a reason (never a silent zero hit rate)."""
+    findings: list[dict[str, Any]] = []
+    n = state.config.mismatch_min_requests
+    for e in state.registry.all():
+        wid = e.info.worker_id
+        mismatch = e.expected_hits >= n and e.observed_hits == 0
+        state.metrics.key_mismatch.labels(wid).set(1 if mismatch else 0)
+        if mismatch:
+            findings.append({"worker_id": wid, "problem": "predicted_hits_never_observed",
+                             "detail": f"{e.expected_hits} requests routed for a cached prefix, "
+                             "the engine reported no cached tokens: page size, tokenizer, chat "
+                             "template, salt or model version differ between router and engine"})
+        if e.routed >= n and e.expected_hits == 0 and e.observed_hits >= n // 2:
+            findings.append({"worker_id": wid, "problem": "engine_hits_not_indexed",
+                             "detail": f"engine reported {e.observed_hits} cache hits the index "
+                             "never predicted: KV events are not arriving or keys differ"})
+        if not e.info.kv_events_endpoint:
+            findings.append({"worker_id": wid, "problem": "no_kv_events",
+                             "detail": "worker publishes no KV events: routing is cache-blind"})
+    if state.totals.get("untokenized"):
+        findings.append({"problem": "untokenized_requests", "count": state.totals["untokenized"],
+                         "detail": "no tokenizer for the model: requests routed cache-blind"})
+    return {"findings": findings}
+
+
+def stats(state: RouterState) -> dict[str, Any]:
+    workers = []
+    for e in state.registry.all():
+        item = e.to_json()
+        item["outstanding"] = sum(state.routing.cost.outstanding((e.worker_id, r))
+                                  for r in range(e.info.dp_size))
+        workers.append(item)
+    return {
+        "uptime_s": round(state.clock() - state.started_clock, 3),
+        "policy": state.config.policy,
+        "models": state.registry.models(),
+        "totals": dict(state.totals),
+        "outstanding": state.routing.in_flight(),
+        "profiles": state.profiles,
+        "profiling_pending": state.profiling_pending(),
+        "workers": workers,
+        "index": state.index.stats(),
+        "cost_model": state.routing.cost.stats(),
+        "recent": list(state.recent)[-50:],
+        "pd": pd_report(state),  # prefill/decode utilisation (pool mode), else None
+    }
+
+
+def admin_routes(state: RouterState) -> list[Route]:
+    def guarded(fn: Any) -> Any:
+        async def endpoint(request: Request) -> Response:
+            if not _authorized(state, request):
+                return error(401, "admin token required", "authentication_error")
+            try:
+                return await fn(request)
+            except RegistryError as exc:
+                return error(exc.status, str(exc))
+        return endpoint
+
+    async def register(request: Request) -> Response:
+        body = await request.body()
+        try:
+            info = decode_worker_info(body)
+        except RegistrationError as exc:
+            return error(400, f"bad registration: {exc}")
+        entry = state.registry.add(info, Source.REGISTERED, state.clock())
+        if entry.model_path is None and state.config.model_path is None:
+            await _learn_model_path(state, entry)
+        return JSONResponse({"worker_id": info.worker_id}, status_code=201)
+
+    async def remove(request: Request) -> Response:
+        state.registry.remove(request.path_params["worker_id"])
+        return JSONResponse({"removed": request.path_params["worker_id"]})
+
+    async def drain(request: Request) -> Response:
+        state.registry.drain(request.path_params["worker_id"])
+        return JSONResponse({"draining": request.path_params["worker_id"]})
+
+    async def heartbeat(request: Request) -> Response:
+        state.registry.heartbeat(request.path_params["worker_id"], state.clock())
+        state.index.heartbeat(request.path_params["worker_id"])
+        return JSONResponse({"ok": True})
+
+    async def listing(request: Request) -> Response:
+        return JSONResponse({"workers": [e.to_json() for e in state.registry.all()]})
+
+    async def stats_ep(request: Request) -> Response:
+        return JSONResponse(stats(state))
+
+    async def diag_ep(request: Request) -> Response:
+        return JSONResponse(diagnostics(state))
+
+    return [
+        Route("/admin/workers", guarded(register), methods=["POST"]),
+        Route("/admin/workers", guarded(listing), methods=["GET"]),
+        Route("/admin/workers/{worker_id}", guarded(remove), methods=["DELETE"]),
+        Route("/admin/workers/{worker_id}/drain", guarded(drain), methods=["POST"]),
+        Route("/admin/workers/{worker_id}/heartbeat", guarded(heartbeat), methods=["POST"]),
+        Route("/admin/stats", guarded(stats_ep), methods=["GET"]),
+        Route("/admin/diagnostics", guarded(diag_ep), methods=["GET"]),
+    ]
+
+
+async def _learn_model_path(state: RouterState, entry: WorkerEntry) -> None:
+    """A registered worker's tokenizer folder and context length from its ``/server_info``."""
+    from router.cluster.health import info_from_server_info
+
+    try:
+        resp = await state.proxy.client.get(f"{entry.info.url}/server_info",
+                                            timeout=state.config.health_check_timeout_s)
+        server = resp.json() if resp.status_code == 200 else None
+    except Exception:  # the worker may not serve /server_info (non-SGLang): keys stay unknown
+        server = None
+    if isinstance(server, dict):
+        _, entry.model_path, entry.context_length = info_from_server_info(
+            entry.info.url, server, state.config)
+        state.prewarm(entry)

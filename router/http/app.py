@@ -1,0 +1,96 @@
+"""The router's ASGI app (starlette) and its server (uvicorn).
+
+Front end: OpenAI ``/v1/completions``, ``/v1/chat/completions`` (SSE streaming passed through),
+SGLang ``/generate``, ``/v1/models``, ``/health``, ``/metrics``; admin API under ``/admin``
+(``router/http/admin.py``). The request path is in ``router/request/handler.py``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from router.http.admin import admin_routes
+from router.keying.prompt import CHAT, COMPLETION, GENERATE
+from router.request.handler import Forward, error, handle
+from router.state import RouterState
+
+log = logging.getLogger("radix_global.router")
+
+
+def build_app(state: RouterState) -> ASGIApp:
+    """The router's ASGI app. The three inference routes are dispatched before starlette's
+    router and middleware (a dict lookup instead of route matching and two middleware layers per
+    request: a visible share of a forwarded request's router time); the rest is starlette's."""
+    async def _guarded(request: Request, kind: str, path: str) -> Response:
+        response: Response | Forward
+        try:
+            response = await handle(state, request, kind, path)
+        except Exception as exc:  # a bug must cost one request, never the router
+            log.exception("request to %s failed", path)
+            response = error(500, f"router error: {exc!r}", "internal_error")
+        status = getattr(response, "status_code", 200)
+        state.metrics.request(path, status).inc()
+        return response  # type: ignore[return-value]  # Forward is an ASGI response too
+
+    async def models(request: Request) -> Response:
+        data = [{"id": m, "object": "model", "owned_by": "radix-global", "namespace": ns}
+                for m, ns in sorted(state.registry.models().items())]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def health(request: Request) -> Response:
+        healthy = any(e.accepting for e in state.registry.all())
+        return JSONResponse({"status": "ok" if healthy else "no_workers",
+                             "workers": len(state.registry)}, status_code=200 if healthy else 503)
+
+    async def metrics(request: Request) -> Response:
+        from router.http.admin import diagnostics
+
+        diagnostics(state)  # refreshes the mismatch gauges
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        await state.start()
+        try:
+            yield
+        finally:
+            await state.stop()
+
+    routes = [
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+        *admin_routes(state),
+    ]
+    rest = Starlette(routes=routes, lifespan=lifespan)
+    inference = {"/v1/completions": (COMPLETION, "/v1/completions"),
+                 "/v1/chat/completions": (CHAT, "/v1/chat/completions"),
+                 "/generate": (GENERATE, "/generate")}
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        hit = inference.get(scope["path"]) if scope["type"] == "http" else None
+        if hit is None or scope["method"] != "POST":
+            await rest(scope, receive, send)
+            return
+        response = await _guarded(Request(scope, receive), *hit)
+        await response(scope, receive, send)
+
+    return app
+
+
+def serve(state: RouterState) -> None:
+    import uvicorn
+
+    from router.transport.http_server import server_config
+
+    config = state.config
+    uvicorn.Server(server_config(build_app(state), config.host, config.port,
+                                 config.log_level)).run()

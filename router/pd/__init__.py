@@ -1,0 +1,6 @@
+"""Prefill/decode disaggregation: ``protocol.py`` (request bodies, configuration, utilisation:
+pure), ``orchestrator.py`` (one pool hand-off: prefill, wait for the pool, decode with retries)
+and ``pool_front.py`` (what the router holds for pool mode: decode capacities, the pool probe).
+
+May import ``router.routing``, ``router.keying``, ``router.transport`` and ``radix_global``.
+"""

@@ -1,0 +1,201 @@
+"""The routing contract: what a policy is given, what it answers, and how it learns.
+
+Everything here is pure (no I/O, no clock): the HTTP router (``router/http/app.py``) and the cluster
+simulator (``benchmarks/simulate/``) drive the same policies, passing the time as ``now``.
+
+Life of one request (the caller's side; :class:`router.routing.driver.PolicyDriver` does all of
+it in one place, use it rather than calling the pieces):
+
+1. build a :class:`RouteRequest` (page keys from ``radix_global.keys``) and the list of
+   :class:`WorkerState` (one per (worker, dp_rank) slot);
+2. ``decision = policy.choose(req, workers, view, now)``;
+3. if ``decision.accepted``: forward to ``decision.worker`` (with ``data_parallel_rank`` =
+   ``decision.dp_rank`` when the worker has ``dp_size > 1``), then report ``on_routed``;
+   else answer 429 with ``Retry-After: decision.retry_after_s``;
+4. report ``on_prefill_done`` (first token seen: actual prefill/TTFT known) and ``on_finished``
+   (request done or failed) so the queue model and the prefill regression stay calibrated.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple, Protocol
+
+from radix_global.ops import MatchResult
+from radix_global.types import Namespace, PageKey, PoolId, Role, WorkerId
+
+Slot = tuple[WorkerId, int]
+"""A routing target: (worker id, data-parallel rank). A worker with ``dp_size == 1`` has rank 0."""
+
+
+class RouteRequest(NamedTuple):
+    """One request to route. ``page_keys`` cover only the full pages of the prompt."""
+
+    request_id: str
+    namespace: Namespace
+    input_tokens: int
+    page_keys: Sequence[PageKey]
+    page_size: int
+    tenant: str | None = None
+    ttft_slo_s: float | None = None  # None: the policy's configured default (or no SLO)
+    tbt_slo_s: float | None = None
+    output_tokens_hint: int | None = None  # expected output length (max_tokens), for decode KV
+
+
+class WorkerState(NamedTuple):
+    """One routing slot as the caller sees it now. Engine-reported fields are None when unknown.
+
+    The router-side outstanding work (requests routed and not finished) is NOT here: the cost
+    model tracks it from ``on_routed`` / ``on_prefill_done`` / ``on_finished``.
+    """
+
+    worker_id: WorkerId
+    namespace: Namespace
+    dp_rank: int = 0
+    dp_size: int = 1
+    role: Role = Role.MIXED
+    pool_id: PoolId | None = None
+    url: str = ""
+    accepting: bool = True  # False while draining or unhealthy: never chosen
+    running: int | None = None  # engine-reported running requests (this rank)
+    waiting: int | None = None  # engine-reported queued requests (this rank)
+    waiting_tokens: int | None = None  # engine-reported prompt tokens queued, not yet prefilled
+    kv_headroom_tokens: int | None = None  # free KV capacity in tokens (decode selection)
+
+    @property
+    def slot(self) -> Slot:
+        return (self.worker_id, self.dp_rank)
+
+
+class CandidateEstimate(NamedTuple):
+    """The TTFT breakdown for one candidate slot (all times in seconds, lengths in tokens)."""
+
+    worker_id: WorkerId
+    dp_rank: int
+    local_prefix_tokens: int  # reusable from the slot's own GPU/host cache
+    fetch_tokens: int  # to pull from an L3 pool before prefill (0 = recompute)
+    fetch_from: PoolId | None
+    queue_s: float
+    prefill_s: float
+    transfer_s: float
+    ttft_s: float  # queue_s + transfer_s + prefill_s
+    load: int  # outstanding requests (ties are broken by this)
+
+
+class Decision(NamedTuple):
+    """A policy's answer: a route (``accepted``) or a rejection with reason and retry hint."""
+
+    request_id: str
+    policy: str
+    accepted: bool
+    worker_id: WorkerId | None = None
+    dp_rank: int = 0
+    prefix_tokens: int = 0  # tokens the chosen slot will not compute (local + fetched)
+    fetch_tokens: int = 0
+    fetch_from: PoolId | None = None
+    predicted_ttft_s: float | None = None
+    predicted_prefill_s: float | None = None  # the prefill part alone (feeds the queue model)
+    predicted_queue_s: float = 0.0
+    predicted_transfer_s: float = 0.0
+    decode_worker_id: WorkerId | None = None  # PD disaggregation: the paired decode slot
+    decode_dp_rank: int = 0
+    reason: str = ""  # rejection reason: "ttft_slo" | "tbt_slo" | "no_workers" | "decode_kv"
+    retry_after_s: float | None = None
+    candidates: tuple[CandidateEstimate, ...] = ()  # every slot considered (metrics, debugging)
+
+    @property
+    def slot(self) -> Slot:
+        if self.worker_id is None:
+            raise ValueError(f"rejected decision for {self.request_id} has no slot")
+        return (self.worker_id, self.dp_rank)
+
+
+class IndexView(Protocol):
+    """What a policy reads from the global index (``radix_global.index.GlobalIndex`` fits)."""
+
+    def match(self, namespace: Namespace, keys: Sequence[PageKey], now: float) -> MatchResult: ...
+
+
+class CostView(Protocol):
+    """What a policy reads from the cost model (``router.routing.cost.CostModel`` implements it)."""
+
+    def prefill_s(self, worker: WorkerId, input_tokens: int, prefix_tokens: int) -> float: ...
+
+    def queue_s(self, worker: WorkerState, now: float) -> float: ...
+
+    def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int) -> float: ...
+
+    def outstanding(self, slot: Slot) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterView:
+    """Read access a policy gets to the rest of the router. ``index`` is None without an index
+    (cache-blind policies and the approximate policy do not need it)."""
+
+    index: IndexView | None
+    cost: CostView
+
+
+class RoutingPolicy(ABC):
+    """A routing policy. ``choose`` must be side-effect free on the view; policy-private state
+    (round-robin cursor, approximate trees) changes only in the ``on_*`` hooks, so a caller that
+    rejects or fails to forward a decision leaves the policy as it was."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def choose(
+        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
+    ) -> Decision:
+        """Pick a slot among ``workers`` for ``req`` (or reject). Never raises for an empty or
+        all-draining list: that is ``Decision(accepted=False, reason="no_workers")``."""
+
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:  # noqa: B027
+        """The request was forwarded as decided."""
+
+    def on_finished(self, request_id: str, ok: bool, now: float) -> None:  # noqa: B027
+        """The request completed (``ok``) or failed/was cancelled."""
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:  # noqa: B027
+        """A worker left the cluster: forget anything kept about it."""
+
+
+class PolicyConfigError(ValueError):
+    """Unknown policy name or bad policy option."""
+
+
+def is_prefill_candidate(req: RouteRequest, worker: WorkerState) -> bool:
+    return worker.accepting and worker.role != Role.DECODE and worker.namespace == req.namespace
+
+
+def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
+    """Slots that may run ``req``'s prefill (accepting, not decode-only, same namespace), in slot
+    order (worker id, dp rank): rotations and tie-breaks then do not depend on the order the
+    caller listed the workers in."""
+    return sorted((w for w in workers if is_prefill_candidate(req, w)), key=lambda w: w.slot)
+
+
+def slot_load(worker: WorkerState, view: ClusterView) -> int:
+    """Outstanding requests of a slot: the larger of what this router sent there and not yet saw
+    finish, and what the engine reports (which also counts other routers' traffic)."""
+    engine = (worker.running or 0) + (worker.waiting or 0)
+    return max(view.cost.outstanding(worker.slot), engine)
+
+
+def no_workers(req: RouteRequest, policy: str) -> Decision:
+    return Decision(req.request_id, policy, accepted=False, reason="no_workers")
+
+
+def route_to(req: RouteRequest, policy: str, worker: WorkerState, view: ClusterView,
+             now: float, prefix_tokens: int = 0) -> Decision:
+    """An accepted decision for a cache-blind choice, with the cost model's estimate filled in."""
+    prefill = view.cost.prefill_s(worker.worker_id, req.input_tokens, prefix_tokens)
+    queue = view.cost.queue_s(worker, now)
+    return Decision(
+        req.request_id, policy, accepted=True, worker_id=worker.worker_id,
+        dp_rank=worker.dp_rank, prefix_tokens=prefix_tokens,
+        predicted_ttft_s=queue + prefill, predicted_prefill_s=prefill, predicted_queue_s=queue,
+    )

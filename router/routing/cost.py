@@ -1,0 +1,172 @@
+"""The cost model the Conductor ranks candidates with: queue + prefill + KV transfer seconds.
+
+- prefill: one :class:`router.routing.prefill_model.PrefillModel` per worker (workers may differ),
+  created from ``prefill_prior`` on first use and refitted online from observed prefills;
+- queue: :class:`router.routing.queue_model.QueueModel` (router-side FIFO reconstruction), blended
+with
+  the engine-reported waiting tokens when the worker reports them (other routers' traffic);
+- transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
+  (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed).
+
+Implements :class:`router.routing.contract.CostView`; the ``on_*`` methods are the learning side,
+called by :class:`router.routing.driver.PolicyDriver`. Pure: time is always passed in.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from radix_global.types import Namespace, PoolId, WorkerId
+from router.routing.contract import Decision, RouteRequest, Slot, WorkerState
+from router.routing.prefill_model import PrefillModel
+from router.routing.queue_model import PendingPrefill, QueueModel
+from router.routing.topology import Topology, TopologyError
+
+LLAMA3_70B_KV_BYTES_PER_TOKEN = 320 * 1024  # 80 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 B
+
+
+@dataclass(frozen=True)
+class CostConfig:
+    engine_queue_weight: float = 0.5  # blend of engine-reported queue vs router-side estimate
+    kv_bytes_per_token: float = LLAMA3_70B_KV_BYTES_PER_TOKEN
+    kv_bytes_per_token_by_namespace: dict[str, float] = field(default_factory=dict)
+    default_bandwidth_Bps: float = 10e9  # pool -> worker when the topology does not place them
+    transfer_overhead_s: float = 0.0  # fixed per-fetch setup cost
+    learn_from_inferred_prefill: bool = True  # fit on FIFO-inferred times when none is measured
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.engine_queue_weight <= 1.0:
+            raise ValueError("engine_queue_weight must be in [0, 1]")
+        if self.kv_bytes_per_token <= 0 or self.default_bandwidth_Bps <= 0:
+            raise ValueError("kv_bytes_per_token and default_bandwidth_Bps must be > 0")
+
+
+class CostModel:
+    def __init__(
+        self,
+        config: CostConfig | None = None,
+        topology: Topology | None = None,
+        prefill_prior: Callable[[], PrefillModel] = PrefillModel,
+    ) -> None:
+        self.config = config or CostConfig()
+        self.topology = topology
+        self.queue = QueueModel()
+        self._prior = prefill_prior
+        self._prefill: dict[WorkerId, PrefillModel] = {}
+        self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
+
+    # --- CostView (read side) -------------------------------------------------------------
+    def prefill_model(self, worker: WorkerId) -> PrefillModel:
+        model = self._prefill.get(worker)
+        if model is None:
+            model = self._prefill[worker] = self._prior()
+        return model
+
+    def share_compute(self, worker: WorkerId, domain: str | None) -> None:
+        """``worker`` shares its compute with the other workers of ``domain`` (queue model)."""
+        self.queue.share_compute(worker, domain)
+
+    def set_prefill_model(self, worker: WorkerId, model: PrefillModel,
+                          learn_inferred: bool = True) -> None:
+        """Replace ``worker``'s model (e.g. a profiled one). ``learn_inferred=False``: refit it
+        only on measured prefill times, never on FIFO-inferred ones (which on a batching engine
+        include its waiting and would undo the profile)."""
+        self._prefill[worker] = model
+        if learn_inferred:
+            self._measured_only.discard(worker)
+        else:
+            self._measured_only.add(worker)
+
+    def prefill_s(self, worker: WorkerId, input_tokens: int, prefix_tokens: int) -> float:
+        # The engine always computes at least the last token (it needs its logits).
+        prefix = max(0, min(prefix_tokens, input_tokens - 1))
+        model = self._prefill.get(worker) or self.prefill_model(worker)
+        return model.predict(input_tokens, prefix)
+
+    def queue_s(self, worker: WorkerState, now: float) -> float:
+        router_side = self.queue.queue_s(worker.slot, now)
+        if worker.waiting_tokens is None:
+            return router_side
+        # Queued prompts are batched by the engine's scheduler: price them as one cold prefill.
+        engine = (
+            self.prefill_model(worker.worker_id).predict(worker.waiting_tokens, 0)
+            if worker.waiting_tokens > 0
+            else 0.0
+        )
+        w = self.config.engine_queue_weight
+        return (1 - w) * router_side + w * engine
+
+    def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
+        return self.config.transfer_overhead_s + nbytes / self.bandwidth_Bps(pool, worker.worker_id)
+
+    def bandwidth_Bps(self, pool: PoolId, worker: WorkerId) -> float:
+        topo = self.topology
+        if topo is not None and topo.knows(pool) and topo.knows(worker):
+            try:
+                return topo.bandwidth_Bps(pool, worker)
+            except TopologyError:
+                pass
+        return self.config.default_bandwidth_Bps
+
+    def kv_bytes_per_token(self, namespace: Namespace) -> float:
+        return self.config.kv_bytes_per_token_by_namespace.get(
+            namespace, self.config.kv_bytes_per_token
+        )
+
+    def outstanding(self, slot: Slot) -> int:
+        return self.queue.outstanding(slot)
+
+    # --- learning side --------------------------------------------------------------------
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
+        if not decision.accepted or decision.worker_id is None:
+            return
+        predicted = decision.predicted_prefill_s
+        if predicted is None:
+            predicted = self.prefill_s(decision.worker_id, req.input_tokens, decision.prefix_tokens)
+        # A fetch delays this request's prefill start on that slot, so it occupies the queue too.
+        pending = PendingPrefill(now, predicted, req.input_tokens, decision.prefix_tokens,
+                                 decision.predicted_transfer_s)
+        self.queue.add(decision.slot, req.request_id, pending)
+
+    def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
+        """First token seen. ``prefill_s``: the measured prefill compute time if the caller has
+        it (the simulator does); else, optionally, the FIFO-inferred service time is learned."""
+        done = self.queue.prefill_done(request_id, now)
+        if done is None:
+            return
+        measured = prefill_s
+        worker = done.slot[0]
+        if (measured is None and self.config.learn_from_inferred_prefill
+                and worker not in self._measured_only):
+            measured = done.inferred_s - done.pending.transfer_s
+        if measured is not None:
+            self.prefill_model(worker).observe(
+                done.pending.input_tokens, done.pending.prefix_tokens, measured
+            )
+
+    def on_finished(self, request_id: str, now: float) -> None:
+        self.queue.finished(request_id)
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:
+        self.queue.forget_worker(worker_id)
+        self._prefill.pop(worker_id, None)
+        self._measured_only.discard(worker_id)
+        if self.topology is not None:
+            self.topology.remove(worker_id)
+
+    def observe_transfer(self, pool: PoolId, worker: WorkerId, nbytes: int, seconds: float) -> None:
+        topo = self.topology
+        if topo is not None and topo.knows(pool) and topo.knows(worker):
+            topo.observe_transfer(pool, worker, nbytes, seconds)
+
+    def stats(self) -> dict[str, Any]:
+        """Per worker: observations, MAPE of prefill predictions, coefficients."""
+        return {
+            worker: {"observations": m.observations, "mape": m.mape(), "coef": m.coef}
+            for worker, m in self._prefill.items()
+        }

@@ -1,0 +1,85 @@
+"""One entry point for callers (HTTP router, simulator): route, then report progress.
+
+``PolicyDriver`` runs a policy's ``choose``, pairs a decode slot when the chosen prefill slot is a
+disaggregated prefill worker, applies the TBT/decode-KV admission, and on acceptance records the
+request in the cost model (queue), the policy (its private state) and the decode reservations.
+The caller then forwards and later reports ``prefill_done`` and ``finished`` (or ``finished`` with
+``ok=False`` when forwarding failed). Every method takes ``now``; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from radix_global.types import Role, WorkerId
+from router.routing.admission import SloConfig, reject
+from router.routing.contract import (
+    ClusterView,
+    Decision,
+    IndexView,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerState,
+)
+from router.routing.cost import CostModel
+from router.routing.decode_select import DecodeSelector
+
+
+class PolicyDriver:
+    def __init__(
+        self,
+        policy: RoutingPolicy,
+        cost: CostModel,
+        index: IndexView | None = None,
+        decode: DecodeSelector | None = None,
+        slo: SloConfig | None = None,
+    ) -> None:
+        self.policy = policy
+        self.cost = cost
+        self.view = ClusterView(index=index, cost=cost)
+        self.decode = decode or DecodeSelector()
+        self.slo = slo or SloConfig()
+        self._requests: dict[str, RouteRequest] = {}
+
+    def route(self, req: RouteRequest, workers: Sequence[WorkerState], now: float) -> Decision:
+        """Decide and, if accepted, record the request as routed. A caller that then fails to
+        forward it must call ``finished(request_id, ok=False, now)``."""
+        decision = self.policy.choose(req, workers, self.view, now)
+        if not decision.accepted:
+            return decision
+        chosen = next((w for w in workers if w.slot == decision.slot), None)
+        if chosen is not None and chosen.role == Role.PREFILL:
+            pick = self.decode.choose(req, workers, self.slo.tbt_for(req))
+            if not pick.accepted:
+                retry = self.slo.retry_after_s(0.0)
+                return reject(req, decision.policy, pick.reason, retry, decision.candidates)
+            if pick.worker_id is not None:
+                decision = decision._replace(
+                    decode_worker_id=pick.worker_id, decode_dp_rank=pick.dp_rank
+                )
+                self.decode.reserve(
+                    req.request_id, (pick.worker_id, pick.dp_rank), pick.reserve_tokens
+                )
+        self._requests[req.request_id] = req
+        self.cost.on_routed(req, decision, now)
+        self.policy.on_routed(req, decision, now)
+        return decision
+
+    def prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
+        """First token seen (``prefill_s``: measured prefill compute time, if known)."""
+        self.cost.on_prefill_done(request_id, now, prefill_s)
+
+    def finished(self, request_id: str, ok: bool, now: float) -> None:
+        """The request ended (completed, failed, cancelled, or never forwarded). Idempotent."""
+        self.cost.on_finished(request_id, now)
+        self.decode.release(request_id)
+        if self._requests.pop(request_id, None) is not None:
+            self.policy.on_finished(request_id, ok, now)
+
+    def worker_removed(self, worker_id: WorkerId) -> None:
+        self.cost.on_worker_removed(worker_id)
+        self.decode.forget_worker(worker_id)
+        self.policy.on_worker_removed(worker_id)
+
+    def in_flight(self) -> int:
+        return len(self._requests)

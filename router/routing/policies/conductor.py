@@ -1,0 +1,264 @@
+"""``conductor``: Mooncake's KV-cache-centric scheduling (FAST'25, Algorithm 1; DESIGN.md).
+
+For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
+
+- local hit: the longest prefix ``c`` itself holds on GPU or host (``HolderMatch.host`` of
+  ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``. A
+  prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
+  (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
+  model
+  already puts the new request behind it, while KV events arrive only after the batch;
+- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``);
+- fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
+  local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
+  when fetching is predicted faster than recomputing (slow links lose to recomputation);
+- ``TTFT = queue + transfer + prefill(n, prefix)`` from the cost model.
+
+The slot with the smallest TTFT wins; TTFTs within ``tie_s`` (or ``tie_rel`` of the best) are
+ties, broken by the least outstanding requests, then in rotation. If even the best TTFT exceeds
+the request's TTFT SLO the request is rejected (``"ttft_slo"``) with a Retry-After estimated from
+the excess work that must drain. Every decision carries the per-candidate breakdown of the
+slots it priced.
+
+Pricing every slot costs tens of microseconds each, linear in the cluster size, so with more than
+``price_top_k`` candidates only those that can win are priced: every slot holding a local prefix
+match, plus the ``price_top_k`` others with the shortest predicted queue (then fewest outstanding).
+Slots without a local match differ only in queue, load and per-worker prefill/transfer speed, so
+the shortest queues are where their best one is. With ``price_top_k >= len(candidates)`` (or
+``None``) every slot is priced and the choice is exactly the exhaustive one
+(``tests/router/test_conductor_shortlist.py`` compares them).
+
+``choose`` calls the index's ``match`` once per request (which counts one hit on the matched
+nodes: that is what makes prefixes hot); it changes no other state.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from radix_global.ops import IndexRefusal, MatchResult
+from radix_global.types import HolderId, WorkerId
+from router.routing.admission import TTFT_SLO, SloConfig, check_ttft, reject
+from router.routing.contract import (
+    CandidateEstimate,
+    ClusterView,
+    Decision,
+    PolicyConfigError,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerState,
+    no_workers,
+    prefill_candidates,
+    slot_load,
+)
+from router.routing.routed_prefixes import RoutedPrefixes
+
+
+class ConductorPolicy(RoutingPolicy):
+    name = "conductor"
+
+    def __init__(
+        self,
+        fetch_ratio: float = 1.25,
+        min_fetch_pages: int = 2,
+        compare_fetch_cost: bool = True,
+        tie_s: float = 1e-3,
+        tie_rel: float = 0.01,
+        price_top_k: int | None = 8,
+        routed_ttl_s: float = 30.0,
+        slo: SloConfig | None = None,
+        **slo_options: Any,
+    ) -> None:
+        if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
+                price_top_k is not None and price_top_k < 1) or routed_ttl_s < 0:
+            raise PolicyConfigError(
+                "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0, "
+                "price_top_k >= 1 (or None), routed_ttl_s >= 0 (0: off)"
+            )
+        self.price_top_k = price_top_k
+        self.fetch_ratio = fetch_ratio
+        self.min_fetch_pages = min_fetch_pages
+        self.compare_fetch_cost = compare_fetch_cost
+        self.tie_s = tie_s
+        self.tie_rel = tie_rel
+        try:
+            self.slo = slo or SloConfig(**slo_options)
+        except (TypeError, ValueError) as exc:
+            raise PolicyConfigError(f"conductor SLO options: {exc}") from exc
+        self._routed = RoutedPrefixes(ttl_s=routed_ttl_s) if routed_ttl_s > 0 else None
+        self._turn = 0
+        self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
+
+    def choose(
+        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
+    ) -> Decision:
+        candidates = prefill_candidates(req, workers)
+        if not candidates:
+            return no_workers(req, self.name)
+        match = self._match(req, view, now)
+        pools = _pool_pages(match)
+        n = len(candidates)
+        k = self.price_top_k
+        priced: list[tuple[int, WorkerState, float | None, int | None]]
+        if k is None:
+            priced = [(i, c, None, None) for i, c in enumerate(candidates)]
+        else:
+            priced = self._shortlist(req, candidates, match, view, now, k)
+        estimates = [self.estimate(req, c, match, view, now, pools, queue, routed)
+                     for _, c, queue, routed in priced]
+        best = self._pick(estimates, [p[0] for p in priced], n)
+        excess = check_ttft(req, best, self.slo)
+        if excess is not None:
+            return reject(req, self.name, TTFT_SLO, self.slo.retry_after_s(excess), estimates)
+        return Decision(
+            req.request_id, self.name, accepted=True, worker_id=best.worker_id,
+            dp_rank=best.dp_rank,
+            prefix_tokens=min(req.input_tokens, best.local_prefix_tokens + best.fetch_tokens),
+            fetch_tokens=best.fetch_tokens, fetch_from=best.fetch_from,
+            predicted_ttft_s=best.ttft_s, predicted_prefill_s=best.prefill_s,
+            predicted_queue_s=best.queue_s, predicted_transfer_s=best.transfer_s,
+            candidates=tuple(estimates),
+        )
+
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
+        self._turn += 1
+        if self._routed is not None and decision.worker_id is not None:
+            self._routed.add(decision.slot, req.page_keys, now)
+
+    def on_worker_removed(self, worker_id: WorkerId) -> None:
+        if self._routed is not None:
+            self._routed.forget_worker(worker_id)
+
+    def estimate(
+        self,
+        req: RouteRequest,
+        worker: WorkerState,
+        match: MatchResult | None,
+        view: ClusterView,
+        now: float,
+        pools: dict[HolderId, int] | None = None,
+        queue: float | None = None,
+        routed: int | None = None,
+    ) -> CandidateEstimate:
+        """The TTFT breakdown for one slot, choosing between recomputing and fetching.
+        ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already; ``queue``:
+        the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages."""
+        if pools is None:
+            pools = _pool_pages(match)
+        local_pages, pool_pages = _reachable_pages(worker, match, pools)
+        if routed is None:
+            routed = self._routed_pages(worker, req, now)
+        local_pages = max(local_pages, routed)
+        ps = req.page_size
+        n = req.input_tokens
+        local_tokens = min(n, local_pages * ps)
+        if queue is None:
+            queue = view.cost.queue_s(worker, now)
+        load = slot_load(worker, view)
+        prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens)
+        recompute = CandidateEstimate(
+            worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
+            queue + prefill, load,
+        )
+        if worker.pool_id is None or not self._worth_fetching(local_pages, pool_pages):
+            return recompute
+        fetch_tokens = min(n, pool_pages * ps) - local_tokens
+        if fetch_tokens <= 0:
+            return recompute
+        transfer = view.cost.transfer_s(worker.pool_id, worker, fetch_tokens)
+        prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
+        fetch = CandidateEstimate(
+            worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, worker.pool_id,
+            queue, prefill_f, transfer, queue + transfer + prefill_f, load,
+        )
+        if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
+            return recompute
+        return fetch
+
+    def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float) -> int:
+        if self._routed is None:
+            return 0
+        return self._routed.match(worker.slot, req.page_keys, now)
+
+    def _worth_fetching(self, local_pages: int, pool_pages: int) -> bool:
+        if pool_pages <= local_pages:
+            return False
+        if local_pages == 0:
+            return pool_pages >= self.min_fetch_pages
+        return pool_pages >= self.fetch_ratio * local_pages
+
+    def _match(self, req: RouteRequest, view: ClusterView, now: float) -> MatchResult | None:
+        if view.index is None or not req.page_keys:
+            return None
+        try:
+            return view.index.match(req.namespace, req.page_keys, now)
+        except IndexRefusal:
+            # E.g. no worker of this namespace registered with the index yet: route cache-blind.
+            self.index_errors += 1
+            return None
+
+    def _shortlist(
+        self, req: RouteRequest, candidates: list[WorkerState], match: MatchResult | None,
+        view: ClusterView, now: float, k: int,
+    ) -> list[tuple[int, WorkerState, float | None, int | None]]:
+        """(position, slot, queue, routed pages) of the slots worth pricing, in slot order: every
+        local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
+        (then least load, then rotation)."""
+        held = match.matched if match is not None else {}
+        keep: list[tuple[int, WorkerState, float | None, int | None]] = []
+        others: list[tuple[float, int, int, WorkerState]] = []
+        for i, c in enumerate(candidates):
+            own = held.get((c.worker_id, c.dp_rank))
+            queue = view.cost.queue_s(c, now)
+            routed = self._routed_pages(c, req, now)
+            if (own is not None and own.host > 0) or routed > 0:
+                keep.append((i, c, queue, routed))
+            else:
+                others.append((queue, slot_load(c, view), i, c))
+        if len(others) > k:
+            # Same order as ``_pick``'s tie-break (load, then rotation), so idle equal slots
+            # are shortlisted in the rotation the exhaustive choice would follow.
+            n, turn = len(candidates), self._turn
+            others.sort(key=lambda o: (o[0], o[1], (o[2] - turn) % n))
+            del others[k:]
+        keep.extend((i, c, queue, 0) for queue, _, i, c in others)
+        keep.sort(key=lambda t: t[0])
+        return keep
+
+    def _pick(self, estimates: list[CandidateEstimate], positions: list[int] | None = None,
+              n: int | None = None) -> CandidateEstimate:
+        """Smallest TTFT; ties by load, then rotation over the ``n`` candidates (``positions``:
+        each estimate's place among them, when only some were priced)."""
+        best_ttft = min(e.ttft_s for e in estimates)
+        limit = best_ttft + max(self.tie_s, self.tie_rel * best_ttft)
+        if positions is None:
+            positions = list(range(len(estimates)))
+        total = n if n is not None else len(estimates)
+        turn = self._turn
+        j = min((j for j, e in enumerate(estimates) if e.ttft_s <= limit),
+                key=lambda j: (estimates[j].load, estimates[j].ttft_s,
+                               (positions[j] - turn) % total))
+        return estimates[j]
+
+
+def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
+    """Longest run per holder over its dp ranks; looked up for each candidate's pool."""
+    out: dict[HolderId, int] = {}
+    if match is not None:
+        for (holder, _), m in match.matched.items():
+            if m.pool > out.get(holder, 0):
+                out[holder] = m.pool
+    return out
+
+
+def _reachable_pages(
+    worker: WorkerState, match: MatchResult | None, pools: dict[HolderId, int]
+) -> tuple[int, int]:
+    """(local pages on this slot's GPU/host, pages in the pool this slot reads)."""
+    if match is None:
+        return 0, 0
+    own = match.matched.get((worker.worker_id, worker.dp_rank))
+    local = own.host if own is not None else 0
+    pool = pools.get(worker.pool_id, 0) if worker.pool_id is not None else 0
+    return local, pool

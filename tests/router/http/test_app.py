@@ -1,0 +1,288 @@
+"""The router's HTTP front end against real loopback peers speaking the worker protocol."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+
+from radix_global.keys import page_keys
+
+
+def _sse_events(text: str) -> list[str]:
+    return [line[5:].strip() for line in text.splitlines() if line.startswith("data:")]
+
+
+def test_models_health_and_generate(upstreams, router_factory):
+    peer, server = upstreams(model="tiny")
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        models = c.get("/v1/models").json()
+        assert [m["id"] for m in models["data"]] == ["tiny"]
+        assert c.get("/health").status_code == 200
+        r = c.post("/generate", json={"text": "hello world the system prompt"})
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "hello"
+        assert r.headers["x-radix-worker"] == "127.0.0.1:" + str(server.port)
+        # the engine receives the request with a router-assigned rid (for /abort_request)
+        path, body = peer.requests[-1]
+        assert path == "/generate" and body["rid"] == r.headers["x-radix-request-id"]
+        r = c.post("/generate", json={"input_ids": [5, 6, 7, 8, 9]})
+        assert r.status_code == 200, r.text
+        assert peer.requests[-1][1]["input_ids"] == [5, 6, 7, 8, 9]
+
+
+def test_two_models_each_with_its_own_pool(upstreams, router_factory):
+    _, a = upstreams(model="alpha")
+    peer_b, b = upstreams(model="beta")
+    router = router_factory(workers=(a.url, b.url))
+    router.wait_workers(2)
+    with router.client() as c:
+        assert sorted(m["id"] for m in c.get("/v1/models").json()["data"]) == ["alpha", "beta"]
+        for _ in range(3):
+            r = c.post("/v1/completions", json={"model": "beta", "prompt": "hello"})
+            assert r.status_code == 200
+            assert r.headers["x-radix-worker"].endswith(str(b.port))
+        assert len(peer_b.requests) == 3
+        assert c.post("/generate", json={"text": "hello"}).status_code == 400  # which model?
+
+
+def test_chat_stream_passthrough_and_usage(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.cached_tokens = 4
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        with c.stream("POST", "/v1/chat/completions", json={
+                "model": "tiny", "stream": True,
+                "messages": [{"role": "user", "content": "hello world"}]}) as r:
+            assert r.status_code == 200
+            assert r.headers["content-type"].startswith("text/event-stream")
+            text = r.read().decode()
+        events = _sse_events(text)
+        assert events[-1] == "[DONE]"
+        assert json.loads(events[-2])["usage"]["prompt_tokens_details"]["cached_tokens"] == 4
+        stats = c.get("/admin/stats").json()
+    (worker,) = stats["workers"]
+    assert worker["routed"] == 1 and worker["hit_rate"] == 0.4  # 4 of 10 cached, from usage
+    assert stats["recent"][-1]["ttft_s"] is not None
+
+
+def test_tenant_salt_forwarded_and_keys_salted(upstreams, router_factory, tmp_path):
+    peer, server = upstreams()
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.acme]\napi_keys = ["k-acme"]\n'
+                       '[tenants.pub]\napi_keys = ["k-pub"]\nshared = true\n')
+    router = router_factory(workers=(server.url,), tenants_file=str(tenants))
+    router.wait_workers(1)
+    with router.client() as c:
+        body = {"model": "tiny", "prompt": "hello"}
+        assert c.post("/v1/completions", json=body).status_code == 401
+        bad = {"Authorization": "Bearer nope"}
+        assert c.post("/v1/completions", json=body, headers=bad).status_code == 401
+        ok = c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k-acme"})
+        assert ok.status_code == 200
+        assert peer.requests[-1][1]["cache_salt"] == "tenant:acme"
+        c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k-pub"})
+        assert "cache_salt" not in peer.requests[-1][1]
+
+
+def test_rejection_is_429_with_retry_after_before_any_compute(upstreams, router_factory):
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor")
+    router.wait_workers(1)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": list(range(1, 40)), "ttft_slo_s": 1e-9})
+        assert r.status_code == 429, r.text
+        assert int(r.headers["retry-after"]) >= 1
+        assert "ttft" in r.json()["error"]["message"]
+        assert peer.requests == []
+        assert c.post("/generate", json={"input_ids": [1, 2, 3]}).status_code == 200
+
+
+def test_metrics_and_admin_stats(upstreams, router_factory):
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        c.post("/generate", json={"text": "hello world"})
+        text = c.get("/metrics").text
+        assert 'router_decisions_total{model="tiny",outcome="accepted"} 1.0' in text
+        assert "router_stage_seconds_bucket" in text
+        assert c.get("/admin/diagnostics").json()["findings"][0]["problem"] == "no_kv_events"
+
+
+def test_router_keys_equal_engine_page_keys(tokenizer_dir):
+    """The router keys a prompt with the model's own tokenizer, page by page."""
+    from router.keying.prompt import CHAT, prompt_token_ids
+    from router.keying.tokenize import TokenizerCache
+
+    tok = TokenizerCache().get(tokenizer_dir)
+    ids = prompt_token_ids(CHAT, {"messages": [{"role": "user", "content": "w1 w2 w3"}]}, tok,
+                           None)
+    from transformers import AutoTokenizer
+
+    ref = AutoTokenizer.from_pretrained(tokenizer_dir)
+    text = ref.apply_chat_template([{"role": "user", "content": "w1 w2 w3"}], tokenize=False,
+                                   add_generation_prompt=True)
+    assert ids == ref.encode(text, add_special_tokens=False)
+    assert page_keys(ids, 2) == page_keys(ref.encode(text, add_special_tokens=False), 2)
+
+
+def test_admin_needs_token_when_configured(upstreams, router_factory):
+    router = router_factory(admin_token="s3cret")
+    with httpx.Client(base_url=router.url) as c:
+        assert c.get("/admin/workers").status_code == 401
+        assert c.get("/admin/workers", headers={"Authorization": "Bearer wrong"}).status_code == 401
+        r = c.get("/admin/workers", headers={"Authorization": "Bearer s3cret"})
+        assert r.status_code == 200 and r.json() == {"workers": []}
+
+
+def test_admin_without_token_is_loopback_only_and_not_proxied(upstreams, router_factory):
+    router = router_factory()
+    with httpx.Client(base_url=router.url) as c:
+        assert c.get("/admin/workers").status_code == 200
+        for header in ("X-Forwarded-For", "Forwarded", "X-Real-IP"):
+            # a reverse proxy on this host: the peer is loopback, the client may not be
+            assert c.get("/admin/workers", headers={header: "203.0.113.7"}).status_code == 401
+
+
+def test_status_command_prints_the_cluster(upstreams, router_factory, capsys):
+    from router.cli.status import main as status_main
+
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        c.post("/generate", json={"input_ids": [1, 2, 3]})
+    assert status_main(["--router", router.url]) == 0
+    out = capsys.readouterr().out
+    assert f"127.0.0.1:{server.port}" in out and "tiny" in out and "no_kv_events" in out
+    assert status_main(["--router", "http://127.0.0.1:9"]) == 1
+
+
+def _index_prompt(router, worker_id: str, ids: list[int], page_size: int = 4) -> None:
+    """Put the prompt's pages in the index as the worker's KV events would."""
+    from radix_global.ops import StorePages
+    from radix_global.types import Location, Namespace, Tier, WorkerId
+
+    ns = Namespace(router.state.registry.models()["tiny"])
+    loc = Location(WorkerId(worker_id), 0, Tier.GPU)
+    router.state.index.index.apply(StorePages(ns, loc, None, page_keys(ids, page_size)))
+
+
+def test_disagreement_is_flagged_not_silent(upstreams, router_factory):
+    """The index predicts hits on a worker whose engine never reports one -> flagged."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", mismatch_min_requests=3)
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ids = list(range(10, 42))
+    _index_prompt(router, wid, ids)
+    with router.client() as c:
+        peer.cached_tokens = 0  # the engine keys pages differently: it never hits
+        for _ in range(3):
+            r = c.post("/generate", json={"input_ids": ids})
+            assert int(r.headers["x-radix-prefix-tokens"]) > 0
+        problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
+        assert "predicted_hits_never_observed" in problems
+        assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
+
+
+def test_agreement_is_not_flagged(upstreams, router_factory):
+    """Control for the test above: the same flow with engine hits raises no finding."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", mismatch_min_requests=3)
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ids = list(range(10, 42))
+    _index_prompt(router, wid, ids)
+    with router.client() as c:
+        peer.cached_tokens = 28
+        for _ in range(3):
+            c.post("/generate", json={"input_ids": ids})
+        problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
+        assert "predicted_hits_never_observed" not in problems
+        assert f'router_key_mismatch{{worker="{wid}"}} 0.0' in c.get("/metrics").text
+
+
+def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory):
+    """A prefill worker's decision pairs a decode worker: both get the request with one
+    bootstrap room (SGLang's PD protocol); the client gets the decode worker's answer."""
+    prefill, p_server = upstreams(role="prefill")
+    decode, d_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, d_server.url), policy="conductor")
+    router.wait_workers(2)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]})
+        assert r.status_code == 200, r.text
+        assert r.json()["text"] == "hello from decode"
+    deadline = time.monotonic() + 5
+    while not prefill.requests and time.monotonic() < deadline:
+        time.sleep(0.05)
+    (_, p_body), (_, d_body) = prefill.requests[-1], decode.requests[-1]
+    assert p_body["bootstrap_room"] == d_body["bootstrap_room"]
+    assert p_body["bootstrap_host"] == "127.0.0.1" and p_body["bootstrap_port"] == 8998
+    assert p_body["rid"] == d_body["rid"] == r.headers["x-radix-request-id"]
+
+
+def test_native_pd_utilisation_report(upstreams, router_factory):
+    """Native PD through the HTTP front end reports both pools' busy time (the ratio report of
+    ``/admin/stats`` and ``radix-global status``), closes every busy span when the request ends,
+    and counts PD admission rejections."""
+    _, p_server = upstreams(role="prefill")
+    _, d_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, d_server.url), policy="conductor",
+                            pd_ratio="1:2")
+    router.wait_workers(2)
+    with router.client() as c:
+        assert c.get("/admin/stats").json()["pd"] is None  # nothing disaggregated yet
+        assert c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]}).status_code == 200
+        pd = c.get("/admin/stats").json()["pd"]
+    assert pd["mode"] == "native" and pd["configured_ratio"] == "1:2"
+    assert pd["prefill"]["workers"] == 1 and pd["decode"]["workers"] == 1
+    assert pd["prefill"]["busy_s"] > 0 and pd["decode"]["busy_s"] > 0
+    assert pd["decode"]["busy_s"] >= pd["prefill"]["busy_s"]  # decode waits for the prefill
+    from router.pd.native import native_util
+
+    deadline = time.monotonic() + 5  # the prefill answer may land after the client's
+    while native_util(router.state)._open and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert native_util(router.state)._open == {}, "a busy span was left open"
+    from radix_global.types import Role
+
+    wid = next(e.worker_id for e in router.state.registry.all() if e.info.role == Role.DECODE)
+    router.state.routing.decode.capacity[wid] = 10  # no KV room left for 100 output tokens
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": {
+            "max_new_tokens": 100}})
+        assert r.status_code == 429 and "decode_kv" in r.text
+        assert c.get("/admin/stats").json()["pd"]["rejected_before_prefill"] == 1
+
+
+def test_native_pd_decode_refusal_blames_the_decode_worker_and_retries(upstreams,
+                                                                          router_factory):
+    """The paired decode worker refuses the connection: it (not the prefill worker) leaves the
+    pool, the prefill side's copy of the request is aborted, and the request is retried with
+    another decode worker under a new engine rid."""
+    prefill, p_server = upstreams(role="prefill")
+    _, dead_server = upstreams(role="decode")
+    live, live_server = upstreams(role="decode")
+    router = router_factory(workers=(p_server.url, dead_server.url, live_server.url),
+                            policy="conductor", health_check_interval_s=60.0)
+    router.wait_workers(3)
+    by_url = {e.info.url: e.worker_id for e in router.state.registry.all()}
+    dead, pre = by_url[dead_server.url], by_url[p_server.url]
+    router.state.routing.decode.capacity.update({dead: 10**6, by_url[live_server.url]: 10**5})
+    dead_server.stop()  # refuses connections from now on; the router still lists it
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5]})
+    assert r.status_code == 200, r.text
+    assert r.json()["text"] == "hello from decode"
+    rid = r.headers["x-radix-request-id"]
+    assert rid.endswith("-pd1") and live.requests[-1][1]["rid"] == rid
+    assert rid.removesuffix("-pd1") in prefill.aborted  # the first attempt's prefill
+    ids = {e.worker_id for e in router.state.registry.all()}
+    assert pre in ids and dead not in ids

@@ -1,0 +1,162 @@
+"""The Conductor (router/routing/policies/conductor.py) against the real GlobalIndex."""
+
+from __future__ import annotations
+
+from radix_global.index import GlobalIndex
+from radix_global.ops import StorePages
+from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
+from router.routing.contract import RouteRequest, WorkerState
+from router.routing.cost import CostConfig, CostModel
+from router.routing.driver import PolicyDriver
+from router.routing.policies.conductor import ConductorPolicy
+from router.routing.prefill_model import PrefillModel
+
+NS = Namespace("m@1")
+PS = 16
+POOL = PoolId("pool")
+KEYS = [PageKey(1000 + i) for i in range(64)]  # a 1024-token prompt
+
+
+def index_with(*stores: tuple[str, int, Tier, int]) -> GlobalIndex:
+    """stores: (holder, dp_rank, tier, leading pages of KEYS held)."""
+    idx = GlobalIndex()
+    idx.register_namespace(NS, PS)
+    for holder, rank, tier, pages in stores:
+        idx.apply(StorePages(NS, Location(holder, rank, tier), None, KEYS[:pages]))  # type: ignore[arg-type]
+    return idx
+
+
+def driver(idx: GlobalIndex | None, bandwidth: float = 50e9, **policy: object) -> PolicyDriver:
+    # ~1 ms per 10 tokens cold, so a 1024-token prefill costs ~0.1 s and a 64 KB/token transfer
+    # of 1000 tokens costs 1.3 ms at 50 GB/s (fetching pays) and 6.5 s at 10 MB/s (it does not).
+    cost = CostModel(
+        CostConfig(kv_bytes_per_token=64 * 1024, default_bandwidth_Bps=bandwidth),
+        prefill_prior=lambda: PrefillModel.calibrated(0.001, 1e-4, 1e-9),
+    )
+    return PolicyDriver(ConductorPolicy(**policy), cost, idx)  # type: ignore[arg-type]
+
+
+def workers(n: int, pool: PoolId | None = POOL, dp_size: int = 1) -> list[WorkerState]:
+    return [WorkerState(WorkerId(f"w{i}"), NS, dp_rank=r, dp_size=dp_size, pool_id=pool)
+            for i in range(n) for r in range(dp_size)]
+
+
+def request(i: int, pages: int = 64, slo: float | None = None) -> RouteRequest:
+    return RouteRequest(f"r{i}", NS, pages * PS, KEYS[:pages], PS, ttft_slo_s=slo)
+
+
+def test_prefers_the_worker_with_the_cached_prefix() -> None:
+    d = driver(index_with(("w2", 0, Tier.GPU, 60)))
+    dec = d.route(request(0), workers(4), 0.0)
+    assert dec.accepted and dec.worker_id == "w2"
+    assert dec.prefix_tokens == 60 * PS and dec.fetch_tokens == 0
+    by_worker = {str(c.worker_id): c for c in dec.candidates}
+    assert by_worker["w2"].ttft_s < by_worker["w0"].ttft_s
+    assert by_worker["w0"].local_prefix_tokens == 0  # w2's GPU cache is not w0's
+
+
+def test_overloaded_cache_holder_loses_to_a_worker_fetching_from_the_pool() -> None:
+    d = driver(index_with(("w0", 0, Tier.GPU, 64), (POOL, 0, Tier.POOL, 64)))
+    ws = workers(2)
+    first = d.route(request(0), ws, 0.0)
+    assert first.worker_id == "w0" and first.fetch_tokens == 0
+    # pile cold work on w0 so its queue dominates
+    for i in range(1, 6):
+        d.cost.on_routed(request(100 + i, pages=4), first._replace(
+            request_id=f"x{i}", predicted_prefill_s=1.0, fetch_tokens=0), 0.0)
+    second = d.route(request(1), ws, 0.0)
+    assert second.worker_id == "w1"
+    assert second.fetch_from == POOL and second.fetch_tokens == 64 * PS
+    assert second.predicted_transfer_s > 0
+
+
+def test_no_pool_means_another_workers_cache_is_unreachable() -> None:
+    d = driver(index_with(("w0", 0, Tier.GPU, 64), (POOL, 0, Tier.POOL, 64)))
+    ws = [WorkerState(WorkerId("w1"), NS)]  # no pool_id
+    dec = d.route(request(0), ws, 0.0)
+    assert dec.worker_id == "w1" and dec.prefix_tokens == 0 and dec.fetch_tokens == 0
+
+
+def test_fetch_threshold_ratio_and_minimum_length() -> None:
+    ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL)]
+    # local 40 pages, pool 48: 48 < 1.5 * 40 -> recompute the 24 missing pages
+    d = driver(index_with(("w0", 0, Tier.HOST, 40), (POOL, 0, Tier.POOL, 48)), fetch_ratio=1.5)
+    dec = d.route(request(0), ws, 0.0)
+    assert dec.fetch_tokens == 0 and dec.prefix_tokens == 40 * PS
+    # pool 64 >= 1.5 * 40 -> fetch 24 pages
+    d = driver(index_with(("w0", 0, Tier.HOST, 40), (POOL, 0, Tier.POOL, 64)), fetch_ratio=1.5)
+    dec = d.route(request(0), ws, 0.0)
+    assert dec.fetch_tokens == 24 * PS and dec.prefix_tokens == 64 * PS
+    # no local hit: a pool match shorter than min_fetch_pages is not fetched
+    d = driver(index_with((POOL, 0, Tier.POOL, 3)), min_fetch_pages=4)
+    assert d.route(request(0), ws, 0.0).fetch_tokens == 0
+    d = driver(index_with((POOL, 0, Tier.POOL, 4)), min_fetch_pages=4)
+    assert d.route(request(0), ws, 0.0).fetch_tokens == 4 * PS
+
+
+def test_slow_link_prefers_recomputation_unless_told_to_follow_the_threshold_only() -> None:
+    idx_stores = ((POOL, 0, Tier.POOL, 64),)
+    ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL)]
+    slow = driver(index_with(*idx_stores), bandwidth=10e6)
+    assert slow.route(request(0), ws, 0.0).fetch_tokens == 0
+    blind = driver(index_with(*idx_stores), bandwidth=10e6, compare_fetch_cost=False)
+    assert blind.route(request(0), ws, 0.0).fetch_tokens == 64 * PS
+
+
+def test_ttft_slo_rejects_with_retry_after_and_breakdown() -> None:
+    d = driver(index_with(), ttft_slo_s=10.0, max_retry_after_s=30.0)
+    ws = workers(1)
+    dec = d.route(request(0, slo=1e-4), ws, 0.0)  # a request's own SLO wins
+    assert not dec.accepted and dec.reason == "ttft_slo"
+    assert dec.retry_after_s is not None and 1.0 <= dec.retry_after_s <= 30.0
+    assert len(dec.candidates) == 1 and dec.candidates[0].ttft_s > 1e-4
+    assert d.in_flight() == 0 and d.cost.outstanding(ws[0].slot) == 0  # nothing recorded
+    ok = d.route(request(1), ws, 0.0)  # the default 10 s SLO is met
+    assert ok.accepted
+
+
+def test_data_parallel_ranks_are_separate_candidates() -> None:
+    d = driver(index_with(("w0", 1, Tier.GPU, 64)))
+    dec = d.route(request(0), workers(1, dp_size=2), 0.0)
+    assert (dec.worker_id, dec.dp_rank) == ("w0", 1) and dec.prefix_tokens == 64 * PS
+    assert {(c.worker_id, c.dp_rank) for c in dec.candidates} == {("w0", 0), ("w0", 1)}
+
+
+def test_ties_go_to_the_least_loaded_worker() -> None:
+    d = driver(None)
+    ws = workers(2)
+    assert [d.route(request(i, pages=1), ws, 0.0).worker_id for i in (0, 1)] == ["w0", "w1"]
+    for i in (0, 1):
+        d.prefill_done(f"r{i}", 0.0, 0.001)  # prefill queues empty again: TTFTs tie
+    d.finished("r1", True, 0.0)  # w0 still decodes r0; w1 is idle
+    # rotation alone would now pick w0 again; the load tie-break picks w1
+    assert d.route(request(2, pages=1), ws, 0.0).worker_id == "w1"
+
+
+def test_unknown_namespace_in_the_index_routes_cache_blind() -> None:
+    idx = GlobalIndex()  # nothing registered
+    policy = ConductorPolicy()
+    d = PolicyDriver(policy, CostModel(), idx)
+    assert d.route(request(0), workers(2), 0.0).accepted
+    assert policy.index_errors == 1
+
+
+def test_a_busy_holder_keeps_the_turn_when_its_peer_shares_its_compute() -> None:
+    """Engines on one CPU host run at the same time but not faster together: moving a turn off
+    its busy cache holder to a peer sharing the cores saves no queueing, only loses the cache."""
+
+    def second_turn(shared: bool) -> str | None:
+        d = driver(index_with(("w0", 0, Tier.GPU, 64)), routed_ttl_s=0)
+        if shared:
+            for w in ("w0", "w1"):
+                d.cost.share_compute(WorkerId(w), "cpu@host")
+        ws = workers(2, pool=None)
+        first = d.route(request(0), ws, 0.0)
+        assert first.worker_id == "w0"
+        for i in range(1, 4):  # cold work piled on w0
+            d.cost.on_routed(request(100 + i, pages=4), first._replace(
+                request_id=f"x{i}", predicted_prefill_s=1.0, fetch_tokens=0), 0.0)
+        return d.route(request(1), ws, 0.0).worker_id
+
+    assert second_turn(shared=False) == "w1"  # independent servers: the idle peer wins
+    assert second_turn(shared=True) == "w0"

@@ -1,0 +1,151 @@
+"""Prefill regression, queue model, transfer time (router/routing/prefill_model.py, queue_model.py,
+cost.py)."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from radix_global.types import Namespace, PoolId, WorkerId
+from router.routing.contract import Decision, RouteRequest, WorkerState
+from router.routing.cost import CostConfig, CostModel
+from router.routing.prefill_model import PrefillModel, ProfilePoint, profile_plan
+from router.routing.queue_model import PendingPrefill, QueueModel
+from router.routing.topology import GBPS, star_cluster
+
+NS = Namespace("m@1")
+W = WorkerId("w0")
+
+
+def true_curve(n: int, p: int) -> float:
+    """A known quadratic: 50 ms + 0.2 ms/token + attention 40 ns per (new, earlier) pair."""
+    m = n - p
+    return 0.05 + 2e-4 * m + 4e-8 * m * (p + m / 2)
+
+
+def test_profile_plan_covers_cold_and_cached_points_page_aligned() -> None:
+    plan = profile_plan(8192, 64)
+    assert ProfilePoint(8192, 0) in plan and ProfilePoint(8192, 4096) in plan
+    assert all(p.input_tokens % 64 == 0 and p.prefix_tokens % 64 == 0 for p in plan)
+    assert len({p.input_tokens for p in plan}) == 4
+    with pytest.raises(ValueError):
+        profile_plan(64, 64)
+
+
+def test_regression_learns_a_known_quadratic_and_reports_its_error() -> None:
+    model = PrefillModel()  # generic prior, far from the truth
+    assert model.mape() is None
+    for point in profile_plan(16384, 64):
+        model.observe(point.input_tokens, point.prefix_tokens, true_curve(*point))
+    rng = random.Random(1)
+    for _ in range(40):
+        n = rng.randrange(256, 16384)
+        p = rng.randrange(0, n // 64) * 64
+        model.observe(n, p, true_curve(n, p) * rng.uniform(0.97, 1.03))
+    for n, p in [(1000, 0), (16000, 0), (16000, 15000), (30000, 10000)]:
+        assert model.predict(n, p) == pytest.approx(true_curve(n, p), rel=0.06)
+    err = model.mape()
+    assert err is not None and err < 0.5  # includes the early, prior-only predictions
+    recent = PrefillModel(error_window=10)
+    for _ in range(3):
+        for point in profile_plan(16384, 64):
+            recent.observe(point.input_tokens, point.prefix_tokens, true_curve(*point))
+    assert (recent.mape() or 1.0) < 0.02  # once fitted, the rolling error is small
+
+
+def test_bad_observations_are_ignored() -> None:
+    model = PrefillModel()
+    for bad in (0.0, -1.0, math.nan, math.inf):
+        model.observe(100, 0, bad)
+    assert model.observations == 0 and model.mape() is None
+
+
+def test_calibrated_curve_reproduces_its_parameters() -> None:
+    model = PrefillModel.calibrated(0.05, 2e-4, 4e-8)
+    for n, p in [(100, 0), (8000, 4000), (32000, 0)]:
+        assert model.predict(n, p) == pytest.approx(true_curve(n, p), rel=1e-9)
+    big = PrefillModel.llama3_70b_8xa800()
+    assert 0.5 < big.predict(8192, 0) < 2.0  # order of magnitude of the paper's setup
+    assert big.predict(8192, 8000) < big.predict(8192, 0) / 10
+
+
+def pending(at: float, s: float, transfer: float = 0.0) -> PendingPrefill:
+    return PendingPrefill(at, s, 1000, 0, transfer)
+
+
+def test_queue_is_a_fifo_reconstruction_corrected_by_completions() -> None:
+    q = QueueModel()
+    slot = (W, 0)
+    assert q.queue_s(slot, 0.0) == 0.0
+    q.add(slot, "a", pending(0.0, 2.0))
+    q.add(slot, "b", pending(0.5, 1.0, transfer=0.5))
+    assert q.queue_s(slot, 1.0) == pytest.approx(2.5)  # a ends at 2, b at 3.5
+    done = q.prefill_done("a", 1.5)  # a finished early
+    assert done is not None and done.inferred_s == pytest.approx(1.5)
+    assert q.queue_s(slot, 1.5) == pytest.approx(1.5)  # b now starts at 1.5
+    assert q.queue_s(slot, 5.0) == 0.0  # b overran: never negative
+    assert q.outstanding(slot) == 2 and q.pending_prefills(slot) == 1
+    assert q.finished("b") == slot and q.finished("b") is None
+    assert q.prefill_done("zzz", 1.0) is None
+    q.forget_worker(W)
+    assert q.outstanding(slot) == 0
+
+
+def test_workers_sharing_compute_queue_as_one_fifo_server() -> None:
+    q = QueueModel()
+    a, b, c = (WorkerId("a"), 0), (WorkerId("b"), 0), (WorkerId("c"), 0)
+    q.share_compute(a[0], "cpu@host")
+    q.share_compute(b[0], "cpu@host")
+    q.add(a, "r1", pending(0.0, 2.0))
+    assert q.queue_s(b, 0.0) == pytest.approx(2.0)  # b's cores are busy with a's prefill
+    assert q.queue_s(c, 0.0) == 0.0  # c computes on its own
+    q.add(b, "r2", pending(0.0, 1.0))
+    assert q.queue_s(a, 0.0) == pytest.approx(3.0) and q.pending_prefills(a) == 2
+    assert q.outstanding(a) == 1 and q.outstanding(b) == 1  # load stays per worker
+    assert q.prefill_done("r1", 1.0) is not None
+    assert q.queue_s(b, 1.0) == pytest.approx(1.0)
+    q.forget_worker(b[0])  # b's requests leave the shared queue with it
+    assert q.queue_s(a, 1.0) == 0.0 and q.outstanding(b) == 0
+    q.share_compute(a[0], None)
+    q.add(a, "r3", pending(1.0, 1.0))
+    assert q.queue_s(a, 1.0) == pytest.approx(1.0)
+
+
+def ws(**kw: object) -> WorkerState:
+    return WorkerState(W, NS, pool_id=PoolId("pool"), **kw)  # type: ignore[arg-type]
+
+
+def test_engine_reported_waiting_tokens_are_blended_in() -> None:
+    cost = CostModel(CostConfig(engine_queue_weight=0.5),
+                     prefill_prior=lambda: PrefillModel.calibrated(0.05, 2e-4, 4e-8))
+    assert cost.queue_s(ws(), 0.0) == 0.0
+    engine = true_curve(10_000, 0)
+    assert cost.queue_s(ws(waiting_tokens=10_000), 0.0) == pytest.approx(0.5 * engine)
+    assert cost.queue_s(ws(waiting_tokens=0), 0.0) == 0.0
+
+
+def test_routed_and_finished_requests_move_the_queue_and_train_the_model() -> None:
+    cost = CostModel()
+    req = RouteRequest("r", NS, 2000, [], 16)
+    dec = Decision("r", "x", True, W, 0, prefix_tokens=0, predicted_prefill_s=3.0,
+                   predicted_ttft_s=3.0)
+    cost.on_routed(req, dec, 10.0)
+    assert cost.queue_s(ws(), 10.0) == pytest.approx(3.0)
+    cost.on_prefill_done("r", 12.0)  # inferred: 2 s of prefill
+    assert cost.queue_s(ws(), 12.0) == 0.0
+    assert cost.prefill_model(W).observations == 1
+    assert cost.outstanding((W, 0)) == 1
+    cost.on_finished("r", 13.0)
+    assert cost.outstanding((W, 0)) == 0
+
+
+def test_transfer_time_uses_the_topology_bottleneck_or_the_default() -> None:
+    topo = star_cluster({"h0": [PoolId("pool")], "h1": [W]}, nic_Bps=100 * GBPS)
+    cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6), topo)
+    assert cost.transfer_s(PoolId("pool"), ws(), 1000) == pytest.approx(1e6 / (100 * GBPS))
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
+    assert cost.transfer_s(PoolId("pool"), ws(), 0) == 0.0
+    cost.observe_transfer(PoolId("pool"), W, nbytes=10**9, seconds=1.0)  # slower than the NIC
+    assert cost.bandwidth_Bps(PoolId("pool"), W) < 100 * GBPS

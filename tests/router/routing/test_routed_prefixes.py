@@ -1,0 +1,56 @@
+"""router/routing/routed_prefixes.py, and the conductor counting a just-routed prompt as held."""
+
+from __future__ import annotations
+
+import pytest
+from test_conductor import KEYS, NS, PS, driver, index_with, workers
+
+from radix_global.types import PageKey, WorkerId
+from router.routing.contract import RouteRequest
+from router.routing.routed_prefixes import RoutedPrefixes
+
+SLOT = (WorkerId("w0"), 0)
+
+
+def test_match_is_the_leading_run_and_expires_after_ttl() -> None:
+    memory = RoutedPrefixes(ttl_s=10.0)
+    memory.add(SLOT, KEYS[:8], now=0.0)
+    assert memory.match(SLOT, KEYS[:16], now=5.0) == 8
+    assert memory.match(SLOT, [PageKey(1), *KEYS[:8]], now=5.0) == 0  # leading run only
+    assert memory.match((WorkerId("w1"), 0), KEYS[:8], now=5.0) == 0
+    assert memory.match(SLOT, KEYS[:8], now=10.5) == 0  # older than ttl
+    memory.add(SLOT, KEYS[:2], now=10.5)  # routing again refreshes what it covers, expires the rest
+    assert memory.match(SLOT, KEYS[:8], now=11.0) == 2
+    assert memory.pages(SLOT) == 2
+
+
+def test_lru_bound_trims_leaves_first_and_forget_worker() -> None:
+    memory = RoutedPrefixes(max_pages_per_slot=4)
+    memory.add(SLOT, KEYS[:6], now=0.0)
+    assert memory.pages(SLOT) == 4 and memory.match(SLOT, KEYS[:6], now=1e9) == 4
+    memory.forget_worker(WorkerId("w0"))
+    assert memory.pages(SLOT) == 0
+
+
+def test_bad_bounds_are_refused() -> None:
+    with pytest.raises(ValueError):
+        RoutedPrefixes(max_pages_per_slot=0)
+    with pytest.raises(ValueError):
+        RoutedPrefixes(ttl_s=0)
+
+
+def _turns(**policy: object) -> tuple[str | None, str | None, int]:
+    """Turn 1 (32 pages) is routed; 10 ms later, before any KV event, turn 2 extends it."""
+    d = driver(index_with(), **policy)
+    ws = workers(2)
+    first = d.route(RouteRequest("t1", NS, 32 * PS, KEYS[:32], PS), ws, 0.0)
+    second = d.route(RouteRequest("t2", NS, 64 * PS, KEYS[:64], PS), ws, 0.01)
+    return first.worker_id, second.worker_id, second.prefix_tokens
+
+
+def test_next_turn_follows_a_prompt_routed_before_its_events_arrived() -> None:
+    first, second, prefix = _turns()
+    assert second == first and prefix == 32 * PS
+    # Negative control: without the routed memory the holder looks cold and busy, so it loses.
+    first, second, prefix = _turns(routed_ttl_s=0)
+    assert second != first and prefix == 0
