@@ -9,8 +9,9 @@ page size 4). Each request is a fresh prompt (no cache anywhere), streamed, gree
   fetches the prompt from the pool (``wait_complete`` prefetch) and decodes.
 - ``native``: SGLang's PD (``--disaggregation-mode prefill|decode``, Mooncake TCP transfer
   engine, our CPU patch ``sglang_patch/pd_cpu.py``), request sent to both with SGLang's bootstrap
-  fields (``PdOrchestrator`` native mode). Mooncake binds all interfaces, so this phase runs only
-  inside a private network namespace; run the whole benchmark as
+  fields (``router/pd/protocol.py::native_body``, as the router's relay sends it). Mooncake
+  binds all interfaces, so this phase runs only inside a private network namespace; run the
+  whole benchmark as
   ``unshare -n bash -c 'ip link set lo up && .venv/bin/python -m benchmarks.pd_bench'``
   (outside one, the native row says so and is skipped).
 
@@ -57,10 +58,19 @@ from benchmarks.pd_cluster import (
 )
 from radix_global import keys, trace
 from radix_global.types import Role, WorkerId
+from router.config import RouterConfig
 from router.keying.prompt import GENERATE
 from router.pd.orchestrator import PdOrchestrator
-from router.pd.protocol import PdConfig, PdMode
+from router.pd.protocol import (
+    PREFILL_RID_SUFFIX,
+    PdConfig,
+    PdMode,
+    PdUtilization,
+    native_body,
+    new_bootstrap_room,
+)
 from router.routing.contract import RouteRequest, WorkerState
+from router.transport.proxy import Proxy
 from sglang_patch.launch_plan import free_port
 
 
@@ -85,10 +95,33 @@ class Bench:
                  probe: PoolProbe | None, bootstrap: int | None) -> None:
         self.client, self.urls, self.kv = client, urls, kv_per_token
         self.probe = probe
-        mode = PdMode.NATIVE if bootstrap is not None else PdMode.POOL
-        self.orch = PdOrchestrator(client, PdConfig(mode=mode, pool_ready_timeout_s=60),
-                                   probe=probe,
-                                   bootstrap_ports={WorkerId("P"): bootstrap or 0})
+        self.bootstrap = bootstrap
+        # The pool hand-off over the router's own data plane; native PD is two plain POSTs.
+        self.proxy = Proxy(RouterConfig(request_timeout_s=600))
+        self.orch = PdOrchestrator(self.proxy, PdConfig(mode=PdMode.POOL,
+                                                        pool_ready_timeout_s=60), probe=probe)
+        self.util = self.orch.util if bootstrap is None else PdUtilization(
+            PdConfig(mode=PdMode.NATIVE))
+
+    async def native(self, rid: str, body: dict[str, Any], t0: float
+                     ) -> tuple[float, list[float], int]:
+        """Both halves at once, with SGLang's bootstrap fields; the decode half is timed."""
+        assert self.bootstrap is not None
+        pd = native_body(body, self.urls["P"], self.bootstrap, new_bootstrap_room())
+        p, d = WorkerId("P"), WorkerId("D")
+        self.util.begin(p, Role.PREFILL, time.monotonic())
+        self.util.begin(d, Role.DECODE, time.monotonic())
+        prefill = asyncio.ensure_future(self.client.post(
+            self.urls["P"] + "/generate", json={**pd, "rid": rid + PREFILL_RID_SUFFIX,
+                                               "stream": False}))
+        prefill.add_done_callback(lambda _: self.util.end(p, time.monotonic()))
+        try:
+            async with self.client.stream("POST", self.urls["D"] + "/generate",
+                                          json={**pd, "rid": rid}) as resp:
+                return await timed_stream(resp.aiter_bytes(), t0)
+        finally:
+            self.util.end(d, time.monotonic())
+            await prefill
 
     async def one(self, mode: str, rid: str, ids: list[int], out: int,
                   gaps_out: list[float] | None = None) -> dict[str, Any]:
@@ -102,6 +135,8 @@ class Bench:
             async with self.client.stream("POST", self.urls["D"] + "/generate",
                                           json=body) as resp:
                 ttft, gaps, n = await timed_stream(resp.aiter_bytes(), t0)
+        elif mode == "native":
+            ttft, gaps, n = await self.native(rid, body, t0)
         else:
             if self.probe is not None:
                 self.probe.ids[rid] = ids
@@ -210,7 +245,8 @@ async def run_phase(urls: dict[str, str], modes: tuple[str, ...], kv: int,
                 loads[m] = await load(b, m, la.concurrency, la.waves, blocks, la.output_tokens,
                                       la.stagger_s, 2_000_000 + 500_000 * k
                                       + (3_000_000 if bootstrap is not None else 0))
-        report = b.orch.util.report(time.monotonic())
+        report = b.util.report(time.monotonic())
+        await b.proxy.close()
     return rows, report, loads
 
 

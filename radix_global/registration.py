@@ -8,11 +8,32 @@ from __future__ import annotations
 
 import msgspec
 
+from radix_global.endpoints import endpoint_problem
 from radix_global.types import Role
 
 
 class RegistrationError(ValueError):
     """A registration record that cannot be accepted (bad field, conflicting id, bad namespace)."""
+
+
+# Bounds on what a registration may ask of the router and the index: each dp rank is a routing
+# slot (and a subscriber socket), each page size a tree; no real engine is near them.
+MAX_DP_SIZE = 1024
+MAX_PAGE_SIZE = 65536
+MAX_ID_CHARS = 256
+MAX_URL_CHARS = 2048
+_TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",
+                "compute_domain")
+_URL_FIELDS = ("url", "kv_events_endpoint", "kv_events_replay_endpoint", "pool_events_endpoint")
+
+
+def _check_text(info: WorkerInfo) -> None:
+    """Identifiers end up in HTTP headers, metric labels and log lines: printable, bounded."""
+    for name, limit in [(f, MAX_ID_CHARS) for f in _TEXT_FIELDS] + \
+            [(f, MAX_URL_CHARS) for f in _URL_FIELDS]:
+        value = getattr(info, name)
+        if value is not None and (len(value) > limit or not value.isprintable()):
+            raise RegistrationError(f"{name} must be at most {limit} printable characters")
 
 
 class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -35,8 +56,12 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Workers with the same compute_domain share their compute (e.g. CPU engines on one host):
     # the router queues their prefills as one server. None: the worker computes on its own.
     compute_domain: str | None = None
+    # Bytes one token's KV occupies on the wire (every layer and rank, KV cache dtype): the
+    # router prices this namespace's pool fetches with it. None: the router's default.
+    kv_bytes_per_token: int | None = None
 
     def __post_init__(self) -> None:
+        _check_text(self)
         if not self.worker_id or "/" in self.worker_id:
             raise RegistrationError("worker_id must be non-empty and contain no '/'")
         if not self.url.startswith(("http://", "https://")):
@@ -45,14 +70,27 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise RegistrationError(
                 f"namespace must be '<model>@<version>', got {self.namespace!r}"
             )
-        if self.page_size < 1:
-            raise RegistrationError(f"page_size must be >= 1, got {self.page_size}")
-        if self.dp_size < 1:
-            raise RegistrationError(f"dp_size must be >= 1, got {self.dp_size}")
+        if not 1 <= self.page_size <= MAX_PAGE_SIZE:
+            raise RegistrationError(f"page_size must be in [1, {MAX_PAGE_SIZE}], "
+                                    f"got {self.page_size}")
+        if not 1 <= self.dp_size <= MAX_DP_SIZE:
+            raise RegistrationError(f"dp_size must be in [1, {MAX_DP_SIZE}], got {self.dp_size}")
+        if self.bootstrap_port is not None and not 0 < self.bootstrap_port < 65536:
+            raise RegistrationError(f"bootstrap_port must be a port, got {self.bootstrap_port}")
         if self.engine not in ("sglang", "vllm", "other"):
             raise RegistrationError(f"engine must be sglang|vllm|other, got {self.engine!r}")
         if self.pool_id is not None and self.pool_id == self.worker_id:
             raise RegistrationError("pool_id must differ from worker_id")
+        if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
+            raise RegistrationError(
+                f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")
+        for name, ranks in (("kv_events_endpoint", self.dp_size),
+                            ("kv_events_replay_endpoint", self.dp_size),
+                            ("pool_events_endpoint", 1)):
+            endpoint = getattr(self, name)
+            problem = None if endpoint is None else endpoint_problem(endpoint, ranks)
+            if problem is not None:  # refused here: "registered" must mean "can be followed"
+                raise RegistrationError(f"{name} {endpoint!r}: {problem}")
 
 
 def decode_worker_info(data: bytes | str) -> WorkerInfo:

@@ -214,7 +214,7 @@ class RadixTree:
                 m = next((j for j in range(1, m) if run[j] != keys[i + j]), m)
             if not path or path[-1][0] is not child.locset:  # equal sets change no run
                 path.append((child.locset, i))
-            # one decayed hit (inline Decay.bump: this loop is the router's hot path)
+            # one decayed hit (the rule of radix_global/hotness.py, inline: the router's hot path)
             if now > child.stamp:
                 child.hits = child.hits * exp((child.stamp - now) * k) + 1.0
                 child.stamp = now

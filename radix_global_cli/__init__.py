@@ -6,7 +6,10 @@ Subcommands are imported lazily so that the light router install never imports t
 from __future__ import annotations
 
 import importlib
+import importlib.metadata
+import re
 import sys
+from pathlib import Path
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "make-model": ("sglang_patch.make_model", "build the offline tiny test model and tokenizer"),
@@ -20,8 +23,22 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+def package_version() -> str:
+    """The installed distribution's version; from a source tree that was never installed, the
+    ``version`` of the ``pyproject.toml`` beside this package (no TOML parser needed)."""
+    try:
+        return importlib.metadata.version("radix-global")
+    except importlib.metadata.PackageNotFoundError:
+        pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+        try:
+            found = re.search(r'^version\s*=\s*"([^"]+)"', pyproject.read_text(), re.M)
+        except OSError:
+            found = None
+        return found.group(1) if found else "unknown"
+
+
 def _usage() -> str:
-    lines = ["usage: radix-global <command> [args...]", "", "commands:"]
+    lines = ["usage: radix-global [--version] <command> [args...]", "", "commands:"]
     lines += [f"  {name:<12} {help_}" for name, (_, help_) in SUBCOMMANDS.items()]
     return "\n".join(lines)
 
@@ -30,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     if not args or args[0] in ("-h", "--help"):
         print(_usage())
+        return 0
+    if args[0] in ("-V", "--version"):
+        print(f"radix-global {package_version()}")
         return 0
     name, rest = args[0], args[1:]
     if name not in SUBCOMMANDS:

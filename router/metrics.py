@@ -9,9 +9,12 @@ engine never reports a hit where the router predicted one (router/engine disagre
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from typing import Any, NamedTuple
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
 
 _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5,
                     10, 30, 60)
@@ -80,9 +83,9 @@ class RouterMetrics:
         self.outstanding = Gauge("router_outstanding_requests", "In-flight requests per worker",
                                  ["worker"], registry=r)
         self.workers = Gauge("router_workers", "Workers by model", ["model"], registry=r)
-        self.key_mismatch = Gauge("router_key_mismatch",
-                                  "1 if the worker never hits where the router expects a hit",
-                                  ["worker"], registry=r)
+        r.register(_KeyMismatch(self))
+        # worker -> whether it never hit where the router expected hits: read when scraped
+        self.key_mismatch: Callable[[], Iterable[tuple[str, bool]]] = lambda: ()
 
     def worker(self, worker_id: str) -> WorkerMetrics:
         w = self._workers.get(worker_id)
@@ -113,3 +116,23 @@ class RouterMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _KeyMismatch(Collector):
+    """``router_key_mismatch``, computed when scraped from the router's counters (a read of
+    ``/metrics`` changes nothing)."""
+
+    def __init__(self, metrics: RouterMetrics) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return [GaugeMetricFamily("router_key_mismatch", _MISMATCH_HELP, labels=["worker"])]
+
+    def collect(self) -> list[Metric]:
+        family = GaugeMetricFamily("router_key_mismatch", _MISMATCH_HELP, labels=["worker"])
+        for worker, mismatch in self._metrics.key_mismatch():
+            family.add_metric([worker], 1.0 if mismatch else 0.0)
+        return [family]
+
+
+_MISMATCH_HELP = "1 if the worker never hits where the router expects a hit"

@@ -24,9 +24,11 @@ from router.keying.lora import configured_extra_keys
 from router.keying.tenants import Tenants
 from router.keying.tokenize import TokenizerCache
 from router.metrics import RouterMetrics
-from router.routing.admission import SloConfig
+from router.pd.pool_front import PdFront
+from router.pd.protocol import PdMode, PdUtilization
 from router.routing.contract import RoutingPolicy
 from router.routing.cost import CostModel
+from router.routing.decode_select import DecodeSelector
 from router.routing.driver import PolicyDriver
 from router.routing.policies import get_policy
 from router.routing.prefill_model import PrefillModel
@@ -42,20 +44,32 @@ def _quiet_load(tok: Any) -> None:
         log.warning("tokenizer %s failed to load: %r", tok.path, exc)
 
 
+def key_mismatch(entry: WorkerEntry, min_requests: int) -> bool:
+    """The engine never reported a hit on requests the router routed for a cached prefix."""
+    return entry.expected_hits >= min_requests and entry.observed_hits == 0
+
+
 class RouterState:
     def __init__(self, config: RouterConfig, *, policy: RoutingPolicy | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config
         self.clock = clock
         self.metrics = RouterMetrics()
+        self.metrics.key_mismatch = lambda: [
+            (e.info.worker_id, key_mismatch(e, config.mismatch_min_requests))
+            for e in self.registry.all()]
         self.lora_extra_keys = configured_extra_keys(config.lora_paths)  # name -> SGLang's key
         self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token(),
                                               lora_extra_keys=self.lora_extra_keys)
         self.index.bind_metrics(self.metrics.registry)
-        # Decode admission (native and pool PD): no decode worker meeting the TBT SLO -> 429.
-        tbt_slo = config.pd_tbt_slo_s if config.pd_tbt_slo_s > 0 else None
-        self.routing = PolicyDriver(policy or get_policy(config.policy, **config.policy_options),
-                                   CostModel(), self.index.view, slo=SloConfig(tbt_slo_s=tbt_slo))
+        # One SLO for the conductor's TTFT admission and the driver's decode admission (no
+        # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from
+        # the same config (RouterConfig.*_config(): one default per value).
+        slo = config.slo_config()
+        self.routing = PolicyDriver(
+            policy or get_policy(config.policy, slo, **config.policy_options),
+            CostModel(config.cost_config()), self.index.view,
+            decode=DecodeSelector(config.decode_config()), slo=slo)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
         self.proxy = Proxy(config)
@@ -63,10 +77,24 @@ class RouterState:
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat, busy=self._busy)
         self.health.bind_metrics(self.metrics.registry)
-        self.warmer = HotPrefixWarmer(self, config.warm_interval_s)
+        self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
+                                      self.routing.cost.outstanding, config.warm_interval_s,
+                                      config.warm_config(), clock=clock)
         self.warmer.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
         self.tenants = Tenants.from_file(config.tenants_file)
+        # Prefill/decode disaggregation: the pool hand-off's state in pool mode; the busy-time
+        # tracker of the utilisation report in either mode.
+        self.pd_pool: PdFront | None = None
+        if config.pd_mode == PdMode.POOL:
+            self.pd_pool = PdFront(self.proxy, self.proxy.client, config.pd_config(),
+                                   self.routing.decode, lambda: self.index.view,
+                                   self.routing.slo.tbt_slo_s, clock,
+                                   on_refused=self.health.connect_failed,
+                                   on_answered=self.health.connect_ok)
+            self.pd_util = self.pd_pool.orch.util
+        else:
+            self.pd_util = PdUtilization(config.pd_config())
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
@@ -86,6 +114,9 @@ class RouterState:
         self.index.worker_added(entry)
         self.prewarm(entry)
         self.routing.cost.share_compute(entry.worker_id, entry.info.compute_domain)
+        if entry.info.kv_bytes_per_token is not None:  # else the configured default prices it
+            self.routing.cost.set_kv_bytes_per_token(entry.info.namespace,
+                                                     entry.info.kv_bytes_per_token)
         self.inherit_profile(entry)
         self.start_profile(entry)
         self.refresh_gauges()
@@ -95,18 +126,16 @@ class RouterState:
         profile is fitted (``ProfileBook``); with none, the default prior stays."""
         model = self.profile_book.joined(entry.info.worker_id, entry.info.namespace)
         if model is not None:
-            self.routing.cost.set_prefill_model(
-                entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+            self.routing.cost.set_prefill_model(entry.worker_id, model)
             log.info("worker %s priced with its peers' prefill profile until its own is fitted",
                      entry.info.worker_id)
 
     def apply_profile(self, entry: WorkerEntry, model: PrefillModel) -> None:
         """Install ``entry``'s own fitted profile; peers still without one inherit it."""
-        self.routing.cost.set_prefill_model(
-            entry.worker_id, model, learn_inferred=self.config.learn_from_inferred_prefill)
+        # learn_from_inferred_prefill is the cost model's (CostConfig, from this config)
+        self.routing.cost.set_prefill_model(entry.worker_id, model)
         for wid, inherited in self.profile_book.fitted(entry.info.worker_id, model).items():
-            self.routing.cost.set_prefill_model(
-                WorkerId(wid), inherited, learn_inferred=self.config.learn_from_inferred_prefill)
+            self.routing.cost.set_prefill_model(WorkerId(wid), inherited)
 
     def start_profile(self, entry: WorkerEntry) -> None:
         """Measure the joining worker's prefill curve in the background
@@ -137,7 +166,8 @@ class RouterState:
             self.profiles[wid] = {"state": "failed", "error": repr(exc)}
             if self.registry.find(wid) is not None:  # an inherited model learns online then
                 self.routing.cost.set_prefill_model(
-                    entry.worker_id, self.routing.cost.prefill_model(entry.worker_id))
+                    entry.worker_id, self.routing.cost.prefill_model(entry.worker_id),
+                    learn_inferred=True)
             return
         if self.registry.find(wid) is None:
             return  # left while being profiled
@@ -163,6 +193,13 @@ class RouterState:
         self.routing.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
         self.refresh_gauges()
+
+    def pd_report(self) -> dict[str, Any] | None:
+        """The PD utilisation report, or None while no PD request was seen."""
+        if self.pd_pool is not None:
+            return self.pd_pool.report()
+        util = self.pd_util
+        return util.report(self.clock()).to_json(util.config.mode) if util.seen else None
 
     def refresh_gauges(self) -> None:
         counts: collections.Counter[str] = collections.Counter(

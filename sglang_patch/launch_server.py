@@ -27,7 +27,12 @@ import httpx
 
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
-from sglang_patch.register import Registrar, RegistrationRefused, namespace_for
+from sglang_patch.register import (
+    Registrar,
+    RegistrationRefused,
+    kv_bytes_per_token,
+    namespace_for,
+)
 
 log = logging.getLogger("radix_global.sglang")
 SGLANG_VERSION = "0.5.23"
@@ -112,6 +117,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         # CPU engines on the same cores share them; GPU engines each have their own device.
         compute_domain=(cpu_compute_domain()
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
+        kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
     )
 
 

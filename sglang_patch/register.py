@@ -1,8 +1,8 @@
 """Register a worker with the router / index and keep it registered (``docs/interfaces.md`` s. 2).
 
-- :func:`namespace_for` / :func:`model_version`: the namespace ``<model>@<version>``, where the
-  version is a hash of the model folder's ``config.json`` unless given (so two model versions never
-  share a tree).
+- :func:`namespace_for` / :func:`model_version`: the namespace ``<model>@<version>``, the one
+  rule of ``radix_global/namespaces.py`` (the router names a command-line worker's namespace with
+  it too, so both kinds of worker of one model share a namespace).
 - :class:`Registrar`: ``POST {url}/admin/workers`` (``WorkerInfo`` JSON, ``Authorization: Bearer``
   admin token), a heartbeat thread (``POST .../{id}/heartbeat`` every interval; a ``404`` means the
   router forgot us: register again), and ``DELETE .../{id}`` on shutdown.
@@ -13,16 +13,21 @@ with the router's message; an unreachable router is retried until ``connect_time
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import os
 import threading
 import time
-from pathlib import Path
+from collections.abc import Mapping
+from typing import Any
 
 import httpx
 
+from radix_global import kv_size
+from radix_global.namespaces import model_version, namespace_for
 from radix_global.registration import WorkerInfo, encode_worker_info
+
+__all__ = ["TOKEN_ENV", "Registrar", "RegistrationRefused", "kv_bytes_per_token",
+           "model_version", "namespace_for"]
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "RADIX_GLOBAL_ADMIN_TOKEN"
@@ -32,15 +37,12 @@ class RegistrationRefused(RuntimeError):
     """The router answered a registration with an error status (bad record, conflict, auth)."""
 
 
-def model_version(model_path: str) -> str:
-    """First 12 hex digits of SHA-256 over the model folder's ``config.json`` (or the path)."""
-    config = Path(model_path) / "config.json"
-    data = config.read_bytes() if config.is_file() else model_path.encode()
-    return hashlib.sha256(data).hexdigest()[:12]
-
-
-def namespace_for(model: str, model_path: str, version: str | None = None) -> str:
-    return f"{model}@{version or model_version(model_path)}"
+def kv_bytes_per_token(model_path: str, server: Mapping[str, Any]) -> int | None:
+    """The ``WorkerInfo.kv_bytes_per_token`` of this worker, from the model's ``config.json``
+    here on the worker's host (the router may not have the folder) and its ``/server_info``
+    (``server``: KV dtype, TP size; its KV pool when the folder says nothing): the one rule of
+    :func:`radix_global.kv_size.for_worker`. None when neither says."""
+    return kv_size.for_worker(model_path, server)
 
 
 class Registrar:

@@ -1,14 +1,11 @@
 """Liveness of workers: discovery and HTTP health checks of command-line workers, heartbeat
 expiry of registered ones. The only async part of the worker registry.
 
-A command-line worker (``--workers URL``) is described by its own ``/server_info`` (SGLang):
-served model name, model folder (tokenizer), page size, KV-event endpoint, dp size, role. An
-engine without ``/server_info`` (vLLM) is described by its OpenAI ``/v1/models`` (served name,
-model folder, context length) and is engine ``other`` unless told. What the engine cannot say is
-given in the URL's fragment, ``URL#engine=vllm&page_size=128&kv_events_endpoint=ipc:///PATH``
-(:data:`SPEC_FIELDS`; these override what the worker reports). It joins the registry once it
-answers, leaves after ``health_failures_to_remove`` failed checks (its index entries are dropped)
-and joins again when it answers again.
+A command-line worker (``--workers URL[#overrides]``) is asked ``/health``, then ``/server_info``
+(SGLang) or else ``/v1/models`` (an OpenAI server such as vLLM); what the answer means is
+``router/cluster/discovery.py`` (pure). It joins the registry once it answers, leaves after
+``health_failures_to_remove`` failed checks (its index entries are dropped) and joins again when
+it answers again.
 
 On the request path a worker that cannot be connected to is judged by :meth:`HealthMonitor.
 connect_failed` (``router/cluster/registry.py`` ``ConnectFailures``): a connect timeout is retried
@@ -22,21 +19,20 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import errno
-import hashlib
-import json
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qsl, urlsplit
 
 import httpx
-import msgspec
 from prometheus_client import CollectorRegistry, Counter
 
-from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
-from radix_global.types import Role
+from radix_global.registration import RegistrationError
+from router.cluster.discovery import (
+    cli_worker_id,
+    info_from_server_info,
+    server_info_from_models,
+    split_worker_spec,
+)
 from router.cluster.registry import (
     CONNECT_REFUSED,
     CONNECT_TIMEOUT,
@@ -47,7 +43,6 @@ from router.cluster.registry import (
 )
 from router.config import RouterConfig
 from router.keying.lora import adapters_from_server_info
-from router.keying.tokenize import model_context_length
 
 log = logging.getLogger("radix_global.router.cluster.health")
 
@@ -65,115 +60,6 @@ def connect_failure_kind(exc: BaseException) -> str:
             return CONNECT_TIMEOUT
         seen = seen.__cause__
     return CONNECT_REFUSED
-
-
-def cli_worker_id(url: str) -> str:
-    parts = urlsplit(url)
-    return f"{parts.hostname}:{parts.port or 80}"
-
-
-def model_version(model_path: str | None) -> str:
-    """The namespace version of a model folder: the first 12 hex digits of SHA-256 over its
-    config.json (or over the path). Same rule as ``sglang_patch.register.model_version``, so a
-    command-line worker and a registered worker of one model land in one namespace."""
-    if not model_path:
-        return "0"
-    config = Path(model_path) / "config.json"
-    data = config.read_bytes() if config.is_file() else model_path.encode()
-    return hashlib.sha256(data).hexdigest()[:12]
-
-
-# WorkerInfo fields a --workers URL fragment may set
-SPEC_FIELDS = ("engine", "page_size", "kv_events_endpoint", "kv_events_replay_endpoint",
-               "kv_events_topic", "compute_domain")
-
-
-def split_worker_spec(spec: str) -> tuple[str, dict[str, Any]]:
-    """``URL[#field=value&...]`` -> (base URL, WorkerInfo overrides); ValueError on a field not
-    in :data:`SPEC_FIELDS` or a non-integer ``page_size``."""
-    url, _, fragment = spec.partition("#")
-    overrides: dict[str, Any] = {}
-    for name, value in parse_qsl(fragment, keep_blank_values=True, strict_parsing=bool(fragment)):
-        if name not in SPEC_FIELDS:
-            raise ValueError(f"worker {url}: unknown field {name!r} after '#' "
-                             f"(allowed: {', '.join(SPEC_FIELDS)})")
-        if name == "page_size":
-            if not value.isdigit():
-                raise ValueError(f"worker {url}: page_size must be an integer, got {value!r}")
-            overrides[name] = int(value)
-        else:
-            overrides[name] = value
-    return url.rstrip("/"), overrides
-
-
-def server_info_from_models(models: Any) -> dict[str, Any]:
-    """A ``/server_info``-like dict from an OpenAI ``/v1/models`` answer (vLLM: ``root`` is the
-    model folder, ``max_model_len`` the context length); empty if it names no model."""
-    data = models.get("data") if isinstance(models, dict) else None
-    if not isinstance(data, list) or not data or not isinstance(data[0], dict):
-        return {}
-    first = data[0]
-    out: dict[str, Any] = {"served_model_name": first.get("id"), "engine": "other"}
-    if isinstance(first.get("root"), str) and Path(first["root"]).is_dir():
-        out["model_path"] = first["root"]  # a local folder: the tokenizer lives there
-    if isinstance(first.get("max_model_len"), int):
-        out["context_length"] = first["max_model_len"]
-    return out
-
-
-def _events_endpoint(raw: Any, worker_url: str) -> str | None:
-    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
-    if not raw:
-        return None
-    try:
-        cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    except (ValueError, TypeError):
-        return None
-    endpoint = cfg.get("endpoint")
-    if not isinstance(endpoint, str):
-        return None
-    host = urlsplit(worker_url).hostname or "127.0.0.1"
-    for wildcard in ("*", "0.0.0.0"):
-        endpoint = endpoint.replace(f"//{wildcard}:", f"//{host}:")
-    return endpoint
-
-
-def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig,
-                          overrides: dict[str, Any] | None = None
-                          ) -> tuple[WorkerInfo, str | None, int | None]:
-    """A registration record for a command-line worker from its ``/server_info`` answer, with
-    ``overrides`` (from :func:`split_worker_spec`) replacing the matching fields."""
-    model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
-    model = config.served_model_name or server.get("served_model_name") or model_path or "default"
-    page_size = config.page_size or int(server.get("page_size") or 1)
-    mode = server.get("disaggregation_mode") or "null"
-    role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(mode, Role.MIXED)
-    version = config.model_version or model_version(model_path)
-    events = _events_endpoint(server.get("kv_events_config"), url)
-    topic = "kv-events"
-    if isinstance(server.get("kv_events_config"), str):
-        with contextlib.suppress(ValueError):
-            topic = json.loads(server["kv_events_config"]).get("topic") or topic
-    info = WorkerInfo(
-        worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
-        namespace=f"{str(model).replace('/', '-')}@{version}", page_size=page_size, role=role,
-        dp_size=int(server.get("dp_size") or 1), engine=str(server.get("engine") or "sglang"),
-        kv_events_endpoint=events, kv_events_topic=topic,
-        bootstrap_port=_bootstrap_port(server) if role is Role.PREFILL else None,
-    )
-    if overrides:
-        # through the decoder, so an override is validated like a registration record
-        info = decode_worker_info(msgspec.json.encode({**msgspec.structs.asdict(info),
-                                                       **overrides}))
-    context = config.context_length or server.get("context_length")
-    if not isinstance(context, int) and model_path:
-        context = model_context_length(model_path)
-    return info, model_path, context if isinstance(context, int) else None
-
-
-def _bootstrap_port(server: dict[str, Any]) -> int | None:
-    port = server.get("disaggregation_bootstrap_port")
-    return port if isinstance(port, int) else None
 
 
 class HealthMonitor:

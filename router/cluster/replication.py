@@ -23,6 +23,8 @@ from router.routing.contract import IndexView, Slot, WorkerState
 
 @dataclass(frozen=True)
 class WarmConfig:
+    """Built by ``RouterConfig.warm_config()`` (fields ``warm_*``); defaults written here."""
+
     min_hit_rate: float = 0.2  # decayed hits per second
     min_pages: int = 2
     max_replicas: int = 4

@@ -24,14 +24,18 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.types import Namespace, PageKey
+from router.cluster.index_link import ClusterIndex
+from router.cluster.registry import WorkerRegistry
 from router.cluster.replication import WarmAction, WarmConfig, WarmupPlanner
+from router.cluster.slots import worker_states
+from router.routing.contract import Slot, WorkerState
 
 log = logging.getLogger("radix_global.router.cluster.warming")
 
@@ -98,13 +102,20 @@ class PrefixTokens:
 
 
 class HotPrefixWarmer:
-    """Plans and sends warm requests. ``state``: the :class:`router.state.RouterState` (its
-    registry, index, cost model and HTTP client); off unless ``interval_s > 0``."""
+    """Plans and sends warm requests; off unless ``interval_s > 0``.
 
-    def __init__(self, state: Any, interval_s: float = 0.0, config: WarmConfig | None = None,
-                 top_k: int = 16, max_in_flight: int = 2, timeout_s: float = 60.0,
-                 max_pages: int = 200_000, clock: Callable[[], float] = time.monotonic) -> None:
-        self.state = state
+    ``index``: the index link (its ``hot_prefixes`` and ``direct_view``; a remote link's blocking
+    queries run in a worker thread); ``registry``: the served models and their workers;
+    ``client``: the HTTP client warm requests go through; ``outstanding``: a slot's requests in
+    flight (the cost model's ``outstanding``), which says which holders are busy."""
+
+    def __init__(self, index: ClusterIndex, registry: WorkerRegistry, client: httpx.AsyncClient,
+                 outstanding: Callable[[Slot], int], interval_s: float = 0.0,
+                 config: WarmConfig | None = None, top_k: int = 16, max_in_flight: int = 2,
+                 timeout_s: float = 60.0, max_pages: int = 200_000,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.index, self.registry, self.client = index, registry, client
+        self.outstanding = outstanding
         self.interval_s = interval_s
         self.planner = WarmupPlanner(config)
         self.prefixes = PrefixTokens(max_pages)
@@ -141,15 +152,12 @@ class HotPrefixWarmer:
 
     async def run_once(self) -> list[WarmAction]:
         """One planning round; returns the actions started (their requests run as tasks)."""
-        from router.cluster.slots import worker_states
-
-        st = self.state
         started: list[WarmAction] = []
         now = self.clock()
-        for model, namespace in sorted(st.registry.models().items()):
-            entries = {e.info.worker_id: e for e in st.registry.for_model(model)}
+        for model, namespace in sorted(self.registry.models().items()):
+            entries = {e.info.worker_id: e for e in self.registry.for_model(model)}
             slots = worker_states(entries.values())
-            loads = {w.slot: st.routing.cost.outstanding(w.slot) for w in slots}
+            loads = {w.slot: self.outstanding(w.slot) for w in slots}
             try:
                 actions = await self._plan(Namespace(namespace), slots, loads, now)
             except Exception as exc:  # e.g. IndexRefusal, or a remote index that is down
@@ -176,20 +184,17 @@ class HotPrefixWarmer:
                 started.append(action)
         return started
 
-    async def _plan(self, namespace: Namespace, slots: list[Any], loads: dict[Any, int],
-                    now: float) -> list[WarmAction]:
-        index = self.state.index
-        if getattr(index, "remote", False):  # blocking gRPC client: off the event loop
-            client = index.client
+    async def _plan(self, namespace: Namespace, slots: list[WorkerState],
+                    loads: Mapping[Slot, int], now: float) -> list[WarmAction]:
+        index = self.index
 
-            def plan() -> list[WarmAction]:
-                hot = client.hot_prefixes(namespace, self.top_k)
-                return self.planner.plan(namespace, hot, slots, loads, client, now)
+        def plan() -> list[WarmAction]:
+            hot = index.hot_prefixes(namespace, self.top_k, now)
+            return self.planner.plan(namespace, hot, slots, loads, index.direct_view, now)
 
+        if index.remote:  # blocking gRPC calls: off the event loop
             return await asyncio.to_thread(plan)
-        local = index.index  # single-owner in-process index: on the loop
-        hot = local.hot_prefixes(namespace, self.top_k, now)
-        return self.planner.plan(namespace, hot, slots, loads, local, now)
+        return plan()  # the in-process index is owned by the loop: asked on it
 
     async def _send(self, url: str, dp_size: int, action: WarmAction, ids: list[int]) -> None:
         self._sent += 1
@@ -198,8 +203,7 @@ class HotPrefixWarmer:
         if dp_size > 1:
             body["routed_dp_rank"] = action.dp_rank
         try:
-            resp = await self.state.proxy.client.post(f"{url}/generate", json=body,
-                                                      timeout=self.timeout_s)
+            resp = await self.client.post(f"{url}/generate", json=body, timeout=self.timeout_s)
             ok = resp.status_code == 200
         except httpx.HTTPError as exc:
             log.info("warm request to %s failed: %r", url, exc)

@@ -9,18 +9,27 @@ from __future__ import annotations
 import hmac
 from typing import Any
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radix_global.registration import RegistrationError, decode_worker_info
 from router.cluster.registry import RegistryError, Source, WorkerEntry
-from router.pd.pool_front import pd_report
-from router.request.handler import error
-from router.state import RouterState
+from router.request.handler import read_body
+from router.state import RouterState, key_mismatch
+from router.transport.errors import ErrorType, error_response
 
 _LOOPBACK = {"127.0.0.1", "::1", "localhost"}
-_PROXIED = ("forwarded", "x-forwarded-for", "x-real-ip")
+# Headers by which some proxy says who the client was: their presence means the loopback peer
+# may be a proxy speaking for anyone (the server never rewrites the peer from them).
+_FORWARDING = frozenset({"forwarded", "via", "x-real-ip", "true-client-ip", "x-client-ip",
+                         "client-ip", "x-cluster-client-ip", "cf-connecting-ip",
+                         "fastly-client-ip", "x-original-forwarded-for"})
+ADMIN_BODY_MAX_BYTES = 64 * 1024  # a registration is a few hundred bytes
+
+
+def _proxied(request: Request) -> bool:
+    return any(k in _FORWARDING or k.startswith("x-forwarded-") for k in request.headers)
 
 
 def _authorized(state: RouterState, request: Request) -> bool:
@@ -29,7 +38,7 @@ def _authorized(state: RouterState, request: Request) -> bool:
         # Without a token: loopback peers only, and not through a reverse proxy on this host
         # (the server does not rewrite the peer from forwarding headers: it would be loopback).
         return (request.client is not None and request.client.host in _LOOPBACK
-                and not any(h in request.headers for h in _PROXIED))
+                and not _proxied(request))
     given = request.headers.get("authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
@@ -40,9 +49,7 @@ def diagnostics(state: RouterState) -> dict[str, Any]:
     n = state.config.mismatch_min_requests
     for e in state.registry.all():
         wid = e.info.worker_id
-        mismatch = e.expected_hits >= n and e.observed_hits == 0
-        state.metrics.key_mismatch.labels(wid).set(1 if mismatch else 0)
-        if mismatch:
+        if key_mismatch(e, n):
             findings.append({"worker_id": wid, "problem": "predicted_hits_never_observed",
                              "detail": f"{e.expected_hits} requests routed for a cached prefix, "
                              "the engine reported no cached tokens: page size, tokenizer, chat "
@@ -79,7 +86,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "index": state.index.stats(),
         "cost_model": state.routing.cost.stats(),
         "recent": list(state.recent)[-50:],
-        "pd": pd_report(state),  # prefill/decode utilisation (pool mode), else None
+        "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None
     }
 
 
@@ -87,19 +94,23 @@ def admin_routes(state: RouterState) -> list[Route]:
     def guarded(fn: Any) -> Any:
         async def endpoint(request: Request) -> Response:
             if not _authorized(state, request):
-                return error(401, "admin token required", "authentication_error")
+                return error_response(401, "admin token required", ErrorType.AUTHENTICATION)
             try:
                 return await fn(request)
             except RegistryError as exc:
-                return error(exc.status, str(exc))
+                return error_response(exc.status, str(exc))
+            except ClientDisconnect:
+                return Response(status_code=499)
         return endpoint
 
     async def register(request: Request) -> Response:
-        body = await request.body()
+        body = await read_body(request, ADMIN_BODY_MAX_BYTES)
+        if body is None:
+            return error_response(413, f"registration larger than {ADMIN_BODY_MAX_BYTES} bytes")
         try:
             info = decode_worker_info(body)
         except RegistrationError as exc:
-            return error(400, f"bad registration: {exc}")
+            return error_response(400, f"bad registration: {exc}")
         entry = state.registry.add(info, Source.REGISTERED, state.clock())
         if entry.model_path is None and state.config.model_path is None:
             await _learn_model_path(state, entry)
@@ -140,7 +151,7 @@ def admin_routes(state: RouterState) -> list[Route]:
 
 async def _learn_model_path(state: RouterState, entry: WorkerEntry) -> None:
     """A registered worker's tokenizer folder and context length from its ``/server_info``."""
-    from router.cluster.health import info_from_server_info
+    from router.cluster.discovery import info_from_server_info
 
     try:
         resp = await state.proxy.client.get(f"{entry.info.url}/server_info",

@@ -2,7 +2,7 @@
 
 Front end: OpenAI ``/v1/completions``, ``/v1/chat/completions`` (SSE streaming passed through),
 SGLang ``/generate``, ``/v1/models``, ``/health``, ``/metrics``; admin API under ``/admin``
-(``router/http/admin.py``). The request path is in ``router/request/handler.py``.
+(``router/http/admin.py``). The request path is in ``router/request/``.
 """
 
 from __future__ import annotations
@@ -15,12 +15,13 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from router.http.admin import admin_routes
 from router.keying.prompt import CHAT, COMPLETION, GENERATE
-from router.request.handler import Forward, error, handle
+from router.request.handler import handle
 from router.state import RouterState
+from router.transport.errors import ErrorType, error_response
 
 log = logging.getLogger("radix_global.router")
 
@@ -29,16 +30,28 @@ def build_app(state: RouterState) -> ASGIApp:
     """The router's ASGI app. The three inference routes are dispatched before starlette's
     router and middleware (a dict lookup instead of route matching and two middleware layers per
     request: a visible share of a forwarded request's router time); the rest is starlette's."""
-    async def _guarded(request: Request, kind: str, path: str) -> Response:
-        response: Response | Forward
+    async def _guarded(scope: Scope, receive: Receive, send: Send, kind: str, path: str
+                       ) -> None:
+        status = 499  # nothing sent: the client left first
+
+        async def send_seen(message: Message) -> None:  # the status the client really got
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
         try:
-            response = await handle(state, request, kind, path)
+            response = await handle(state, Request(scope, receive), kind, path)
         except Exception as exc:  # a bug must cost one request, never the router
             log.exception("request to %s failed", path)
-            response = error(500, f"router error: {exc!r}", "internal_error")
-        status = getattr(response, "status_code", 200)
-        state.metrics.request(path, status).inc()
-        return response  # type: ignore[return-value]  # Forward is an ASGI response too
+            response = error_response(500, f"router error: {exc!r}", ErrorType.INTERNAL)
+        try:
+            await response(scope, receive, send_seen)
+        except Exception:
+            status = 500
+            raise
+        finally:
+            state.metrics.request(path, status).inc()
 
     async def models(request: Request) -> Response:
         data = [{"id": m, "object": "model", "owned_by": "radix-global", "namespace": ns}
@@ -51,9 +64,6 @@ def build_app(state: RouterState) -> ASGIApp:
                              "workers": len(state.registry)}, status_code=200 if healthy else 503)
 
     async def metrics(request: Request) -> Response:
-        from router.http.admin import diagnostics
-
-        diagnostics(state)  # refreshes the mismatch gauges
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
     @contextlib.asynccontextmanager
@@ -80,8 +90,7 @@ def build_app(state: RouterState) -> ASGIApp:
         if hit is None or scope["method"] != "POST":
             await rest(scope, receive, send)
             return
-        response = await _guarded(Request(scope, receive), *hit)
-        await response(scope, receive, send)
+        await _guarded(scope, receive, send, *hit)
 
     return app
 

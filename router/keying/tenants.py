@@ -14,6 +14,12 @@ File (TOML or YAML)::
 Without a tenants file every request is in the shared namespace. With one, a request whose
 ``Authorization: Bearer <key>`` names no tenant is refused (401): a typo must not silently put a
 tenant into the shared namespace.
+
+The router decides every request's salt (:func:`effective_salt`, ``docs/interfaces.md`` section
+9): ``tenant:<name>`` for an isolated tenant, none for the shared namespace. A client's own
+``cache_salt`` only narrows its namespace to a part of it (``tenant:<name>/<salt>``, or
+``shared/<salt>`` for a shared tenant), so no client salt can name another tenant's namespace.
+Tenant names may not contain ``/``, which keeps the format unambiguous.
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class Tenants:
         for name, spec in table.items():
             if not isinstance(spec, dict) or not isinstance(spec.get("api_keys"), list):
                 raise TenantError(f"tenant {name!r} needs api_keys = [...]")
+            if not isinstance(name, str) or not name or "/" in name:
+                raise TenantError(f"tenant name {name!r} must be non-empty and without '/'")
             shared = spec.get("shared", False)
             if not isinstance(shared, bool):
                 raise TenantError(f"tenant {name!r}: shared must be true or false")
@@ -94,9 +102,17 @@ class Tenants:
         return cls.from_mapping(data)
 
 
+CLIENT_SALT_MAX_CHARS = 256
+SHARED_SUBSPACE = "shared"  # prefix of a shared tenant's narrowed namespaces ("shared/<salt>")
+
+
 def effective_salt(tenant: Tenant, client_salt: object) -> str | None:
-    """The ``cache_salt`` to key and forward: the tenant's, refined by the client's own salt."""
-    client = client_salt if isinstance(client_salt, str) and client_salt else None
-    if tenant.salt and client:
-        return f"{tenant.salt}/{client}"
-    return tenant.salt or client
+    """The ``cache_salt`` to key and forward: the tenant's own namespace, narrowed by the
+    client's salt (never replaced by it). Raises ``ValueError`` for a salt that is not a
+    string of at most ``CLIENT_SALT_MAX_CHARS`` characters."""
+    if client_salt is None or client_salt == "":
+        return tenant.salt
+    if not isinstance(client_salt, str) or len(client_salt) > CLIENT_SALT_MAX_CHARS:
+        raise ValueError(f"'cache_salt' must be a string of at most {CLIENT_SALT_MAX_CHARS} "
+                         "characters")
+    return f"{tenant.salt or SHARED_SUBSPACE}/{client_salt}"

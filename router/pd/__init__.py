@@ -1,6 +1,7 @@
 """Prefill/decode disaggregation: ``protocol.py`` (request bodies, configuration, utilisation:
-pure), ``orchestrator.py`` (one pool hand-off: prefill, wait for the pool, decode with retries)
-and ``pool_front.py`` (what the router holds for pool mode: decode capacities, the pool probe).
+pure), ``orchestrator.py`` (choosing and reserving the decode worker before anything runs),
+``run.py`` (one started hand-off: prefill, wait for the pool, decode with retries) and
+``pool_front.py`` (what the router holds for pool mode: decode capacities, the pool probe).
 
 May import ``router.routing``, ``router.keying``, ``router.transport`` and ``radix_global``.
 """

@@ -52,7 +52,8 @@ class PdConfig:
     utilisation report says whether it fits the load). ``pool_ready_timeout_s``: how long the
     hand-off waits for the prefill's pages to reach the pool before sending the decode request
     anyway (a late page is recomputed by the decode worker, never wrong). ``decode_attempts``:
-    decode workers tried per request when one fails before answering.
+    decode workers tried per request when one fails before answering. The live router's is
+    ``RouterConfig.pd_config()`` (fields ``pd_*``), whose defaults are these.
     """
 
     mode: PdMode = PdMode.POOL
@@ -200,6 +201,16 @@ class PdReport(NamedTuple):
     rejected_before_prefill: int
     decode_retries: int
 
+    def to_json(self, mode: PdMode) -> dict[str, Any]:
+        """The report as ``/admin/stats`` (key ``pd``) and ``radix-global status`` show it."""
+        return {"mode": mode.value, "window_s": self.window_s,
+                "configured_ratio": self.configured_ratio, "suggested_ratio": self.suggested_ratio,
+                **{r.role.value: {"workers": r.workers, "busy_s": round(r.busy_s, 3),
+                                  "utilization": round(r.utilization, 4)}
+                   for r in (self.prefill, self.decode)},
+                "rejected_before_prefill": self.rejected_before_prefill,
+                "decode_retries": self.decode_retries}
+
 
 class PdUtilization:
     """Busy time per worker and role, over a sliding window, for the ratio report.
@@ -218,6 +229,11 @@ class PdUtilization:
         self._spans: dict[WorkerId, list[tuple[float, float]]] = {}
         self.rejected_before_prefill = 0
         self.decode_retries = 0
+
+    @property
+    def seen(self) -> bool:
+        """Whether any PD request (or refusal) was tracked: before that there is no report."""
+        return bool(self._roles) or self.rejected_before_prefill > 0
 
     def begin(self, worker: WorkerId, role: Role, now: float) -> None:
         self._roles[worker] = role

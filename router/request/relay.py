@@ -1,52 +1,45 @@
 """The forwarding half of a request: an ASGI response that relays a worker's answer.
 
-See ``router/request/handler.py`` for the request half. Life cycle kept here:
-``RoutingCore.routed`` when
-a worker is about to receive the request, ``first_token`` at the first streamed chunk,
-``finished`` exactly once (success, failure, retry elsewhere, or client gone).
+See ``router/request/handler.py`` for the request half. Life cycle kept here: the routing core
+recorded the request as routed when it decided; ``prefill_done`` at the first streamed chunk;
+``finished`` exactly once per routed attempt (success, failure, retry elsewhere, or client gone),
+through ``router/request/finish.py``. A worker that refused the connection is reported to health
+checking and excluded, and the request is routed again (``router/request/route.py``), up to
+``max_retries`` times. Native PD (the decision names a decode worker): both halves are sent at
+once, with the bootstrap fields of ``router.pd.protocol.native_body``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-import random
-from collections.abc import Callable
-from typing import Any, NamedTuple
-from urllib.parse import urlsplit
+from typing import Any
 
 import msgspec
-from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from radix_global.types import Role, WorkerId
 from router.cluster.registry import WorkerEntry
 from router.keying.prompt import engine_cached_tokens
-from router.pd.native import native_util
-from router.routing.contract import Decision, RouteRequest
+from router.pd.protocol import PREFILL_RID_SUFFIX, PdError, native_body, new_bootstrap_room
+from router.request.finish import finish
+from router.request.inbound import Inbound
+from router.request.route import Routed, route
 from router.state import RouterState
 from router.transport.bodies import encode_with, last_sse_event
+from router.transport.errors import ErrorType, send_error, sse_error
 from router.transport.proxy import (
     ClientGone,
     UpstreamFailed,
     UpstreamResponse,
     UpstreamUnavailable,
-    forward_headers,
-    sse_error,
     until_disconnect,
 )
 
-log = logging.getLogger("radix_global.router.request.handler")
+log = logging.getLogger("radix_global.router.request")
 
-
-class Routed(NamedTuple):
-    decision: Decision
-    entry: WorkerEntry
-
-
-def _err(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}},
-                        status_code=status)
+PREFILL_SETTLE_S = 5.0  # native PD: how long a finished answer waits for its prefill half
 
 
 class DecodeRefused(UpstreamUnavailable):
@@ -62,37 +55,34 @@ class DecodeRefused(UpstreamUnavailable):
 class Forward:
     """ASGI response forwarding one routed request (with retries on refused connections)."""
 
-    def __init__(self, state: RouterState, req: RouteRequest, payload: dict[str, Any],
-                 salt: str | None, kind: str, path: str, model: str, first: Routed,
-                 headers: dict[str, str], *, stream: bool, t0: float,
-                 route: Callable[[set[str]], Routed | Response], raw: bytes | None = None
-                 ) -> None:
-        self.state, self.req, self.payload, self.salt = state, req, payload, salt
-        self.raw = raw  # the client's body, ``payload`` encoded
-        self.kind, self.path, self.model, self.routed = kind, path, model, first
-        self.headers, self.stream, self.t0, self.route = headers, stream, t0, route
+    def __init__(self, state: RouterState, inbound: Inbound, first: Routed) -> None:
+        self.state, self.inbound, self.routed = state, inbound, first
         self.open = False  # routed and not yet finished
+        self.started = False  # the answer's head was sent to the client
         self.ttft: float | None = None
         self.tail = b""
         self.decode_entry: WorkerEntry | None = None
         self._pd_open: list[WorkerId] = []  # native PD workers busy with this request
-        self.engine_rid = req.request_id  # the rid the engines see (new after a decode refusal)
+        self.engine_rid = inbound.req.request_id  # new after a decode refusal
+        self._side: set[asyncio.Future[Any]] = set()  # aborts sent after a failed prefill half
+        self._prefill: asyncio.Future[UpstreamResponse] | None = None  # native PD's other half
+        self.prefill_tokens: tuple[int | None, int | None] = (None, None)  # (cached, prompt)
 
     # --- life cycle ---------------------------------------------------------------------------
     def _start(self, routed: Routed) -> None:
-        st = self.state
+        st, req = self.state, self.inbound.req
         d, wid = routed.decision, routed.entry.info.worker_id
         self.open = True  # the driver recorded it as routed when it decided
         m = st.metrics
         w = m.worker(wid)
         w.routed.inc()
         w.outstanding.inc()
-        w.prompt_tokens.inc(self.req.input_tokens)
+        w.prompt_tokens.inc(req.input_tokens)
         w.avoided_prefill_tokens.inc(d.prefix_tokens)
         if d.fetch_tokens:
             w.fetch_tokens.inc(d.fetch_tokens)
-            ns_bytes = st.routing.cost.kv_bytes_per_token(self.req.namespace)
-            w.kv_bytes_moved.inc(d.fetch_tokens * ns_bytes)
+            w.kv_bytes_moved.inc(d.fetch_tokens * st.routing.cost.kv_bytes_per_token(
+                req.namespace))
             m.transfer_s.observe(d.predicted_transfer_s)
         if d.predicted_ttft_s is not None:
             m.predicted_ttft.observe(d.predicted_ttft_s)
@@ -108,59 +98,83 @@ class Forward:
             return
         self.open = False
         st, entry, d = self.state, self.routed.entry, self.routed.decision
-        now = st.clock()
-        st.routing.finished(self.req.request_id, ok, now)
         wid = entry.info.worker_id
         w = st.metrics.worker(wid)
         w.outstanding.dec()
         cached, prompt = engine_cached_tokens(answer)
         if isinstance(cached, int):
             entry.cached_tokens += cached
-            entry.prompt_tokens += prompt if isinstance(prompt, int) else self.req.input_tokens
+            entry.prompt_tokens += prompt if isinstance(prompt, int) else \
+                self.inbound.req.input_tokens
             w.engine_cached_tokens.inc(cached)
             if cached > 0:
                 entry.observed_hits += 1
-                if d.prefix_tokens - d.fetch_tokens > 0:
-                    entry.extra["confirmed_hits"] = entry.extra.get("confirmed_hits", 0) + 1
         if not ok:
             entry.failures += 1
-        st.totals["ok" if ok else "failed"] += 1
-        st.recent.append({
-            "request_id": self.req.request_id, "accepted": True, "worker_id": wid,
-            "dp_rank": d.dp_rank, "input_tokens": self.req.input_tokens,
+        record = {
+            "worker_id": wid, "dp_rank": d.dp_rank, "input_tokens": self.inbound.req.input_tokens,
             "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
-            "engine_cached_tokens": cached, "ok": ok})
+            "engine_cached_tokens": cached}
+        if self.decode_entry is not None:
+            record.update(decode_worker_id=self.decode_entry.info.worker_id,
+                          prefill_cached_tokens=self.prefill_tokens[0],
+                          prefill_prompt_tokens=self.prefill_tokens[1])
+        finish(st, self.inbound, ok, "ok" if ok else "failed", record)
 
     # --- ASGI ---------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
-            await until_disconnect(scope, receive, self._run(scope, receive, send))
+            await until_disconnect(scope, receive, self._guarded(scope, receive, send))
         except ClientGone:
             self.state.metrics.client_aborts.inc()
             self.state.totals["client_aborts"] += 1
             started = self.open
             self._finish(False)  # released now, not after the aborts' round trips
             if started:
-                await self.state.proxy.abort(self.routed.entry.info.url, self.engine_rid)
-                if self.decode_entry is not None:
-                    await self.state.proxy.abort(self.decode_entry.info.url, self.engine_rid)
+                await self._abort_engines()
         finally:
             self._finish(False)
 
-    def _body_for(self, entry: WorkerEntry, extra: dict[str, Any] | None = None,
+    async def _abort_engines(self) -> None:
+        proxy = self.state.proxy
+        if self.decode_entry is None:
+            await proxy.abort(self.routed.entry.info.url, self.engine_rid)
+            return
+        await proxy.abort(self.routed.entry.info.url, self.engine_rid + PREFILL_RID_SUFFIX)
+        await proxy.abort(self.decode_entry.info.url, self.engine_rid)
+
+    async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A failure inside forwarding costs this request a clean error answer, never an empty
+        reply: a 500 before the head was sent, an error event (or the end) after it."""
+        try:
+            await self._run(scope, receive, send)
+        except ClientGone:
+            raise
+        except Exception as exc:
+            log.exception("forwarding %s failed", self.inbound.req.request_id)
+            self.state.metrics.upstream_errors.labels(self.routed.entry.info.worker_id,
+                                                      "router").inc()
+            self._finish(False)
+            if not self.started:
+                await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
+            else:
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": sse_error(f"router error: {exc!r}") if self.inbound.stream
+                            else b""})
+
+    def _body_for(self, entry: WorkerEntry, rid: str, pd: dict[str, Any] | None = None,
                   dp_rank: int | None = None) -> bytes:
-        fields: dict[str, Any] = {}
-        d = self.routed.decision
-        if entry.info.engine == "sglang":
-            if not isinstance(self.payload.get("rid"), list):
-                fields["rid"] = self.engine_rid
-            if entry.info.dp_size > 1:
-                fields["routed_dp_rank"] = d.dp_rank if dp_rank is None else dp_rank
-            fields.update(extra or {})
-        if self.salt is not None:
-            fields["cache_salt"] = self.salt
-        return encode_with(self.payload, fields, self.raw)
+        inbound = self.inbound
+        if entry.info.engine != "sglang":  # rid, dp rank and bootstrap fields are SGLang's
+            fields = {k: v for k, v in inbound.engine_fields(rid).items() if k == "cache_salt"}
+            return encode_with(inbound.payload, fields, inbound.raw)
+        fields = inbound.engine_fields(rid)
+        if entry.info.dp_size > 1:
+            fields["routed_dp_rank"] = self.routed.decision.dp_rank if dp_rank is None else dp_rank
+        if pd is None:
+            return encode_with(inbound.payload, fields, inbound.raw)
+        return msgspec.json.encode({**pd, **fields})
 
     async def _run(self, scope: Scope, receive: Receive, send: Send) -> None:
         st = self.state
@@ -168,82 +182,90 @@ class Forward:
         attempts = 0
         while True:
             entry = self.routed.entry
-            url = f"{entry.info.url}{self.path}"
             self._start(self.routed)
             t = st.clock()
             try:
-                upstream = await self._send(url)
+                upstream = await self._send(f"{entry.info.url}{self.inbound.path}")
                 st.health.connect_ok(entry.info.worker_id)
                 break
             except UpstreamUnavailable as exc:
                 wid = exc.worker_id if isinstance(exc, DecodeRefused) else entry.info.worker_id
                 if isinstance(exc, DecodeRefused):  # the prefill side saw (and dropped) that rid
-                    self.engine_rid = f"{self.req.request_id}-pd{attempts + 1}"
+                    self.engine_rid = f"{self.inbound.req.request_id}-pd{attempts + 1}"
                 log.warning("worker %s refused the request: %s", wid, exc)
                 st.metrics.upstream_errors.labels(wid, "unavailable").inc()
                 self._finish(False)
                 st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
                 excluded.add(wid)
                 attempts += 1
-                nxt = self.route(excluded) if attempts <= st.config.max_retries else None
+                nxt = route(st, self.inbound, excluded) if attempts <= st.config.max_retries \
+                    else None
                 if not isinstance(nxt, Routed):
-                    resp = nxt if isinstance(nxt, Response) else _err(
-                        503, "no worker took the request", "service_unavailable")
-                    await resp(scope, receive, send)
+                    self.started = True
+                    if nxt is None:
+                        await send_error(send, 503, "no worker took the request",
+                                         ErrorType.UNAVAILABLE)
+                    else:
+                        await nxt(scope, receive, send)
                     return
                 st.metrics.retries.inc()
                 self.routed = nxt
             except UpstreamFailed as exc:
                 st.metrics.upstream_errors.labels(entry.info.worker_id, "failed").inc()
                 self._finish(False)
-                await _err(502, f"worker failed: {exc}", "upstream_error")(scope, receive, send)
+                self.started = True
+                await send_error(send, 502, f"worker failed: {exc}", ErrorType.UPSTREAM)
                 return
         st.metrics.stage("proxy_connect").observe(st.clock() - t)
-        if self.stream:
+        if self.inbound.stream:
             await self._relay_stream(upstream, send)
         else:
             await self._relay_whole(upstream, send)
 
+    async def _post(self, url: str, body: bytes) -> UpstreamResponse:
+        proxy, headers = self.state.proxy, self.inbound.headers
+        if self.inbound.stream:
+            return await proxy.open_stream(url, body, headers)
+        return await proxy.post(url, body, headers)
+
     async def _send(self, url: str) -> UpstreamResponse:
-        """Send to the chosen worker. PD disaggregation (the decision names a decode worker):
-        send to the prefill and the decode worker at once with one bootstrap room, as SGLang's
-        PD protocol wants; the client gets the decode worker's answer."""
+        """Send to the chosen worker; in native PD to the prefill and the decode worker at once
+        (SGLang's PD protocol: one bootstrap room per prompt, the prefill worker's bootstrap
+        address); the client gets the decode worker's answer."""
         st, entry, d = self.state, self.routed.entry, self.routed.decision
-        headers = forward_headers(self.headers)
         self.decode_entry = st.registry.find(d.decode_worker_id) if d.decode_worker_id else None
         if self.decode_entry is None:
-            body = self._body_for(entry)
-            if self.stream:
-                return await st.proxy.open_stream(url, body, headers)
-            return await st.proxy.post(url, body, headers)
+            return await self._post(url, self._body_for(entry, self.engine_rid))
         decode = self.decode_entry
-        pd = {"bootstrap_host": urlsplit(entry.info.url).hostname,
-              "bootstrap_port": entry.info.bootstrap_port,
-              "bootstrap_room": random.getrandbits(63)}
-        self._pd_busy(entry.worker_id, decode.worker_id)
-        prefill = asyncio.ensure_future(st.proxy.post(url, self._body_for(entry, pd), headers))
-        self._prefill_task = prefill  # its answer is dropped; a failure aborts the decode side
-        prefill.add_done_callback(self._prefill_done)
-        decode_url = f"{decode.info.url}{self.path}"
-        body = self._body_for(decode, pd, dp_rank=d.decode_dp_rank)
         try:
-            if self.stream:
-                return await st.proxy.open_stream(decode_url, body, headers)
-            return await st.proxy.post(decode_url, body, headers)
+            pd = native_body(self.inbound.payload, entry.info.url, entry.info.bootstrap_port or 0,
+                             new_bootstrap_room())
+        except PdError as exc:
+            raise UpstreamFailed(f"native PD with prefill worker {entry.worker_id}: {exc}") \
+                from exc
+        self._pd_busy(entry.worker_id, decode.worker_id)
+        prefill_body = self._body_for(entry, self.engine_rid + PREFILL_RID_SUFFIX, pd)
+        prefill = asyncio.ensure_future(st.proxy.post(url, prefill_body, self.inbound.headers))
+        self._prefill = prefill  # only its cache numbers are kept; a failure aborts the decode
+        prefill.add_done_callback(self._prefill_done)
+        body = self._body_for(decode, self.engine_rid, pd, dp_rank=d.decode_dp_rank)
+        try:
+            return await self._post(f"{decode.info.url}{self.inbound.path}", body)
         except UpstreamUnavailable as exc:
             prefill.cancel()
             # The prefill worker may hold the request already, waiting for this decode side.
-            await st.proxy.abort(entry.info.url, self.engine_rid)
+            await st.proxy.abort(entry.info.url, self.engine_rid + PREFILL_RID_SUFFIX)
             raise DecodeRefused(decode.worker_id, exc) from exc
         except BaseException:
             prefill.cancel()
             raise
 
     def _pd_busy(self, prefill: WorkerId, decode: WorkerId) -> None:
-        """Both halves busy from now (the utilisation report, ``router/pd/native.py``)."""
+        """Both halves busy from now (the utilisation report, ``RouterState.pd_util``)."""
         st, now = self.state, self.state.clock()
-        util = native_util(st)
-        util.known_workers((e.worker_id, e.info.role) for e in st.registry.for_model(self.model)
+        util = st.pd_util
+        util.known_workers((e.worker_id, e.info.role)
+                           for e in st.registry.for_model(self.inbound.model)
                            if e.info.role in (Role.PREFILL, Role.DECODE))
         util.begin(prefill, Role.PREFILL, now)
         util.begin(decode, Role.DECODE, now)
@@ -253,7 +275,7 @@ class Forward:
         """``worker`` (default: every one still open) done with this request."""
         now = self.state.clock()
         for wid in [w for w in self._pd_open if worker is None or w == worker]:
-            native_util(self.state).end(wid, now)
+            self.state.pd_util.end(wid, now)
             self._pd_open.remove(wid)
 
     def _prefill_done(self, task: asyncio.Future[UpstreamResponse]) -> None:
@@ -262,10 +284,23 @@ class Forward:
             return
         exc = task.exception()
         failed = exc is not None or task.result().status_code >= 400
+        if not failed:
+            with contextlib.suppress(msgspec.DecodeError, RecursionError):
+                self.prefill_tokens = engine_cached_tokens(msgspec.json.decode(
+                    task.result().content))
         if failed and self.decode_entry is not None:
-            log.warning("prefill of %s failed (%r): aborting its decode", self.req.request_id, exc)
-            abort = self.state.proxy.abort(self.decode_entry.info.url, self.req.request_id)
-            self._abort_task = asyncio.ensure_future(abort)
+            log.warning("prefill of %s failed (%r): aborting its decode", self.engine_rid, exc)
+            abort = asyncio.ensure_future(self.state.proxy.abort(self.decode_entry.info.url,
+                                                                 self.engine_rid))
+            self._side.add(abort)
+            abort.add_done_callback(self._side.discard)
+
+    async def _prefill_settled(self) -> None:
+        """Native PD: give the prefill half (which answers once its KV has left) a moment to
+        answer, so the request's record has its numbers; it is never waited on for long."""
+        if self._prefill is not None and not self._prefill.done():
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(asyncio.shield(self._prefill), PREFILL_SETTLE_S)
 
     def _extra_headers(self) -> list[tuple[bytes, bytes]]:
         d = self.routed.decision
@@ -276,17 +311,17 @@ class Forward:
     def _observe_first(self) -> None:
         st = self.state
         now = st.clock()
-        self.ttft = now - self.t0
-        st.routing.prefill_done(self.req.request_id, now)
-        wid = self.routed.entry.info.worker_id
-        st.metrics.worker(wid).actual_ttft.observe(self.ttft)
+        self.ttft = now - self.inbound.t0
+        st.routing.prefill_done(self.inbound.req.request_id, now)
+        st.metrics.worker(self.routed.entry.info.worker_id).actual_ttft.observe(self.ttft)
         predicted = self.routed.decision.predicted_ttft_s
         if predicted is not None:
             st.metrics.ttft_error.observe(abs(self.ttft - predicted))
 
     async def _relay_whole(self, upstream: UpstreamResponse, send: Send) -> None:
         content = upstream.content
-        self.ttft = self.state.clock() - self.t0
+        self.ttft = self.state.clock() - self.inbound.t0
+        self.started = True
         await send({"type": "http.response.start", "status": upstream.status_code,
                     "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
                                 *self._extra_headers()]})
@@ -294,14 +329,16 @@ class Forward:
         await send({"type": "http.response.body", "body": content, "more_body": False})
         try:
             answer = msgspec.json.decode(content) if upstream.status_code == 200 else None
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):
             answer = None
+        await self._prefill_settled()
         self._finish(upstream.status_code < 500, answer)
 
     async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
         wid = self.routed.entry.info.worker_id
         ok = upstream.status_code < 500
         try:
+            self.started = True
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": [*upstream.headers, *self._extra_headers()]})
             relayed = 0
@@ -323,4 +360,5 @@ class Forward:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await upstream.aclose()
+        await self._prefill_settled()
         self._finish(ok, last_sse_event(self.tail))

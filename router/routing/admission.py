@@ -22,6 +22,9 @@ NO_WORKERS = "no_workers"
 
 @dataclass(frozen=True)
 class SloConfig:
+    """The router's one SLO (``RouterConfig.slo_config()``), shared by the conductor's TTFT
+    admission and the driver's decode admission; the defaults here are the router's."""
+
     ttft_slo_s: float | None = None
     tbt_slo_s: float | None = None
     ttft_headroom: float = 0.0

@@ -2,11 +2,16 @@
 
 - prefill: one :class:`router.routing.prefill_model.PrefillModel` per worker (workers may differ),
   created from ``prefill_prior`` on first use and refitted online from observed prefills;
-- queue: :class:`router.routing.queue_model.QueueModel` (router-side FIFO reconstruction), blended
-with
-  the engine-reported waiting tokens when the worker reports them (other routers' traffic);
+- queue: :class:`router.routing.queue_model.QueueModel` (router-side FIFO reconstruction),
+  blended with the engine-reported waiting tokens when the worker reports them (other routers'
+  traffic);
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
   (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed).
+  Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
+  :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
+
+The live router builds its :class:`CostConfig` from ``RouterConfig.cost_config()``; the defaults
+here are the one place they are written.
 
 Implements :class:`router.routing.contract.CostView`; the ``on_*`` methods are the learning side,
 called by :class:`router.routing.driver.PolicyDriver`. Pure: time is always passed in.
@@ -15,7 +20,7 @@ called by :class:`router.routing.driver.PolicyDriver`. Pure: time is always pass
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from radix_global.types import Namespace, PoolId, WorkerId
@@ -30,11 +35,18 @@ LLAMA3_70B_KV_BYTES_PER_TOKEN = 320 * 1024  # 80 layers x 8 KV heads x 128 dims 
 @dataclass(frozen=True)
 class CostConfig:
     engine_queue_weight: float = 0.5  # blend of engine-reported queue vs router-side estimate
+    # A namespace whose workers did not say (set_kv_bytes_per_token) is priced at this.
     kv_bytes_per_token: float = LLAMA3_70B_KV_BYTES_PER_TOKEN
-    kv_bytes_per_token_by_namespace: dict[str, float] = field(default_factory=dict)
     default_bandwidth_Bps: float = 10e9  # pool -> worker when the topology does not place them
     transfer_overhead_s: float = 0.0  # fixed per-fetch setup cost
-    learn_from_inferred_prefill: bool = True  # fit on FIFO-inferred times when none is measured
+    # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
+    # inherited) on FIFO-inferred service times too; on a batching engine they include its
+    # waiting, which the fit turns into seconds of fixed cost per queued request. A worker on the
+    # prior always learns from them (it has nothing better). This was two switches with opposite
+    # defaults (RouterConfig False for profiled workers, CostConfig True for all); the live router
+    # ran with exactly this behaviour (no refit of profiles, learning on the prior), kept as the
+    # one default.
+    learn_from_inferred_prefill: bool = False
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.engine_queue_weight <= 1.0:
@@ -56,6 +68,7 @@ class CostModel:
         self._prior = prefill_prior
         self._prefill: dict[WorkerId, PrefillModel] = {}
         self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
+        self._kv_bytes: dict[str, float] = {}  # namespace -> as its workers report it
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -69,11 +82,13 @@ class CostModel:
         self.queue.share_compute(worker, domain)
 
     def set_prefill_model(self, worker: WorkerId, model: PrefillModel,
-                          learn_inferred: bool = True) -> None:
+                          learn_inferred: bool | None = None) -> None:
         """Replace ``worker``'s model (e.g. a profiled one). ``learn_inferred=False``: refit it
         only on measured prefill times, never on FIFO-inferred ones (which on a batching engine
-        include its waiting and would undo the profile)."""
+        include its waiting and would undo the profile); None: ``learn_from_inferred_prefill``."""
         self._prefill[worker] = model
+        if learn_inferred is None:
+            learn_inferred = self.config.learn_from_inferred_prefill
         if learn_inferred:
             self._measured_only.discard(worker)
         else:
@@ -114,9 +129,16 @@ class CostModel:
         return self.config.default_bandwidth_Bps
 
     def kv_bytes_per_token(self, namespace: Namespace) -> float:
-        return self.config.kv_bytes_per_token_by_namespace.get(
-            namespace, self.config.kv_bytes_per_token
-        )
+        """What one token of ``namespace`` weighs on the wire: as its workers report it, else
+        ``CostConfig.kv_bytes_per_token``."""
+        return self._kv_bytes.get(namespace, self.config.kv_bytes_per_token)
+
+    def set_kv_bytes_per_token(self, namespace: str, nbytes: float) -> None:
+        """``namespace``'s workers report ``nbytes`` of KV per token (a joining worker's
+        ``WorkerInfo.kv_bytes_per_token``; the latest report wins: one model, one figure)."""
+        if nbytes <= 0:
+            raise ValueError(f"kv bytes per token must be > 0, got {nbytes}")
+        self._kv_bytes[namespace] = nbytes
 
     def outstanding(self, slot: Slot) -> int:
         return self.queue.outstanding(slot)
@@ -141,8 +163,7 @@ class CostModel:
             return
         measured = prefill_s
         worker = done.slot[0]
-        if (measured is None and self.config.learn_from_inferred_prefill
-                and worker not in self._measured_only):
+        if measured is None and worker not in self._measured_only:
             measured = done.inferred_s - done.pending.transfer_s
         if measured is not None:
             self.prefill_model(worker).observe(

@@ -32,6 +32,8 @@ class TbtModel:
 
 @dataclass(frozen=True)
 class DecodeConfig:
+    """Built by ``RouterConfig.decode_config()`` for the live router; defaults written here."""
+
     tbt: TbtModel = TbtModel()
     default_output_tokens: int = 256  # when the request gives no hint
 

@@ -13,8 +13,13 @@ The protocol also tells the app when the client's connection is lost, through a
 :data:`DISCONNECT_HOOK`): a callback, where the portable ASGI way (a task per request waiting on
 ``receive()`` for ``http.disconnect``) cost a task creation and two task steps per forwarded
 request. ``router.transport.proxy.until_disconnect`` uses the hook when the server offers it and
-falls back
-to the portable way under any other server.
+falls back to the portable way under any other server.
+
+It also bounds what a client may hold (:class:`ServerLimits`): a request's head must arrive
+within ``header_timeout_s`` of the connection (or of the previous answer's end) and its body
+within ``body_timeout_s`` of the head, or the connection is closed; an idle keep-alive
+connection is closed after ``keep_alive_s`` (uvicorn's own timer); beyond ``max_connections``
+new requests get 503 (uvicorn's ``limit_concurrency``).
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
@@ -91,9 +96,21 @@ class DisconnectHook:
             callback()
 
 
+class ServerLimits(NamedTuple):
+    """What one client connection may hold of the router (see the module docstring)."""
+
+    header_timeout_s: float = 10.0
+    body_timeout_s: float = 60.0
+    keep_alive_s: int = 5
+    max_connections: int = 4096
+
+
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol on a :class:`CoalescingTransport` (and without Nagle), with a
-    :class:`DisconnectHook` in every request's scope."""
+    :class:`DisconnectHook` in every request's scope and read deadlines (:class:`ServerLimits`,
+    ``limits`` set by :func:`server_config`)."""
+
+    limits = ServerLimits()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         sock = transport.get_extra_info("socket")
@@ -101,22 +118,53 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wrapped = CoalescingTransport(transport, asyncio.get_running_loop())
         self._disconnect = DisconnectHook()
+        self._read_deadline: asyncio.TimerHandle | None = None
         super().connection_made(wrapped)  # type: ignore[arg-type]
+        self._arm(self.limits.header_timeout_s)  # a connection that never sends a request
+
+    def _arm(self, seconds: float) -> None:
+        self._disarm()
+        self._read_deadline = self.loop.call_later(seconds, self._read_timed_out)
+
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _read_timed_out(self) -> None:
+        self._read_deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        if self._read_deadline is None:  # a keep-alive connection's next request
+            self._arm(self.limits.header_timeout_s)
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_HOOK] = self._disconnect
 
+    def on_headers_complete(self) -> None:
+        self._arm(self.limits.body_timeout_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._disarm()
+        super().on_message_complete()
+
     def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
         super().connection_lost(exc)
         self._disconnect.fire()
 
 
-def server_config(app: Any, host: str, port: int, log_level: str) -> Any:
+def server_config(app: Any, host: str, port: int, log_level: str,
+                  limits: ServerLimits = ServerLimits()) -> Any:
     """The uvicorn configuration the router runs with."""
     import uvicorn
 
+    protocol = type("LimitedHttpToolsProtocol", (CoalescingHttpToolsProtocol,),
+                    {"limits": limits})
     return uvicorn.Config(app, host=host, port=port, log_level=log_level, access_log=False,
-                          loop="uvloop", http=CoalescingHttpToolsProtocol, lifespan="on",
-                          ws="none", proxy_headers=False)
+                          loop="uvloop", http=protocol, lifespan="on", ws="none",
+                          proxy_headers=False, timeout_keep_alive=limits.keep_alive_s,
+                          limit_concurrency=limits.max_connections)

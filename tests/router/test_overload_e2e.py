@@ -9,8 +9,8 @@ One burst of ``BURST`` distinct 1,536-token prompts, all sent at once, twice:
 1. negative control, no admission: everything is accepted; the SLO is then set to the
    ``SLO_QUANTILE`` quantile of these TTFTs (so most of this burst misses it; at least twice the
    predicted lone prefill), and the test checks that the tail is far beyond it;
-2. the same burst (fresh prompts) through a router with ``ttft_slo_s`` = that SLO in its policy
-   options and the same fitted profiles. Checked: some requests get 429 with the OpenAI-shaped
+2. the same burst (fresh prompts) through a router with ``ttft_slo_s`` = that SLO (a router
+   option) and the same fitted profiles. Checked: some requests get 429 with the OpenAI-shaped
    JSON error and a ``Retry-After`` header; every 429 comes back in a small fraction of the SLO
    (decided before any compute) and the engines never saw a rejected request (the sum of their
    ``sglang:num_requests_total`` grows by exactly the number accepted); at least
@@ -165,8 +165,7 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
     assert free_meet < 0.6, "without admission the burst should have missed the SLO"
     assert free_s[-1] > 1.5 * slo
 
-    state, server = _router(urls, policy_options={"ttft_slo_s": slo, "ttft_headroom": HEADROOM},
-                            profile_max_tokens=0)
+    state, server = _router(urls, ttft_slo_s=slo, ttft_headroom=HEADROOM, profile_max_tokens=0)
     try:
         _wait_ready(state, 60)
         for wid, model in fitted.items():

@@ -33,7 +33,7 @@ from vllm_servers import BLOCK_SIZE, VllmMissingError, events_endpoint, vllm_pyt
 
 from radix_global.registration import encode_worker_info
 from router.cli.main import config_from_args
-from router.cluster.health import cli_worker_id
+from router.cluster.discovery import cli_worker_id
 from router.http.app import build_app
 from router.state import RouterState
 

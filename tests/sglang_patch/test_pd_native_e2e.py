@@ -3,11 +3,13 @@
 What the driver does (``docs/pd.md`` explains every step): inside a private network namespace
 (Mooncake's TCP listeners bind all interfaces; ``unshare -n`` + ``ip link set lo up``), start a
 prefill and a decode worker through our launch wrapper with ``--disaggregation-transfer-backend
-mooncake_tcp``, then send one greedy request the way SGLang's router does in PD mode: the same
-body, with ``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``, to both workers at once
-(``router/pd/orchestrator.py``, native mode). The reference is HF transformers' greedy output for
-the
-same prompt (equal to SGLang's on CPU: ``tests/sglang_patch/test_sglang_server.py``).
+mooncake_tcp`` and our router in front of them (``radix-global router --workers P D``: it learns
+the roles and the bootstrap port from ``/server_info``), then send one greedy request to the
+router, which sends it the way SGLang's router does in PD mode: the same body, with
+``bootstrap_host`` / ``bootstrap_port`` / ``bootstrap_room``, to both workers at once
+(``router/request/relay.py``, bodies from ``router/pd/protocol.py::native_body``). The reference
+is HF transformers' greedy output for the same prompt (equal to SGLang's on CPU:
+``tests/sglang_patch/test_sglang_server.py``).
 
 - With ``sglang_patch.pd_cpu`` (the launch wrapper carries it into SGLang's processes): the decode
   worker's output equals the reference token for token.
@@ -25,7 +27,6 @@ namespace.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import os
@@ -135,35 +136,45 @@ def _traceback_tail(log: Path) -> str:
     return "\n".join(lines[-3:])
 
 
-async def _pd_request(model: str, prefill_url: str, decode_url: str, bootstrap: int,
-                      ids: list[int]) -> tuple[int, Any, int | None]:
+def _pd_request(prefill_url: str, decode_url: str, router_port: int, ids: list[int],
+                log: Path) -> tuple[int, Any, int | None]:
+    """The request through our HTTP router; the prefill half's prompt tokens from the router's
+    record of it (``/admin/stats`` ``recent``)."""
     import httpx
 
-    from radix_global import keys
-    from radix_global.types import Namespace, Role, WorkerId
-    from router.keying.prompt import GENERATE
-    from router.pd.orchestrator import PdOrchestrator
-    from router.pd.protocol import PdConfig, PdMode
-    from router.routing.contract import RouteRequest, WorkerState
-
-    ns = Namespace("tiny@native")
-    async with httpx.AsyncClient(timeout=httpx.Timeout(240, connect=5)) as client:
-        orch = PdOrchestrator(client, PdConfig(mode=PdMode.NATIVE), probe=None,
-                              bootstrap_ports={WorkerId("P"): bootstrap})
-        req = RouteRequest("native-1", ns, len(ids), keys.page_keys(ids, PAGE), PAGE,
-                           output_tokens_hint=8)
-        run = orch.start(req, {"input_ids": ids, "sampling_params": {"max_new_tokens": 8,
-                                                                     "temperature": 0.0}},
-                         GENERATE, "/generate",
-                         WorkerState(WorkerId("P"), ns, role=Role.PREFILL, url=prefill_url),
-                         [WorkerState(WorkerId("D"), ns, role=Role.DECODE, url=decode_url)],
-                         stream=False)
-        raw = b"".join([c async for c in run.chunks()])
+    argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", "127.0.0.1",
+            "--port", str(router_port), "--workers", prefill_url, decode_url,
+            "--policy", "conductor", "--profile-max-tokens", "0"]
+    with open(log, "wb") as fh:
+        router = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO),
+                                  start_new_session=True)
+    base = f"http://127.0.0.1:{router_port}"
+    try:
+        deadline = time.monotonic() + 120
+        with httpx.Client(base_url=base, timeout=httpx.Timeout(240, connect=5)) as c:
+            while True:
+                with contextlib.suppress(httpx.HTTPError):
+                    workers = c.get("/admin/workers").json()["workers"]
+                    if len(workers) == 2:
+                        break
+                if router.poll() is not None or time.monotonic() > deadline:
+                    return 0, f"router did not see both workers: {_traceback_tail(log)}", None
+                time.sleep(0.5)
+            r = c.post("/generate", json={"input_ids": ids, "sampling_params": {
+                "max_new_tokens": 8, "temperature": 0.0}})
+            try:
+                answer: Any = r.json()
+            except ValueError:
+                answer = r.text
+            records = [x for x in c.get("/admin/stats").json()["recent"] if x.get("accepted")]
+            prefill_tokens = records[-1].get("prefill_prompt_tokens") if records else None
+            return r.status_code, answer, prefill_tokens
+    finally:
+        router.terminate()
         try:
-            answer: Any = json.loads(raw)
-        except ValueError:
-            answer = raw.decode("utf-8", "replace")
-        return run.status_code, answer, run.stats.prefill_prompt_tokens
+            router.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            router.kill()
 
 
 def driver(out: Path, model: str, work: Path, patched: bool) -> None:
@@ -210,8 +221,9 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
                     out.write_text(json.dumps(result))
                     return
                 time.sleep(1.0)
-        status, answer, result["prefill_prompt_tokens"] = asyncio.run(_pd_request(
-            model, f"http://127.0.0.1:{p_port}", f"http://127.0.0.1:{d_port}", bootstrap, ids))
+        status, answer, result["prefill_prompt_tokens"] = _pd_request(
+            f"http://127.0.0.1:{p_port}", f"http://127.0.0.1:{d_port}", 31200, ids,
+            work / "router.log")
         result["decode_status"], result["decode_answer"] = status, answer
         if isinstance(answer, dict) and status == 200:
             result["output_ids"] = answer.get("output_ids")

@@ -2,8 +2,9 @@
 
 Three workers started by ``radix-global sglang`` (``sglang_patch.launch_server``) on one shared
 pool: P (prefill role) and D1, D2 (decode role; ``wait_complete`` prefetch). The router side is
-the real :class:`PdOrchestrator` with a real httpx client; "is the prompt in the pool yet" is read
-from the shared-memory pool itself (``ShmPoolProbe``), as the index would see it from pool events.
+the real :class:`PdOrchestrator` over the router's data plane (``Proxy``); "is the prompt in the
+pool yet" is read from the shared-memory pool itself (``ShmPoolProbe``), as the index would see it
+from pool events.
 
 Checks (one scenario, servers start once; a few minutes on a shared 2-core box):
 1. Greedy output of a disaggregated request = a non-disaggregated run of the same prompt
@@ -37,10 +38,12 @@ from pd_workers import PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
 from radix_global import keys
 from radix_global.types import Namespace, Role, WorkerId
+from router.config import RouterConfig
 from router.keying.prompt import GENERATE
 from router.pd.orchestrator import PdOrchestrator, PdRejected
 from router.pd.protocol import PdConfig, PdMode
 from router.routing.contract import RouteRequest, WorkerState
+from router.transport.proxy import Proxy
 from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -112,6 +115,21 @@ async def disaggregated(orch: PdOrchestrator, probe: ShmPoolProbe, prefill: Work
     return json.loads(raw), run.stats
 
 
+class Recording:
+    """The router's data plane, with every URL it sends to recorded."""
+
+    def __init__(self, proxy: Proxy, sent: list[str]) -> None:
+        self.proxy, self.sent = proxy, sent
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> Any:
+        self.sent.append(url)
+        return await self.proxy.post(url, body, headers)
+
+    async def open_stream(self, url: str, body: bytes, headers: dict[str, str]) -> Any:
+        self.sent.append(url)
+        return await self.proxy.open_stream(url, body, headers)
+
+
 def storage(out: dict[str, Any]) -> int:
     return int((out["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
 
@@ -139,7 +157,9 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
         decodes = [WorkerState(WorkerId(n), NS, role=Role.DECODE, url=w[n].url,
                                kv_headroom_tokens=capacity, running=0) for n in ("D1", "D2")]
         probe = ShmPoolProbe(pool_id, {})
-        orch = PdOrchestrator(client, PdConfig(mode=PdMode.POOL, pool_ready_timeout_s=60),
+        proxy = Proxy(RouterConfig(request_timeout_s=300))  # the router's data plane
+        orch = PdOrchestrator(Recording(proxy, sent), PdConfig(mode=PdMode.POOL,
+                                                               pool_ready_timeout_s=60),
                               probe=probe)
 
         # 1 + 2: one disaggregated request vs a from-scratch run of the same prompt.
@@ -202,9 +222,11 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
                        prefill, alive, stream=False)
         assert rejected.value.reason == "decode_kv"
         assert sent == before, "a rejected request must not reach the prefill worker"
-        for run in held:
-            run.cancel()
+        for run in held:  # never run: their reservations and busy intervals given back
+            assert orch.selector.release(run.req.request_id)
+            orch.util.end(run.decode.worker_id, orch.clock())
         assert orch.selector.reserved_tokens((WorkerId("D2"), 0)) == 0
         report = orch.util.report(time.monotonic())
         assert report.rejected_before_prefill == 1 and report.decode_retries == len(on_d1)
         assert report.prefill.busy_s > 0 and report.decode.busy_s > 0
+        await proxy.close()

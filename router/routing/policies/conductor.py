@@ -35,7 +35,6 @@ nodes: that is what makes prefixes hot); it changes no other state.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from radix_global.ops import IndexRefusal, MatchResult
 from radix_global.types import HolderId, WorkerId
@@ -68,7 +67,6 @@ class ConductorPolicy(RoutingPolicy):
         price_top_k: int | None = 8,
         routed_ttl_s: float = 30.0,
         slo: SloConfig | None = None,
-        **slo_options: Any,
     ) -> None:
         if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
                 price_top_k is not None and price_top_k < 1) or routed_ttl_s < 0:
@@ -82,10 +80,9 @@ class ConductorPolicy(RoutingPolicy):
         self.compare_fetch_cost = compare_fetch_cost
         self.tie_s = tie_s
         self.tie_rel = tie_rel
-        try:
-            self.slo = slo or SloConfig(**slo_options)
-        except (TypeError, ValueError) as exc:
-            raise PolicyConfigError(f"conductor SLO options: {exc}") from exc
+        # The router's one SLO (RouterConfig.slo_config()), shared with the driver's decode
+        # admission; none: no TTFT admission unless a request carries its own SLO.
+        self.slo = slo or SloConfig()
         self._routed = RoutedPrefixes(ttl_s=routed_ttl_s) if routed_ttl_s > 0 else None
         self._turn = 0
         self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)

@@ -1,5 +1,5 @@
 """``--index URL``: the router asks the remote gRPC index service without blocking its event loop
-(router/cluster/index_link.py ``RemoteIndex.prefetch_match``) and falls back to its local view (an
+(router/cluster/remote_index.py ``RemoteIndex.prefetch_match``) and falls back to its local view (an
 empty match) on timeout or error, counted per reason. Against a real ``IndexServer`` on loopback.
 
 Negative control: the blocking client used before (``IndexClient.match`` called on the loop)
@@ -18,7 +18,7 @@ from radix_global.client import IndexClient
 from radix_global.ops import StorePages
 from radix_global.service import IndexServer, ServiceConfig
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
-from router.cluster.index_link import EMPTY_MATCH, PrefetchedMatches, RemoteIndex
+from router.cluster.remote_index import EMPTY_MATCH, PrefetchedMatches, RemoteIndex
 from router.config import RouterConfig
 from router.routing.contract import RouteRequest, WorkerState
 from router.state import RouterState

@@ -15,7 +15,7 @@ import pytest
 from radix_global.keys import page_keys
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
-from router.cluster.health import cli_worker_id
+from router.cluster.discovery import cli_worker_id
 from router.cluster.replication import WarmConfig, WarmupPlanner
 from router.cluster.warming import PrefixTokens
 from router.routing.contract import Decision, RouteRequest

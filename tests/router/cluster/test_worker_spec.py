@@ -1,6 +1,6 @@
 """``--workers URL#field=value&...``: command-line workers that cannot describe themselves (vLLM has
 no ``/server_info``) get their engine, page size and KV-event endpoint from the URL fragment, and
-their model from the OpenAI ``/v1/models`` list (router/cluster/health.py)."""
+their model from the OpenAI ``/v1/models`` list (router/cluster/discovery.py)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from router.cluster.health import server_info_from_models, split_worker_spec
+from router.cluster.discovery import server_info_from_models, split_worker_spec
 from router.config import RouterConfig
 from router.state import RouterState
 

@@ -225,7 +225,21 @@ def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory
     (_, p_body), (_, d_body) = prefill.requests[-1], decode.requests[-1]
     assert p_body["bootstrap_room"] == d_body["bootstrap_room"]
     assert p_body["bootstrap_host"] == "127.0.0.1" and p_body["bootstrap_port"] == 8998
-    assert p_body["rid"] == d_body["rid"] == r.headers["x-radix-request-id"]
+    # Two engine requests: the prefill half's rid is the decode half's with a suffix, so an
+    # abort names exactly one of them.
+    assert d_body["rid"] == r.headers["x-radix-request-id"]
+    assert p_body["rid"] == d_body["rid"] + "-prefill"
+    # A batch: one bootstrap room per prompt, the same on both halves (the one builder,
+    # router.pd.protocol.native_body; the relay's own used one room for the whole batch).
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
+                                      "rid": ["a", "b", "c"]})
+        assert r.status_code == 200, r.text
+    (_, p_body), (_, d_body) = prefill.requests[-1], decode.requests[-1]
+    rooms = p_body["bootstrap_room"]
+    assert isinstance(rooms, list) and len(set(rooms)) == 3 and d_body["bootstrap_room"] == rooms
+    assert p_body["bootstrap_host"] == ["127.0.0.1"] * 3
+    assert d_body["rid"] == [f"{r.headers['x-radix-request-id']}-{i}" for i in range(3)]
 
 
 def test_native_pd_utilisation_report(upstreams, router_factory):
@@ -245,12 +259,11 @@ def test_native_pd_utilisation_report(upstreams, router_factory):
     assert pd["prefill"]["workers"] == 1 and pd["decode"]["workers"] == 1
     assert pd["prefill"]["busy_s"] > 0 and pd["decode"]["busy_s"] > 0
     assert pd["decode"]["busy_s"] >= pd["prefill"]["busy_s"]  # decode waits for the prefill
-    from router.pd.native import native_util
 
     deadline = time.monotonic() + 5  # the prefill answer may land after the client's
-    while native_util(router.state)._open and time.monotonic() < deadline:
+    while router.state.pd_util._open and time.monotonic() < deadline:
         time.sleep(0.02)
-    assert native_util(router.state)._open == {}, "a busy span was left open"
+    assert router.state.pd_util._open == {}, "a busy span was left open"
     from radix_global.types import Role
 
     wid = next(e.worker_id for e in router.state.registry.all() if e.info.role == Role.DECODE)
@@ -283,6 +296,6 @@ def test_native_pd_decode_refusal_blames_the_decode_worker_and_retries(upstreams
     assert r.json()["text"] == "hello from decode"
     rid = r.headers["x-radix-request-id"]
     assert rid.endswith("-pd1") and live.requests[-1][1]["rid"] == rid
-    assert rid.removesuffix("-pd1") in prefill.aborted  # the first attempt's prefill
+    assert rid.removesuffix("-pd1") + "-prefill" in prefill.aborted  # first attempt's prefill
     ids = {e.worker_id for e in router.state.registry.all()}
     assert pre in ids and dead not in ids

@@ -1,5 +1,5 @@
 """router/pd/protocol.py (pure) and router/pd/orchestrator.py against fake workers
-(httpx.MockTransport).
+(httpx.MockTransport behind the orchestrator's data-plane interface).
 
 The real-worker checks are in tests/sglang_patch/test_pd_pool_e2e.py / test_pd_native_e2e.py.
 """
@@ -32,6 +32,7 @@ from router.pd.protocol import (
 )
 from router.routing.contract import RouteRequest, WorkerState
 from router.routing.decode_select import DecodeSelector
+from router.transport.proxy import UpstreamUnavailable
 
 NS = Namespace("tiny@1")
 PS = 4
@@ -140,11 +141,38 @@ class FakeCluster:
                           "cached_tokens_details": {"device": 0, "storage": cached}}})
 
 
-def orchestrator(cluster: FakeCluster, mode: PdMode = PdMode.POOL, probe: Any = None,
+class MockAnswer:
+    def __init__(self, resp: httpx.Response) -> None:
+        self.status_code, self.headers, self.content = resp.status_code, [], resp.content
+
+    async def aiter_raw(self) -> Any:
+        yield self.content
+
+    async def aclose(self) -> None:
+        pass
+
+
+class MockPlane:
+    """The orchestrator's data plane (the router's Proxy in production) over MockTransport:
+    a refused connection is ``UpstreamUnavailable``, as the proxy raises it."""
+
+    def __init__(self, cluster: FakeCluster) -> None:
+        self.client = httpx.AsyncClient(transport=httpx.MockTransport(cluster.handler))
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> MockAnswer:
+        try:
+            return MockAnswer(await self.client.post(url, content=body, headers=headers))
+        except httpx.ConnectError as exc:
+            raise UpstreamUnavailable(str(exc)) from exc
+
+    open_stream = post
+
+
+def orchestrator(cluster: FakeCluster, probe: Any = None,
                  selector: DecodeSelector | None = None, **kw: Any) -> PdOrchestrator:
-    client = httpx.AsyncClient(transport=httpx.MockTransport(cluster.handler))
-    return PdOrchestrator(client, PdConfig(mode=mode, pool_ready_timeout_s=1.0), selector,
-                          probe, bootstrap_ports={WorkerId("p0"): 8998}, **kw)
+    return PdOrchestrator(MockPlane(cluster), PdConfig(mode=PdMode.POOL,  # type: ignore[arg-type]
+                                                       pool_ready_timeout_s=1.0),
+                          selector, probe, **kw)
 
 
 async def collect(run: Any) -> bytes:
@@ -176,19 +204,26 @@ async def test_pool_handoff_prefills_one_token_then_decodes_on_the_reserved_work
 async def test_dead_decode_worker_is_skipped_without_a_second_prefill() -> None:
     cluster = FakeCluster()
     cluster.dead.add("d0")
-    orch = orchestrator(cluster)
+    refused: list[str] = []
+    answered: list[str] = []
+    orch = orchestrator(cluster, on_refused=lambda w, exc: refused.append(w),
+                        on_answered=answered.append)
     run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
     out = json.loads(await collect(run))
     assert out["output_ids"] == list(range(8))
     assert [h for h, _ in cluster.calls] == ["p0", "d0", "d1"]
     assert run.stats.decode_attempts == ("d0", "d1") and run.stats.decode_worker == "d1"
-    # The next request goes straight to d1: d0 is marked failed.
+    # The refusal went to health checking (which removes d0), the answers too.
+    assert refused == ["d0"] and answered == ["p0", "d1"]
+    assert orch.util.decode_retries == 1
+    # The orchestrator keeps no exclusion of its own: once d0 answers again (health checking
+    # brought it back) the next request may use it.
+    cluster.dead.clear()
     cluster.calls.clear()
     run2 = orch.start(req("r2"), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(),
                       stream=False)
     await collect(run2)
-    assert [h for h, _ in cluster.calls] == ["p0", "d1"]
-    assert orch.util.decode_retries == 1
+    assert [h for h, _ in cluster.calls] == ["p0", "d0"]
 
 
 @pytest.mark.asyncio
@@ -229,18 +264,10 @@ async def test_reservations_fill_a_decode_worker_then_reject() -> None:
         orch.start(req("c"), PAYLOAD, GENERATE, "/generate", PREFILL, one, stream=False)
 
 
-@pytest.mark.asyncio
-async def test_native_mode_sends_both_halves_with_one_room() -> None:
-    cluster = FakeCluster()
-    orch = orchestrator(cluster, mode=PdMode.NATIVE)
-    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
-    await collect(run)
-    by_host = {h: b for h, b in cluster.calls}
-    assert set(by_host) == {"p0", "d0"}
-    rooms = {b["bootstrap_room"] for b in by_host.values()}
-    assert len(rooms) == 1
-    assert by_host["d0"]["bootstrap_host"] == "p0" and by_host["d0"]["bootstrap_port"] == 8998
-    assert by_host["d0"]["sampling_params"]["max_new_tokens"] == 8  # not a prefill-only body
+def test_the_orchestrator_runs_pool_hand_offs_only() -> None:
+    # Native PD is the HTTP relay's (tests/router/http/test_app.py); one builder of its bodies.
+    with pytest.raises(PdError):
+        PdOrchestrator(MockPlane(FakeCluster()), PdConfig(mode=PdMode.NATIVE))  # type: ignore[arg-type]
 
 
 @pytest.mark.asyncio

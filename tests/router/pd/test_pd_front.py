@@ -3,6 +3,7 @@ workers (``http_peer.Upstream``) on loopback. Real SGLang: ``test_pd_pool_http_e
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from typing import Any
@@ -149,8 +150,21 @@ def test_dead_decode_worker_is_replaced(pd_cluster):
             assert r.status_code == 200, r.text
             assert r.json()["text"] == "hello from decode"
         pd = c.get("/admin/stats").json()["pd"]
-    assert len(alive.requests) == 2
-    assert pd["decode_retries"] == 1 and pd["failed_decode_workers"] == [first]
+        assert len(alive.requests) == 2 and pd["decode_retries"] == 1
+        # The refusal reached health checking, which removed the worker ...
+        assert router.state.registry.find(first) is None
+        # ... and a worker that answers again comes back with the next health round (it used
+        # to be excluded by the hand-off for the router's life).
+        dead_peer, dead_server = by_url[url]
+        revived = ServerThread(dead_peer.app, port=dead_server.port).start()
+        loop = router.state.health._task.get_loop()
+        asyncio.run_coroutine_threadsafe(router.state.health.check_once(), loop).result(10)
+        assert router.state.registry.find(first) is not None
+        before = len(dead_peer.requests)
+        r = c.post("/generate", json={"input_ids": [4, 5, 6]})
+        assert r.status_code == 200 and r.headers["x-radix-decode-worker"] == first
+        assert len(dead_peer.requests) == before + 1
+    revived.stop()
 
 
 def test_mixed_workers_take_the_ordinary_path(upstreams, router_factory):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from radix_global.index import GlobalIndex
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
+from router.routing.admission import SloConfig
 from router.routing.contract import RouteRequest, WorkerState
 from router.routing.cost import CostConfig, CostModel
 from router.routing.driver import PolicyDriver
@@ -104,7 +105,7 @@ def test_slow_link_prefers_recomputation_unless_told_to_follow_the_threshold_onl
 
 
 def test_ttft_slo_rejects_with_retry_after_and_breakdown() -> None:
-    d = driver(index_with(), ttft_slo_s=10.0, max_retry_after_s=30.0)
+    d = driver(index_with(), slo=SloConfig(ttft_slo_s=10.0, max_retry_after_s=30.0))
     ws = workers(1)
     dec = d.route(request(0, slo=1e-4), ws, 0.0)  # a request's own SLO wins
     assert not dec.accepted and dec.reason == "ttft_slo"

@@ -149,3 +149,30 @@ def test_transfer_time_uses_the_topology_bottleneck_or_the_default() -> None:
     assert cost.transfer_s(PoolId("pool"), ws(), 0) == 0.0
     cost.observe_transfer(PoolId("pool"), W, nbytes=10**9, seconds=1.0)  # slower than the NIC
     assert cost.bandwidth_Bps(PoolId("pool"), W) < 100 * GBPS
+
+
+def test_learn_from_inferred_prefill_is_one_switch_with_the_live_default() -> None:
+    """A worker on the prior learns from FIFO-inferred times; one whose model was installed (a
+    profile) does not unless ``learn_from_inferred_prefill`` (default False, as the live router
+    ran: the CostConfig switch was True but RouterConfig's False applied to profiles)."""
+    def observations(cost: CostModel, install: bool, **kw: bool) -> int:
+        if install:
+            cost.set_prefill_model(W, PrefillModel(), **kw)
+        req = RouteRequest("r", NS, 2000, [], 16)
+        cost.on_routed(req, Decision("r", "x", True, W, 0, predicted_prefill_s=3.0), 10.0)
+        cost.on_prefill_done("r", 12.0)  # inferred, not measured
+        return cost.prefill_model(W).observations
+
+    assert observations(CostModel(), install=False) == 1
+    assert observations(CostModel(), install=True) == 0
+    assert observations(CostModel(), install=True, learn_inferred=True) == 1
+    assert observations(CostModel(CostConfig(learn_from_inferred_prefill=True)), install=True) == 1
+
+
+def test_kv_bytes_per_token_per_namespace() -> None:
+    cost = CostModel(CostConfig(kv_bytes_per_token=1000))
+    cost.set_kv_bytes_per_token(NS, 10)
+    assert cost.kv_bytes_per_token(NS) == 10
+    assert cost.kv_bytes_per_token(Namespace("other@1")) == 1000
+    with pytest.raises(ValueError):
+        cost.set_kv_bytes_per_token(NS, 0)

@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 
 from radix_global.types import Namespace, PageKey, Role, WorkerId
+from router.routing.admission import SloConfig
 from router.routing.contract import ClusterView, RouteRequest, WorkerState
 from router.routing.cost import CostModel
 from router.routing.driver import PolicyDriver
-from router.routing.policies import PolicyConfigError, get_policy, policy_names
+from router.routing.policies import PolicyConfigError, get_policy, policy_names, policy_options
 from router.routing.policies.approx_cache import ApproxCachePolicy
 
 NS = Namespace("m@1")
@@ -118,3 +119,24 @@ def test_approx_cache_memory_is_lru_bounded_and_forgets_removed_workers() -> Non
     assert policy.match_pages(slot, [PageKey(1), PageKey(2)]) == 1
     driver.worker_removed(WorkerId("w0"))
     assert policy.tracked_pages(slot) == 0
+
+
+def test_policy_options_are_typed_and_checked_before_the_policy_is_built() -> None:
+    with pytest.raises(PolicyConfigError, match=r"fetch_ratio must be float, got '1.5'"):
+        get_policy("conductor", fetch_ratio="1.5")  # was a TypeError deep in the constructor
+    with pytest.raises(PolicyConfigError, match="compare_fetch_cost must be bool"):
+        get_policy("conductor", compare_fetch_cost=1)
+    with pytest.raises(PolicyConfigError, match=r"no option 'cache_treshold'; valid options: "
+                                                r"cache_threshold, balance_abs"):
+        get_policy("approx_cache", cache_treshold=0.5)
+    with pytest.raises(PolicyConfigError, match="valid options: seed"):
+        get_policy("random", ttft_slo_s=2.0)
+    conductor = get_policy("conductor", fetch_ratio=2, price_top_k=None)
+    assert conductor.fetch_ratio == 2.0  # type: ignore[attr-defined]
+    assert policy_options("random") == {"seed": int | None}
+
+
+def test_the_routers_slo_reaches_the_policy_that_admits() -> None:
+    slo = SloConfig(ttft_slo_s=1.0)
+    assert get_policy("conductor", slo).slo is slo  # type: ignore[attr-defined]
+    assert get_policy("round_robin", slo).name == "round_robin"  # takes no SLO: ignored

@@ -1,0 +1,42 @@
+"""Which ZMQ endpoints the index can subscribe to. Pure: no sockets.
+
+A worker registers its KV-event (and replay, pool-event) endpoints; the subscriber connects a SUB
+(a DEALER for replays) to each, one per dp rank, rank ``r`` at tcp port + ``r`` or ipc/inproc name
++ ``_dp<r>`` (``subscriber.offset_endpoint``). A record whose endpoint cannot be connected for
+every rank is refused at registration (``docs/interfaces.md`` section 2), so "registered" never
+hides "cannot be followed".
+"""
+
+from __future__ import annotations
+
+import re
+
+# A host to connect to: a name, an IPv4 address or an IPv6 one (bracketed or not). Not "*": that
+# is a bind address (SGLang's default ``tcp://*:5557``), which ZMQ cannot connect to.
+_TCP = re.compile(r"tcp://(?P<host>\[[0-9A-Fa-f:.%]+\]|[A-Za-z0-9._:%-]+):(?P<port>[0-9]{1,5})")
+IPC_PATH_MAX = 107  # sockaddr_un.sun_path holds 108 bytes with the terminating NUL
+
+
+def endpoint_problem(endpoint: str, ranks: int = 1) -> str | None:
+    """Why a ZMQ SUB could not connect to ``endpoint`` for dp ranks ``0..ranks-1``; None when it
+    can. ``tcp://HOST:PORT`` needs a real host and ``PORT + ranks - 1 <= 65535``; ``ipc://PATH``
+    a path that fits a socket address with its ``_dp<r>`` suffix; ``inproc://NAME`` a name."""
+    if not endpoint.isprintable():
+        return "contains a control character"
+    if endpoint.startswith("tcp://"):
+        m = _TCP.fullmatch(endpoint)
+        if m is None:
+            return "must be tcp://HOST:PORT with a host to connect to (not '*')"
+        port = int(m["port"])
+        if not 1 <= port <= 65536 - ranks:
+            return f"port {port} (+ {ranks - 1} dp ranks) is outside [1, 65535]"
+        return None
+    if endpoint.startswith(("ipc://", "inproc://")):
+        name = endpoint.split("://", 1)[1]
+        if not name:
+            return "names no socket"
+        suffix = len(f"_dp{ranks - 1}") if ranks > 1 else 0
+        if endpoint.startswith("ipc://") and len(name.encode()) + suffix > IPC_PATH_MAX:
+            return f"ipc path (with its _dp<rank> suffix) longer than {IPC_PATH_MAX} bytes"
+        return None
+    return "must be tcp://HOST:PORT, ipc://PATH or inproc://NAME"

@@ -1,0 +1,179 @@
+"""One started pool hand-off (:class:`PdRun`): step 3 and 4 of ``router/pd/orchestrator.py``,
+after the decode worker was chosen and reserved there: the prefill-only request to the prefill
+worker, the wait for its pages in the pool (``PdOrchestrator.wait_pool``), then the client's
+request to the decode worker.
+
+A decode worker failing before its first byte is retried on the next choice (up to
+``decode_attempts``); after it, the stream ends with an error event. Every outcome releases the
+decode reservation and the busy-time intervals (``chunks``'s ``finally``).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Sequence
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+import msgspec
+
+from radix_global.types import Role, WorkerId
+from router.pd.protocol import cached_tokens_of, decode_body, prefill_only_body
+from router.routing.contract import RouteRequest, WorkerState
+from router.transport.errors import ErrorType, error_body, sse_error
+from router.transport.proxy import UpstreamFailed, UpstreamUnavailable
+
+if TYPE_CHECKING:  # the orchestrator builds runs: a runtime import would be circular
+    from router.pd.orchestrator import PdOrchestrator
+
+log = logging.getLogger("radix_global.router.pd")
+
+
+class PdFailed(Exception):
+    """The prefill step failed, or every decode attempt failed before answering."""
+
+
+class PdStats(NamedTuple):
+    mode: str
+    prefill_worker: WorkerId
+    decode_worker: WorkerId | None  # the one that answered
+    decode_attempts: tuple[WorkerId, ...]
+    prefill_s: float | None  # pool mode: the prefill step's wall time
+    pool_wait_s: float | None  # pool mode: waiting for the pages to reach the pool
+    pool_pages: int | None  # pages found in the pool before the decode request
+    ttft_s: float | None  # start -> first decode byte
+    prefill_prompt_tokens: int | None
+    prefill_cached_tokens: int | None  # what the prefill worker did not compute
+    decode_cached_tokens: int | None
+    decode_storage_tokens: int | None  # what the decode worker fetched from the pool
+
+
+class PdRun:
+    """One started disaggregated request; iterate ``chunks()`` exactly once."""
+
+    def __init__(self, orch: PdOrchestrator, req: RouteRequest, payload: dict[str, Any],
+                 kind: str, path: str, prefill: WorkerState, decode: WorkerState,
+                 decodes: Sequence[WorkerState], stream: bool, headers: dict[str, str]) -> None:
+        self.orch, self.req, self.payload, self.kind, self.path = orch, req, payload, kind, path
+        self.prefill, self.decode, self.decodes, self.stream = prefill, decode, decodes, stream
+        self.headers = headers
+        self.status_code = 200
+        self.answer: Any = None  # the decode worker's JSON (non-streamed)
+        self._t0 = orch.clock()
+        self._ttft: float | None = None
+        self._attempts: list[WorkerId] = []
+        self._prefill: tuple[float | None, float | None, int | None, Any] = (None, None, None, None)
+        self._done = False
+
+    @property
+    def stats(self) -> PdStats:
+        prefill_s, wait_s, pages, pre_answer = self._prefill
+        p_prompt, p_cached, _ = cached_tokens_of(pre_answer)
+        _, d_cached, d_storage = cached_tokens_of(self.answer)
+        return PdStats(self.orch.config.mode.value, self.prefill.worker_id,
+                       self._attempts[-1] if self._attempts and self._done else None,
+                       tuple(self._attempts), prefill_s, wait_s, pages, self._ttft,
+                       p_prompt, p_cached, d_cached, d_storage)
+
+    async def chunks(self) -> AsyncGenerator[bytes, None]:
+        orch = self.orch
+        try:
+            await self._prefill_step()
+            async for chunk in self._decode_with_retries():
+                yield chunk
+        finally:
+            orch.selector.release(self.req.request_id)
+            orch.util.end(self.decode.worker_id, orch.clock())
+
+    async def _prefill_step(self) -> None:
+        orch, wid = self.orch, self.prefill.worker_id
+        body = msgspec.json.encode(prefill_only_body(self.payload, self.kind,
+                                                     self.req.request_id))
+        t = orch.clock()
+        orch.util.begin(wid, Role.PREFILL, t)
+        try:
+            resp = await orch.data.post(self.prefill.url + self.path, body, self.headers)
+        except UpstreamUnavailable as exc:
+            orch.on_refused(wid, exc)
+            raise PdFailed(f"prefill worker {wid}: {exc}") from exc
+        except UpstreamFailed as exc:
+            raise PdFailed(f"prefill worker {wid}: {exc}") from exc
+        finally:
+            orch.util.end(wid, orch.clock())
+        orch.on_answered(wid)
+        if resp.status_code != 200:
+            self.status_code = resp.status_code
+            raise PdFailed(f"prefill worker {wid} answered {resp.status_code}: "
+                           f"{resp.content[:300].decode(errors='replace')}")
+        prefill_s = orch.clock() - t
+        answer = _json_or_none(resp.content)
+        pages, wait_s = await orch.wait_pool(self.req)
+        self._prefill = (prefill_s, wait_s, pages, answer)
+
+    async def _relay(self, decode: WorkerState) -> AsyncIterator[bytes]:
+        """POST to the decode worker and yield its answer. Raises ``_Retryable`` if it failed
+        before answering anything."""
+        orch = self.orch
+        body = msgspec.json.encode(decode_body(self.payload, self.kind, self.req.request_id))
+        try:
+            resp = await orch.data.open_stream(decode.url + self.path, body, self.headers)
+        except UpstreamUnavailable as exc:
+            orch.on_refused(decode.worker_id, exc)
+            raise _Retryable(f"{decode.worker_id}: {exc}") from exc
+        except UpstreamFailed as exc:
+            raise _Retryable(f"{decode.worker_id}: {exc}") from exc
+        try:
+            orch.on_answered(decode.worker_id)
+            if resp.status_code >= 500:
+                raise _Retryable(f"{decode.worker_id} answered {resp.status_code}")
+            self.status_code = resp.status_code
+            raw = b""
+            async for chunk in resp.aiter_raw():
+                if self._ttft is None:
+                    self._ttft = orch.clock() - self._t0
+                if not self.stream:
+                    raw += chunk
+                yield chunk
+            if not self.stream and raw:
+                self.answer = _json_or_none(raw)
+        except UpstreamFailed as exc:
+            if self._ttft is None:
+                raise _Retryable(f"{decode.worker_id}: {exc}") from exc
+            raise PdFailed(f"decode worker {decode.worker_id} broke mid-answer: {exc}") from exc
+        finally:
+            await resp.aclose()
+
+    async def _decode_with_retries(self) -> AsyncIterator[bytes]:
+        orch, decode, excluded = self.orch, self.decode, set[str]()
+        for attempt in range(orch.config.decode_attempts):
+            self._attempts.append(decode.worker_id)
+            self.decode = decode
+            try:
+                async for chunk in self._relay(decode):
+                    yield chunk
+                self._done = True
+                return
+            except _Retryable as exc:
+                log.warning("decode attempt %d of %s failed: %s", attempt + 1,
+                            self.req.request_id, exc)
+                excluded.add(decode.worker_id)
+                orch.util.end(decode.worker_id, orch.clock())
+                nxt = orch.pick_decode(self.req, self.decodes, excluded)
+                if nxt is None:
+                    break
+                orch.util.decode_retries += 1
+                orch.util.begin(nxt.worker_id, Role.DECODE, orch.clock())
+                decode = nxt
+        self.status_code = 502
+        message = f"no decode worker answered for {self.req.request_id} ({self._attempts})"
+        yield sse_error(message) if self.stream else error_body(502, message, ErrorType.UPSTREAM)
+
+
+def _json_or_none(raw: bytes) -> Any:
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
+class _Retryable(Exception):
+    pass

@@ -1,0 +1,51 @@
+"""The route step of a request: the routing core's decision, as a worker to send to or as the
+answer that refuses the request (429 with ``Retry-After``, or 503). The handler runs it first;
+the relays run it again, with the workers that refused excluded, to retry."""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+from starlette.responses import Response
+
+from router.cluster.registry import WorkerEntry
+from router.cluster.slots import worker_states
+from router.request.finish import remember
+from router.request.inbound import Inbound
+from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO
+from router.routing.contract import Decision
+from router.state import RouterState
+from router.transport.errors import ErrorType, error_response
+
+
+class Routed(NamedTuple):
+    decision: Decision
+    entry: WorkerEntry
+
+
+def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:
+    clock, m, model = state.clock, state.metrics, inbound.model
+    t = clock()
+    slots = worker_states(state.registry.for_model(model), excluded)
+    decision = state.routing.route(inbound.req, slots, clock())
+    m.stage("policy").observe(clock() - t)
+    outcome = "accepted" if decision.accepted else (decision.reason or "rejected")
+    m.decision(model, outcome).inc()
+    state.totals[f"decision_{outcome}"] += 1
+    if not decision.accepted:
+        if decision.reason in (DECODE_KV, TBT_SLO):  # PD admission: for the utilisation report
+            state.pd_util.rejected_before_prefill += 1
+        if decision.reason == NO_WORKERS:
+            return error_response(503, f"no healthy worker for model {model!r}",
+                                  ErrorType.UNAVAILABLE)
+        retry = decision.retry_after_s if decision.retry_after_s is not None else 1.0
+        remember(state, inbound, {"accepted": False, "reason": decision.reason,
+                                  "retry_after_s": retry})
+        return error_response(429, f"rejected by admission control: {decision.reason}",
+                              ErrorType.RATE_LIMIT,
+                              headers={"Retry-After": str(max(1, math.ceil(retry)))})
+    entry = state.registry.find(decision.worker_id or "")
+    if entry is None:
+        return error_response(503, "the chosen worker left the pool", ErrorType.UNAVAILABLE)
+    return Routed(decision, entry)

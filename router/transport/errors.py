@@ -1,0 +1,53 @@
+"""The OpenAI error body, the one shape every error the router answers takes.
+
+``{"error": {"message": ..., "type": ..., "code": <HTTP status>}}``: as a whole JSON answer
+(:func:`error_response` for starlette, :func:`send_error` for a raw ASGI ``send``), or as the last
+event of a stream that broke after bytes were relayed (:func:`sse_error`, then ``[DONE]``).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import msgspec
+from starlette.responses import Response
+from starlette.types import Send
+
+
+class ErrorType(StrEnum):
+    """The ``type`` field: what kind of failure, for clients that branch on it."""
+
+    INVALID_REQUEST = "invalid_request_error"
+    AUTHENTICATION = "authentication_error"
+    MODEL_NOT_FOUND = "model_not_found"
+    CONTEXT_LENGTH = "context_length_exceeded"
+    RATE_LIMIT = "rate_limit_exceeded"
+    UNAVAILABLE = "service_unavailable"
+    UPSTREAM = "upstream_error"
+    INTERNAL = "internal_error"
+
+
+def error_body(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST) -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": kind.value, "code": status}})
+
+
+def error_response(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST,
+                   headers: dict[str, str] | None = None) -> Response:
+    return Response(error_body(status, message, kind), status_code=status, headers=headers,
+                    media_type="application/json")
+
+
+async def send_error(send: Send, status: int, message: str,
+                     kind: ErrorType = ErrorType.INVALID_REQUEST,
+                     headers: dict[str, str] | None = None) -> None:
+    """The whole error answer on a raw ASGI ``send`` (nothing may have been sent before)."""
+    body = error_body(status, message, kind)
+    raw = [(b"content-type", b"application/json"), (b"content-length", b"%d" % len(body))]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def sse_error(message: str, code: int = 502) -> bytes:
+    """An error event, then ``[DONE]``, so clients end a broken stream cleanly."""
+    return b"data: " + error_body(code, message, ErrorType.UPSTREAM) + b"\n\ndata: [DONE]\n\n"
