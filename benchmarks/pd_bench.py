@@ -58,7 +58,6 @@ from benchmarks.pd_cluster import (
 )
 from radix_global import keys, trace
 from radix_global.types import Role, WorkerId
-from router.config import RouterConfig
 from router.keying.prompt import GENERATE
 from router.pd.orchestrator import PdOrchestrator
 from router.pd.protocol import (
@@ -70,7 +69,7 @@ from router.pd.protocol import (
     new_bootstrap_room,
 )
 from router.routing.contract import RouteRequest, WorkerState
-from router.transport.proxy import Proxy
+from router.transport.proxy import Proxy, ProxyConfig
 from sglang_patch.launch_plan import free_port
 
 
@@ -97,7 +96,7 @@ class Bench:
         self.probe = probe
         self.bootstrap = bootstrap
         # The pool hand-off over the router's own data plane; native PD is two plain POSTs.
-        self.proxy = Proxy(RouterConfig(request_timeout_s=600))
+        self.proxy = Proxy(ProxyConfig(request_timeout_s=600))
         self.orch = PdOrchestrator(self.proxy, PdConfig(mode=PdMode.POOL,
                                                         pool_ready_timeout_s=60), probe=probe)
         self.util = self.orch.util if bootstrap is None else PdUtilization(

@@ -1,5 +1,10 @@
 """Mooncake-format traces and the ONE deterministic prompt synthesis every benchmark and test uses.
 
+Why it lives in the core package, not under ``benchmarks/``: the product's own
+``radix-global make-model`` (``sglang_patch/make_model.py``) builds its tokenizer's vocabulary
+from this module's synthetic words, so a model made on any host tokenizes synthesized prompts
+word for word; ``sglang_patch`` must not import the benchmarks.
+
 A trace line is ``{"timestamp": ms, "input_length": n, "output_length": m, "hash_ids": [...]}``;
 each hash id stands for one 512-token block, and equal ids mean identical (chained) prefix blocks.
 

@@ -27,6 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from router.cluster.discovery import ModelOverrides
+from router.cluster.health import HealthConfig
 from router.cluster.replication import WarmConfig
 from router.keying.lora import parse_lora_paths
 from router.pd.protocol import PdConfig, PdError, PdMode
@@ -35,10 +37,13 @@ from router.routing.cost import CostConfig
 from router.routing.decode_select import DecodeConfig, TbtModel
 from router.routing.policies import PolicyConfigError, check_policy
 from router.routing.policies.options import coerce
+from router.transport.http_server import ServerLimits
+from router.transport.proxy import ProxyConfig
 
 # The parts' defaults, which the fields below take theirs from.
 _COST, _SLO, _DECODE, _WARM, _PD = (CostConfig(), SloConfig(), DecodeConfig(), WarmConfig(),
                                     PdConfig())
+_SERVER, _PROXY, _HEALTH = ServerLimits(), ProxyConfig(), HealthConfig()
 
 
 class ConfigError(ValueError):
@@ -68,21 +73,29 @@ class RouterConfig:
     # LoRA adapters the workers serve, name -> path as given to SGLang's --lora-paths: the router
     # then keys their requests exactly as SGLang does (router/keying/lora.py, docs/interfaces.md).
     lora_paths: dict[str, str] = field(default_factory=dict)
-    # Worker liveness: registered workers heartbeat; command-line workers are health-checked.
-    heartbeat_timeout_s: float = 20.0
-    health_check_interval_s: float = 2.0
-    health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
-    health_failures_to_remove: int = 3
-    # Request-path connect failures (router/cluster/health.py): a worker is removed after this many
-    # consecutive connect timeouts (retried elsewhere meanwhile) or refused connections.
-    connect_timeouts_to_remove: int = 3
-    connect_refusals_to_remove: int = 1
-    # Proxy.
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 600.0
+    # Worker liveness (router/cluster/health.py, HealthConfig): registered workers heartbeat;
+    # command-line workers are health-checked. Request-path connect failures: a worker is
+    # removed after this many consecutive connect timeouts (retried elsewhere meanwhile) or
+    # refused connections.
+    heartbeat_timeout_s: float = _HEALTH.heartbeat_timeout_s
+    health_check_interval_s: float = _HEALTH.health_check_interval_s
+    health_check_timeout_s: float = _HEALTH.health_check_timeout_s
+    health_failures_to_remove: int = _HEALTH.health_failures_to_remove
+    connect_timeouts_to_remove: int = _HEALTH.connect_timeouts_to_remove
+    connect_refusals_to_remove: int = _HEALTH.connect_refusals_to_remove
+    # Proxy (router/transport/proxy.py, ProxyConfig).
+    connect_timeout_s: float = _PROXY.connect_timeout_s
+    request_timeout_s: float = _PROXY.request_timeout_s
     max_retries: int = 2  # other workers tried when a worker refuses the connection
     max_body_bytes: int = 16 * 1024 * 1024
-    max_connections: int = 1024
+    max_connections: int = _PROXY.max_connections  # pooled connections to the workers
+    # Client connections (router/transport/http_server.py, ServerLimits): a request's head and
+    # body must arrive within these deadlines, an idle keep-alive connection is closed after
+    # client_keep_alive_s, and beyond client_max_connections new requests get 503.
+    client_header_timeout_s: float = _SERVER.header_timeout_s
+    client_body_timeout_s: float = _SERVER.body_timeout_s
+    client_keep_alive_s: int = _SERVER.keep_alive_s
+    client_max_connections: int = _SERVER.max_connections
     # Disagreement detection: a worker whose routed requests never hit after this many requests
     # with an expected hit is flagged (metric + /admin/diagnostics).
     mismatch_min_requests: int = 20
@@ -191,6 +204,29 @@ class RouterConfig:
                                     pool_ready_timeout_s=self.pd_pool_ready_timeout_s,
                                     pool_ready_poll_s=self.pd_pool_ready_poll_s,
                                     decode_attempts=self.pd_decode_attempts)
+
+    def model_overrides(self) -> ModelOverrides:
+        return ModelOverrides(self.model_path, self.served_model_name, self.model_version,
+                              self.page_size, self.context_length)
+
+    def health_config(self) -> HealthConfig:
+        return HealthConfig(
+            workers=self.workers, models=self.model_overrides(),
+            heartbeat_timeout_s=self.heartbeat_timeout_s,
+            health_check_interval_s=self.health_check_interval_s,
+            health_check_timeout_s=self.health_check_timeout_s,
+            health_failures_to_remove=self.health_failures_to_remove,
+            connect_timeouts_to_remove=self.connect_timeouts_to_remove,
+            connect_refusals_to_remove=self.connect_refusals_to_remove)
+
+    def proxy_config(self) -> ProxyConfig:
+        return ProxyConfig(self.connect_timeout_s, self.request_timeout_s, self.max_connections)
+
+    def server_limits(self) -> ServerLimits:
+        return ServerLimits(header_timeout_s=self.client_header_timeout_s,
+                            body_timeout_s=self.client_body_timeout_s,
+                            keep_alive_s=self.client_keep_alive_s,
+                            max_connections=self.client_max_connections)
 
     def resolved_admin_token(self) -> str | None:
         # A RouterConfig built in code (not through the CLI, which reads the environment for

@@ -72,8 +72,9 @@ class RouterState:
             decode=DecodeSelector(config.decode_config()), slo=slo)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
-        self.proxy = Proxy(config)
-        self.health = HealthMonitor(self.registry, config, self.proxy.client, clock=clock,
+        self.proxy = Proxy(config.proxy_config())
+        self.health = HealthMonitor(self.registry, config.health_config(), self.proxy.client,
+                                    clock=clock,
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat, busy=self._busy)
         self.health.bind_metrics(self.metrics.registry)

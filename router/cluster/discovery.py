@@ -19,7 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 import msgspec
@@ -28,7 +28,6 @@ from radix_global import kv_size
 from radix_global.namespaces import namespace_for
 from radix_global.registration import WorkerInfo, decode_worker_info
 from radix_global.types import Role
-from router.config import RouterConfig
 from router.keying.tokenize import model_context_length
 
 
@@ -94,13 +93,24 @@ def _events_endpoint(raw: Any, worker_url: str) -> str | None:
     return endpoint
 
 
-def info_from_server_info(url: str, server: dict[str, Any], config: RouterConfig,
+class ModelOverrides(NamedTuple):
+    """What the operator says of every command-line worker's model, over what it reports
+    (``RouterConfig.model_overrides()``; None: as the worker says)."""
+
+    model_path: str | None = None  # tokenizer/chat-template folder
+    served_model_name: str | None = None
+    model_version: str | None = None  # namespace version
+    page_size: int | None = None
+    context_length: int | None = None
+
+
+def info_from_server_info(url: str, server: dict[str, Any], config: ModelOverrides,
                           overrides: dict[str, Any] | None = None
                           ) -> tuple[WorkerInfo, str | None, int | None]:
     """A registration record for a command-line worker from its ``/server_info`` answer, with
-    ``overrides`` (from :func:`split_worker_spec`) replacing the matching fields; also its model
-    folder and context length (None when unknown). ``RegistrationError`` on an override the
-    record refuses."""
+    ``config`` and then ``overrides`` (from :func:`split_worker_spec`, per worker) replacing the
+    matching fields; also its model folder and context length (None when unknown).
+    ``RegistrationError`` on an override the record refuses."""
     model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
     model = config.served_model_name or server.get("served_model_name") or model_path or "default"
     page_size = config.page_size or int(server.get("page_size") or 1)

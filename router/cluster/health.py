@@ -22,12 +22,14 @@ import errno
 import logging
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.registration import RegistrationError
 from router.cluster.discovery import (
+    ModelOverrides,
     cli_worker_id,
     info_from_server_info,
     server_info_from_models,
@@ -41,7 +43,6 @@ from router.cluster.registry import (
     Source,
     WorkerRegistry,
 )
-from router.config import RouterConfig
 from router.keying.lora import adapters_from_server_info
 
 log = logging.getLogger("radix_global.router.cluster.health")
@@ -62,10 +63,25 @@ def connect_failure_kind(exc: BaseException) -> str:
     return CONNECT_REFUSED
 
 
+@dataclass(frozen=True)
+class HealthConfig:
+    """Which workers to discover and when to give up on one (``RouterConfig.health_config()``:
+    the fields of the same names there take their defaults from here)."""
+
+    workers: tuple[str, ...] = ()  # command-line worker specs (URL[#overrides])
+    models: ModelOverrides = ModelOverrides()  # noqa: RUF009 (an immutable NamedTuple)
+    heartbeat_timeout_s: float = 20.0  # registered workers
+    health_check_interval_s: float = 2.0
+    health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
+    health_failures_to_remove: int = 3
+    connect_timeouts_to_remove: int = 3  # on the request path, in a row
+    connect_refusals_to_remove: int = 1
+
+
 class HealthMonitor:
     """Runs the periodic checks. ``on_change`` is called after any membership change."""
 
-    def __init__(self, registry: WorkerRegistry, config: RouterConfig, client: httpx.AsyncClient,
+    def __init__(self, registry: WorkerRegistry, config: HealthConfig, client: httpx.AsyncClient,
                  clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[], None] | None = None,
                  on_alive: Callable[[str], None] | None = None,
@@ -102,7 +118,7 @@ class HealthMonitor:
         except (httpx.HTTPError, ValueError):
             return False
         try:
-            info, model_path, context = info_from_server_info(url, server, self.config,
+            info, model_path, context = info_from_server_info(url, server, self.config.models,
                                                               overrides)
             self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
                               context_length=context, lora=adapters_from_server_info(server))

@@ -161,5 +161,5 @@ async def _learn_model_path(state: RouterState, entry: WorkerEntry) -> None:
         server = None
     if isinstance(server, dict):
         _, entry.model_path, entry.context_length = info_from_server_info(
-            entry.info.url, server, state.config)
+            entry.info.url, server, state.config.model_overrides())
         state.prewarm(entry)

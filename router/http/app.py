@@ -101,5 +101,5 @@ def serve(state: RouterState) -> None:
     from router.transport.http_server import server_config
 
     config = state.config
-    uvicorn.Server(server_config(build_app(state), config.host, config.port,
-                                 config.log_level)).run()
+    uvicorn.Server(server_config(build_app(state), config.host, config.port, config.log_level,
+                                 config.server_limits())).run()

@@ -11,20 +11,18 @@ once, with the bootstrap fields of ``router.pd.protocol.native_body``.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import logging
 from typing import Any
 
 import msgspec
 from starlette.types import Receive, Scope, Send
 
-from radix_global.types import Role, WorkerId
 from router.cluster.registry import WorkerEntry
 from router.keying.prompt import engine_cached_tokens
-from router.pd.protocol import PREFILL_RID_SUFFIX, PdError, native_body, new_bootstrap_room
+from router.pd.protocol import PdError, native_body, new_bootstrap_room
 from router.request.finish import finish
 from router.request.inbound import Inbound
+from router.request.native_pd import PrefillHalf
 from router.request.route import Routed, route
 from router.state import RouterState
 from router.transport.bodies import encode_with, last_sse_event
@@ -39,7 +37,6 @@ from router.transport.proxy import (
 
 log = logging.getLogger("radix_global.router.request")
 
-PREFILL_SETTLE_S = 5.0  # native PD: how long a finished answer waits for its prefill half
 
 
 class DecodeRefused(UpstreamUnavailable):
@@ -61,12 +58,8 @@ class Forward:
         self.started = False  # the answer's head was sent to the client
         self.ttft: float | None = None
         self.tail = b""
-        self.decode_entry: WorkerEntry | None = None
-        self._pd_open: list[WorkerId] = []  # native PD workers busy with this request
+        self.pd: PrefillHalf | None = None  # native PD: the half beside the decode worker's
         self.engine_rid = inbound.req.request_id  # new after a decode refusal
-        self._side: set[asyncio.Future[Any]] = set()  # aborts sent after a failed prefill half
-        self._prefill: asyncio.Future[UpstreamResponse] | None = None  # native PD's other half
-        self.prefill_tokens: tuple[int | None, int | None] = (None, None)  # (cached, prompt)
 
     # --- life cycle ---------------------------------------------------------------------------
     def _start(self, routed: Routed) -> None:
@@ -92,8 +85,8 @@ class Forward:
             routed.entry.expected_hits += 1
 
     def _finish(self, ok: bool, answer: Any = None) -> None:
-        if self._pd_open:
-            self._pd_idle()
+        if self.pd is not None:
+            self.pd.idle()
         if not self.open:
             return
         self.open = False
@@ -116,10 +109,10 @@ class Forward:
             "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
             "engine_cached_tokens": cached}
-        if self.decode_entry is not None:
-            record.update(decode_worker_id=self.decode_entry.info.worker_id,
-                          prefill_cached_tokens=self.prefill_tokens[0],
-                          prefill_prompt_tokens=self.prefill_tokens[1])
+        if self.pd is not None:
+            record.update(decode_worker_id=self.pd.decode.info.worker_id,
+                          prefill_cached_tokens=self.pd.tokens[0],
+                          prefill_prompt_tokens=self.pd.tokens[1])
         finish(st, self.inbound, ok, "ok" if ok else "failed", record)
 
     # --- ASGI ---------------------------------------------------------------------------------
@@ -138,11 +131,11 @@ class Forward:
 
     async def _abort_engines(self) -> None:
         proxy = self.state.proxy
-        if self.decode_entry is None:
+        if self.pd is None:
             await proxy.abort(self.routed.entry.info.url, self.engine_rid)
             return
-        await proxy.abort(self.routed.entry.info.url, self.engine_rid + PREFILL_RID_SUFFIX)
-        await proxy.abort(self.decode_entry.info.url, self.engine_rid)
+        await proxy.abort(self.pd.prefill.info.url, self.pd.prefill_rid)
+        await proxy.abort(self.pd.decode.info.url, self.pd.rid)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A failure inside forwarding costs this request a clean error answer, never an empty
@@ -233,74 +226,29 @@ class Forward:
         (SGLang's PD protocol: one bootstrap room per prompt, the prefill worker's bootstrap
         address); the client gets the decode worker's answer."""
         st, entry, d = self.state, self.routed.entry, self.routed.decision
-        self.decode_entry = st.registry.find(d.decode_worker_id) if d.decode_worker_id else None
-        if self.decode_entry is None:
+        decode = st.registry.find(d.decode_worker_id) if d.decode_worker_id else None
+        if decode is None:
+            self.pd = None
             return await self._post(url, self._body_for(entry, self.engine_rid))
-        decode = self.decode_entry
         try:
             pd = native_body(self.inbound.payload, entry.info.url, entry.info.bootstrap_port or 0,
                              new_bootstrap_room())
         except PdError as exc:
             raise UpstreamFailed(f"native PD with prefill worker {entry.worker_id}: {exc}") \
                 from exc
-        self._pd_busy(entry.worker_id, decode.worker_id)
-        prefill_body = self._body_for(entry, self.engine_rid + PREFILL_RID_SUFFIX, pd)
-        prefill = asyncio.ensure_future(st.proxy.post(url, prefill_body, self.inbound.headers))
-        self._prefill = prefill  # only its cache numbers are kept; a failure aborts the decode
-        prefill.add_done_callback(self._prefill_done)
+        half = self.pd = PrefillHalf(st, self.inbound.model, entry, decode, self.engine_rid)
+        half.send(url, self._body_for(entry, half.prefill_rid, pd), self.inbound.headers)
         body = self._body_for(decode, self.engine_rid, pd, dp_rank=d.decode_dp_rank)
         try:
             return await self._post(f"{decode.info.url}{self.inbound.path}", body)
         except UpstreamUnavailable as exc:
-            prefill.cancel()
+            half.cancel()
             # The prefill worker may hold the request already, waiting for this decode side.
-            await st.proxy.abort(entry.info.url, self.engine_rid + PREFILL_RID_SUFFIX)
+            await st.proxy.abort(entry.info.url, half.prefill_rid)
             raise DecodeRefused(decode.worker_id, exc) from exc
         except BaseException:
-            prefill.cancel()
+            half.cancel()
             raise
-
-    def _pd_busy(self, prefill: WorkerId, decode: WorkerId) -> None:
-        """Both halves busy from now (the utilisation report, ``RouterState.pd_util``)."""
-        st, now = self.state, self.state.clock()
-        util = st.pd_util
-        util.known_workers((e.worker_id, e.info.role)
-                           for e in st.registry.for_model(self.inbound.model)
-                           if e.info.role in (Role.PREFILL, Role.DECODE))
-        util.begin(prefill, Role.PREFILL, now)
-        util.begin(decode, Role.DECODE, now)
-        self._pd_open = [prefill, decode]
-
-    def _pd_idle(self, worker: WorkerId | None = None) -> None:
-        """``worker`` (default: every one still open) done with this request."""
-        now = self.state.clock()
-        for wid in [w for w in self._pd_open if worker is None or w == worker]:
-            self.state.pd_util.end(wid, now)
-            self._pd_open.remove(wid)
-
-    def _prefill_done(self, task: asyncio.Future[UpstreamResponse]) -> None:
-        self._pd_idle(self.routed.entry.worker_id)
-        if task.cancelled():
-            return
-        exc = task.exception()
-        failed = exc is not None or task.result().status_code >= 400
-        if not failed:
-            with contextlib.suppress(msgspec.DecodeError, RecursionError):
-                self.prefill_tokens = engine_cached_tokens(msgspec.json.decode(
-                    task.result().content))
-        if failed and self.decode_entry is not None:
-            log.warning("prefill of %s failed (%r): aborting its decode", self.engine_rid, exc)
-            abort = asyncio.ensure_future(self.state.proxy.abort(self.decode_entry.info.url,
-                                                                 self.engine_rid))
-            self._side.add(abort)
-            abort.add_done_callback(self._side.discard)
-
-    async def _prefill_settled(self) -> None:
-        """Native PD: give the prefill half (which answers once its KV has left) a moment to
-        answer, so the request's record has its numbers; it is never waited on for long."""
-        if self._prefill is not None and not self._prefill.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._prefill), PREFILL_SETTLE_S)
 
     def _extra_headers(self) -> list[tuple[bytes, bytes]]:
         d = self.routed.decision
@@ -331,7 +279,8 @@ class Forward:
             answer = msgspec.json.decode(content) if upstream.status_code == 200 else None
         except (msgspec.DecodeError, RecursionError):
             answer = None
-        await self._prefill_settled()
+        if self.pd is not None:
+            await self.pd.settled()
         self._finish(upstream.status_code < 500, answer)
 
     async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
@@ -360,5 +309,6 @@ class Forward:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await upstream.aclose()
-        await self._prefill_settled()
+        if self.pd is not None:
+            await self.pd.settled()
         self._finish(ok, last_sse_event(self.tail))

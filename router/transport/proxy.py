@@ -9,7 +9,8 @@ checks, ``/server_info``, aborts) uses ``httpx`` (:attr:`Proxy.client`).
 Failure classes matter to the caller: :class:`UpstreamUnavailable` means the worker never saw the
 request (connection refused / connect timeout), so it is safe to retry on another worker;
 :class:`UpstreamFailed` means it may have started. A stream that breaks after bytes were relayed
-cannot be retried: the relay ends it with an error event instead (:func:`sse_error`).
+cannot be retried: the relay ends it with an error event instead
+(``router.transport.errors.sse_error``).
 Client disconnects are watched by :func:`until_disconnect`, which cancels the upstream work and lets
 the caller abort the engine request (SGLang ``POST /abort_request {"rid": ...}``).
 """
@@ -17,15 +18,13 @@ the caller abort the engine request (SGLang ``POST /abort_request {"rid": ...}``
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, TypeVar
+from typing import Any, NamedTuple, TypeVar
 
 import httpx
 from starlette.types import Receive, Scope
 
-from router.config import RouterConfig
 from router.transport.http_client import ConnectFailed, HttpAnswer, HttpPool, RequestFailed
 from router.transport.http_server import DISCONNECT_HOOK
 
@@ -34,6 +33,14 @@ T = TypeVar("T")
 
 # Request headers worth passing on; hop-by-hop and length headers are recomputed.
 _FORWARD_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
+
+
+class ProxyConfig(NamedTuple):
+    """Timeouts and pool size towards the workers (``RouterConfig.proxy_config()``)."""
+
+    connect_timeout_s: float = 5.0
+    request_timeout_s: float = 600.0
+    max_connections: int = 1024  # pooled keep-alive connections
 
 
 class UpstreamUnavailable(Exception):
@@ -52,12 +59,6 @@ def forward_headers(headers: Any) -> dict[str, str]:
     out = {k: headers[k] for k in _FORWARD_HEADERS if k in headers}
     out["content-type"] = "application/json"
     return out
-
-
-def sse_error(message: str, code: int = 502) -> bytes:
-    """An OpenAI-style error event, then ``[DONE]``, so clients end the stream cleanly."""
-    body = json.dumps({"error": {"message": message, "type": "upstream_error", "code": code}})
-    return f"data: {body}\n\ndata: [DONE]\n\n".encode()
 
 
 class UpstreamResponse:
@@ -85,7 +86,7 @@ class UpstreamResponse:
 class Proxy:
     """Owns the connection pools to all workers."""
 
-    def __init__(self, config: RouterConfig) -> None:
+    def __init__(self, config: ProxyConfig = ProxyConfig()) -> None:
         self.config = config
         self.client = httpx.AsyncClient(
             timeout=httpx.Timeout(config.request_timeout_s, connect=config.connect_timeout_s))

@@ -19,12 +19,19 @@ Contract (every implementation):
   reports them in :class:`PutResult` so the caller can tell the index.
 - Every page carries an opaque int64 ``tag`` given at ``put`` and returned on eviction (the storage
   backend uses the page's :data:`~radix_global.types.PageKey`).
+- The pool survives its own processes: a writer killed mid-``put`` never keeps its slot for good
+  (its slot is reclaimed once the writer is known dead or its write lease expires), and a pool whose
+  shared state is found damaged (:class:`PoolCorrupt`, never another exception, a hang or a fatal
+  signal) resets itself: every page is dropped, the operation that found it is a miss (a refused
+  ``put``, whose ``evicted`` lists the pages the reset dropped that the pool could still name),
+  and the next operations work on the emptied pool, in every process sharing it.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from enum import StrEnum
 from typing import NamedTuple
 
 from radix_global.types import PoolId
@@ -36,6 +43,24 @@ WritableBuffer = object
 
 class PoolError(Exception):
     """A pool that cannot be opened or used (bad config, config mismatch with an existing pool)."""
+
+
+class CorruptReason(StrEnum):
+    """What was found damaged in a pool's shared state."""
+
+    BAD_HEADER = "bad_header"  # magic, version, geometry or its checksum wrong
+    SHORT_FILE = "short_file"  # a file is shorter than its mapping (truncated while mapped)
+    BAD_TABLE = "bad_table"  # a key-index entry out of range, or no free position left
+    BAD_SLOT = "bad_slot"  # a slot record with an impossible state or length
+
+
+class PoolCorrupt(PoolError):
+    """The pool's shared state is damaged. Raised inside a pool implementation only: its public
+    operations catch it, reset the pool (see module contract) and report a miss."""
+
+    def __init__(self, reason: CorruptReason, detail: str) -> None:
+        super().__init__(f"pool corrupt ({reason.value}): {detail}")
+        self.reason = reason
 
 
 class EvictedPage(NamedTuple):
@@ -67,6 +92,8 @@ class PoolStats(NamedTuple):
     evictions: int
     checksum_failures: int
     evicted_mid_read: int
+    resets: int = 0  # times the pool found itself corrupt and emptied itself
+    reclaimed_writes: int = 0  # slots taken back from writers that died (or outlived their lease)
 
 
 class PagePool(ABC):

@@ -1,14 +1,21 @@
 """The default L3 pool: pages in shared memory, shared by every worker process of one machine.
 
-Layout under ``<root>/<pool_id>/`` (``root`` defaults to ``/dev/shm/radix-global``):
-``lock`` (an ``fcntl.flock`` file), ``meta`` (slot table and key index, see ``shm_meta.py``) and
-``seg-<n>`` files of ``slots_per_seg`` fixed-size slots each, memory-mapped by every process.
+Files under ``<root>/<pool_id>/`` (``root`` defaults to ``/dev/shm/radix-global``): see
+``shm_files.py`` (lock, ``meta``, ``seg-<n>``) and ``shm_meta.py`` (the slot table and key index).
 
 Why it is safe under concurrent processes: every metadata change happens under the file lock (and
 an in-process lock, because ``flock`` does not exclude threads sharing one open file). Page bytes
 are copied outside the lock; a reader notes the slot's generation, copies, then re-checks the
-generation (bumped by every eviction/removal, before a slot can be reused) and verifies the xxh3
-checksum of the bytes it copied. A page evicted, rewritten or corrupted while being read is a miss.
+generation (bumped by every eviction/removal/reclaim/reset, before a slot can be reused) and
+verifies the xxh3 checksum of the bytes it copied. A page evicted, rewritten or corrupted while
+being read is a miss. A writer commits only if its slot's generation is still the one it set: a
+slot taken back from it meanwhile (``liveness.py``: dead writer or expired lease) stays free.
+
+Why it survives its own processes: a writer killed mid-copy leaves its slot WRITING; each process
+frees such slots whose writer is dead or out of lease (``liveness.py``) at its first allocation
+every ``SWEEP_INTERVAL_S``, and at once when no slot is free or evictable. Damaged shared state
+raises ``PoolCorrupt`` inside; each public operation catches it, resets the pool
+(``shm_files.py``) and answers a miss.
 
 ``RADIX_GLOBAL_POOL_NO_VERIFY=1`` turns the checksum verification off. It exists only for the
 negative-control test that proves a corrupted page would otherwise reach the engine.
@@ -16,23 +23,31 @@ negative-control test that proves a corrupted page would otherwise reach the eng
 
 from __future__ import annotations
 
-import fcntl
-import mmap
+import logging
 import os
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 
 import numpy as np
 import xxhash
 
 from radix_global.types import PoolId
+from sglang_patch.pool import liveness as lv
 from sglang_patch.pool import shm_meta as m
-from sglang_patch.pool.base import EvictedPage, PagePool, PoolError, PoolStats, PutResult
+from sglang_patch.pool.base import (
+    EvictedPage,
+    PagePool,
+    PoolCorrupt,
+    PoolError,
+    PoolStats,
+    PutResult,
+)
+from sglang_patch.pool.shm_files import PoolFiles, read_header
 
 DEFAULT_ROOT = "/dev/shm/radix-global"
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
-_SEG_TARGET_BYTES = 256 << 20
+log = logging.getLogger(__name__)
+_MISS = PutResult(False, False, ())
 
 
 def _as_bytes(buf: object) -> memoryview:
@@ -48,18 +63,9 @@ def _checksum(views: Sequence[memoryview]) -> int:
     return h.intdigest()
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 class ShmPagePool(PagePool):
-    """Open (creating if needed) the pool ``pool_id``; every process passes the same geometry."""
+    """Open (creating if needed) the pool ``pool_id``; every process passes the same page size
+    (an existing pool keeps its capacity). ``write_lease_s``: see ``liveness.py``."""
 
     def __init__(
         self,
@@ -67,6 +73,7 @@ class ShmPagePool(PagePool):
         page_bytes: int,
         capacity_bytes: int,
         root: str = DEFAULT_ROOT,
+        write_lease_s: float = lv.WRITE_LEASE_S,
     ) -> None:
         if page_bytes < 1 or capacity_bytes < page_bytes:
             raise PoolError(f"need 1 <= page_bytes <= capacity_bytes, got {page_bytes}, "
@@ -76,108 +83,81 @@ class ShmPagePool(PagePool):
         self.pool_id = PoolId(pool_id)
         self.dir = os.path.join(root, pool_id)
         os.makedirs(self.dir, exist_ok=True)
-        self._tlock = threading.Lock()
         self._local = threading.local()  # per-thread staging buffer for scattered reads
-        self._lock_fd = os.open(os.path.join(self.dir, "lock"), os.O_RDWR | os.O_CREAT, 0o600)
         self._verify = os.environ.get(NO_VERIFY_ENV, "") != "1"
-        meta_path = os.path.join(self.dir, "meta")
-        with self._locked():
-            if not os.path.exists(meta_path):
-                nslots = capacity_bytes // page_bytes
-                per_seg = max(1, min(nslots, _SEG_TARGET_BYTES // page_bytes))
-                m.SlotMeta.create(meta_path, nslots, page_bytes, per_seg)
-            nslots, have_bytes, per_seg = m.SlotMeta.read_geometry(meta_path)
-            if have_bytes != page_bytes:
-                raise PoolError(f"pool {pool_id} exists with page_bytes={have_bytes}, "
-                                f"asked for {page_bytes}")
-            self._meta = m.SlotMeta(meta_path, nslots)
-            self._segments: list[memoryview] = [self._map_segment(i, per_seg, page_bytes)
-                              for i in range(-(-nslots // per_seg))]
+        self._sweeper = lv.StaleWriterSweeper(pool_id, write_lease_s)
+        self._files = PoolFiles(self.dir, m.Geometry.for_capacity(page_bytes, capacity_bytes))
         self.page_bytes = page_bytes
-        self.capacity_pages = nslots
-        self._per_seg = per_seg
+
+    @property
+    def capacity_pages(self) -> int:  # type: ignore[override]
+        return self._files.geom.nslots
+
+    @property
+    def resets(self) -> int:
+        """Resets this process did (``stats().resets`` counts every process's)."""
+        return self._files.resets
 
     @classmethod
     def open_existing(cls, pool_id: str, root: str = DEFAULT_ROOT) -> ShmPagePool:
         """Open a pool some other process created, with its geometry (tools and tests)."""
-        try:
-            nslots, page_bytes, _ = m.SlotMeta.read_geometry(os.path.join(root, pool_id, "meta"))
-        except (OSError, ValueError) as exc:
-            raise PoolError(f"no pool {pool_id!r} under {root}: {exc}") from exc
-        return cls(pool_id, page_bytes, nslots * page_bytes, root)
-
-    def valid_keys_locations(self) -> list[tuple[str, int, int]]:
-        """(segment path, offset, length) of every stored page (tests that corrupt the pool)."""
-        with self._locked():
-            slots = np.flatnonzero(self._meta.slots["state"] == m.VALID)
-            out = []
-            for slot in slots:
-                seg, idx = divmod(int(slot), self._per_seg)
-                out.append((os.path.join(self.dir, f"seg-{seg}"), idx * self.page_bytes,
-                            int(self._meta.slots["length"][slot])))
-            return out
-
-    def _map_segment(self, index: int, per_seg: int, page_bytes: int) -> memoryview:
-        path = os.path.join(self.dir, f"seg-{index}")
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            size = per_seg * page_bytes
-            if os.fstat(fd).st_size < size:
-                os.ftruncate(fd, size)  # sparse on tmpfs: memory is used only when written
-            # MAP_POPULATE: map every page now, so no copy pays a page fault per 4 KiB later
-            # (the pool's memory is its capacity, allocated once by the first process).
-            flags = mmap.MAP_SHARED | getattr(mmap, "MAP_POPULATE", 0)
-            return memoryview(mmap.mmap(fd, size, flags=flags))
-        finally:
-            os.close(fd)
-
-    @contextmanager
-    def _locked(self) -> Iterator[None]:
-        with self._tlock:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
+        geom, size = read_header(os.path.join(root, pool_id, "meta"))
+        if geom is None:
+            why = "no meta file" if size < 0 else "damaged meta header"
+            raise PoolError(f"no pool {pool_id!r} under {root}: {why}")
+        return cls(pool_id, geom.page_bytes, geom.nslots * geom.page_bytes, root)
 
     def _slot_bytes(self, slot: int, length: int) -> memoryview:
-        seg, idx = divmod(slot, self._per_seg)
+        seg, idx = divmod(slot, self._files.geom.per_seg)
         start = idx * self.page_bytes
-        return self._segments[seg][start : start + length]
+        return self._files.segments[seg][start : start + length]
+
+    def _location(self, meta: m.SlotMeta, slot: int) -> tuple[str, int, int]:
+        seg, idx = divmod(slot, meta.geom.per_seg)
+        return (os.path.join(self.dir, f"seg-{seg}"), idx * self.page_bytes,
+                int(meta.slots["length"][slot]))
 
     # --- PagePool -------------------------------------------------------------------------
 
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
-        arrays = [_as_bytes(c) for c in chunks]
+        evicted: list[EvictedPage] = []
+        try:
+            return self._put(key, [_as_bytes(c) for c in chunks], tag, evicted)
+        except PoolCorrupt as exc:
+            return PutResult(False, False, (*evicted, *self._files.recover(exc)))
+
+    def _put(self, key: str, arrays: list[memoryview], tag: int,
+             evicted: list[EvictedPage]) -> PutResult:
         length = sum(len(a) for a in arrays)
         if length > self.page_bytes:
-            return PutResult(False, False, ())
+            return _MISS
         digest = m.key_digest(key)
         checksum = _checksum(arrays)
-        evicted: list[EvictedPage] = []
-        meta = self._meta
-        with self._locked():
+        with self._files.guarded() as meta:
             slot = meta.find(digest)
             if slot >= 0 and meta.slots["state"][slot] == m.VALID:
                 meta.slots["last_used"][slot] = meta.tick()
                 return PutResult(True, False, ())
-            slot = self._allocate(evicted)
+            slot = self._allocate(meta, evicted)
             if slot < 0:
                 return PutResult(False, False, tuple(evicted))
-            rec = meta.slots
-            rec["gen"][slot] += 1
+            gen = meta.bump_gen(slot)
+            rec, me = meta.slots, lv.current_writer()
             rec["state"][slot] = m.WRITING
-            rec["length"][slot] = os.getpid()  # lets another process reclaim it if we die
             rec["key"][slot] = digest
-        dst = self._slot_bytes(slot, length)
-        offset = 0
-        for arr in arrays:
-            dst[offset : offset + len(arr)] = arr
-            offset += len(arr)
+            rec["writer"][slot], rec["writer_start"][slot], rec["writer_ns"][slot] = me
+            rec["writing_since"][slot] = lv.now_ns()
+            self._files.check_segment(slot // meta.geom.per_seg)
+            dst = self._slot_bytes(slot, length)  # of this geometry, even if another thread
+        self._copy_in(dst, arrays)  # attaches the pool to a rebuilt one meanwhile
         del dst
-        with self._locked():
-            if meta.find(digest) >= 0:  # another process stored it meanwhile: keep theirs
-                rec["state"][slot] = m.FREE
+        with self._files.guarded() as meta:
+            rec = meta.slots
+            if int(rec["gen"][slot]) != gen or rec["state"][slot] != m.WRITING:
+                return PutResult(False, False, tuple(evicted))  # taken back: lease or reset
+            other = meta.find(digest)  # (a damaged index may point at our own slot)
+            if other >= 0 and other != slot and rec["state"][other] == m.VALID:
+                rec["state"][slot] = m.FREE  # another process stored it meanwhile: keep theirs
                 return PutResult(True, False, tuple(evicted))
             rec["tag"][slot], rec["length"][slot], rec["checksum"][slot] = tag, length, checksum
             rec["last_used"][slot] = meta.tick()
@@ -187,62 +167,72 @@ class ShmPagePool(PagePool):
             meta.bump(m.H_STORES)
         return PutResult(True, True, tuple(evicted))
 
-    def _allocate(self, evicted: list[EvictedPage]) -> int:
-        meta = self._meta
+    @staticmethod
+    def _copy_in(dst: memoryview, arrays: Sequence[memoryview]) -> None:
+        offset = 0
+        for arr in arrays:
+            dst[offset : offset + len(arr)] = arr
+            offset += len(arr)
+
+    def _allocate(self, meta: m.SlotMeta, evicted: list[EvictedPage]) -> int:
+        self._sweeper.sweep_if_due(meta)  # dead writers' slots come back within the interval
         slot = meta.free_slot()
         if slot >= 0:
             return slot
         slot = meta.lru_slot()
-        if slot >= 0:
-            evicted.append(EvictedPage(self._key_hex(slot), int(meta.slots["tag"][slot])))
-            meta.delete(meta.slots["key"][slot].copy(), slot)
-            meta.slots["gen"][slot] += 1
-            meta.slots["state"][slot] = m.FREE
-            meta.bump(m.H_COUNT, -1)
-            meta.bump(m.H_EVICTIONS)
-            return slot
-        for writing in np.flatnonzero(meta.slots["state"] == m.WRITING):  # writers that died
-            if not _pid_alive(int(meta.slots["length"][writing])):
-                return int(writing)
-        return -1
-
-    def _key_hex(self, slot: int) -> str:
-        """Evicted pages are reported by digest: the original key string is not stored."""
-        return bytes(self._meta.slots["key"][slot]).hex()
+        if slot < 0:  # every slot is WRITING (or damaged): look now
+            return meta.free_slot() if self._sweeper.sweep(meta) else -1
+        evicted.append(EvictedPage(bytes(meta.slots["key"][slot]).hex(),
+                                   int(meta.slots["tag"][slot])))
+        meta.delete(meta.slots["key"][slot].copy(), slot)
+        meta.bump_gen(slot)
+        meta.slots["state"][slot] = m.FREE
+        meta.bump(m.H_COUNT, -1)
+        meta.bump(m.H_EVICTIONS)
+        return slot
 
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
-        arrays = [_as_bytes(c) for c in chunks]
+        try:
+            return self._get_into(key, [_as_bytes(c) for c in chunks])
+        except PoolCorrupt as exc:
+            self._files.recover(exc)
+            return False
+
+    def _get_into(self, key: str, arrays: list[memoryview]) -> bool:
         length = sum(len(a) for a in arrays)
-        meta = self._meta
-        with self._locked():
+        with self._files.guarded() as meta:
             slot = meta.find(m.key_digest(key))
-            if slot < 0 or meta.slots["state"][slot] != m.VALID or (
+            # length <= page_bytes: a damaged stored length never makes a copy run off the slot
+            if length > self.page_bytes or slot < 0 or meta.slots["state"][slot] != m.VALID or (
                     int(meta.slots["length"][slot]) != length):
                 meta.bump(m.H_MISSES)
                 return False
             gen = int(meta.slots["gen"][slot])
             checksum = int(meta.slots["checksum"][slot])
             meta.slots["last_used"][slot] = meta.tick()
+            self._files.check_segment(slot // meta.geom.per_seg)
+            src = self._slot_bytes(slot, length)
         # A scattered destination is filled through a private staging buffer: one big copy out
         # of shared memory then small private copies measured ~3x faster than many small reads
         # of shared memory (benchmarks/pool_bench.py), and the engine never sees unverified bytes.
         staged = [self._staging(length)] if len(arrays) > 1 else arrays
-        self._copy_out(self._slot_bytes(slot, length), staged)
-        if int(meta.slots["gen"][slot]) != gen or meta.slots["state"][slot] != m.VALID:
-            with self._locked():
+        self._copy_out(src, staged)
+        del src
+        intact = not self._verify or _checksum(staged) == checksum
+        # re-checked under the lock: the meta file is only ever read after check() there
+        with self._files.guarded() as meta:
+            if int(meta.slots["gen"][slot]) != gen or meta.slots["state"][slot] != m.VALID:
                 meta.bump(m.H_MID_READ)
                 meta.bump(m.H_MISSES)
-            return False
-        if self._verify and _checksum(staged) != checksum:
-            with self._locked():
+                return False
+            if not intact:
                 meta.bump(m.H_BAD_SUM)
                 meta.bump(m.H_MISSES)
-                self._remove_slot_if(slot, gen)  # a corrupt page must not be served again
-            return False
+                self._remove_slot_if(meta, slot, gen)  # a corrupt page must not be served again
+                return False
+            meta.bump(m.H_HITS)
         if staged is not arrays:
             self._copy_out(staged[0], arrays)
-        with self._locked():
-            meta.bump(m.H_HITS)
         return True
 
     def _staging(self, length: int) -> memoryview:
@@ -258,58 +248,79 @@ class ShmPagePool(PagePool):
             view[:] = src[offset : offset + len(view)]
             offset += len(view)
 
-    def _remove_slot_if(self, slot: int, gen: int) -> bool:
-        meta = self._meta
+    @staticmethod
+    def _remove_slot_if(meta: m.SlotMeta, slot: int, gen: int) -> bool:
         if int(meta.slots["gen"][slot]) != gen or meta.slots["state"][slot] != m.VALID:
             return False
         meta.delete(meta.slots["key"][slot].copy(), slot)
-        meta.slots["gen"][slot] += 1
+        meta.bump_gen(slot)
         meta.slots["state"][slot] = m.FREE
         meta.bump(m.H_COUNT, -1)
         return True
 
     def exists(self, key: str) -> bool:
-        with self._locked():
-            slot = self._meta.find(m.key_digest(key))
-            return slot >= 0 and self._meta.slots["state"][slot] == m.VALID
+        try:
+            with self._files.guarded() as meta:
+                slot = meta.find(m.key_digest(key))
+                return slot >= 0 and meta.slots["state"][slot] == m.VALID
+        except PoolCorrupt as exc:
+            self._files.recover(exc)
+            return False
 
     def remove(self, key: str) -> bool:
-        with self._locked():
-            slot = self._meta.find(m.key_digest(key))
-            return slot >= 0 and self._remove_slot_if(slot, int(self._meta.slots["gen"][slot]))
+        try:
+            with self._files.guarded() as meta:
+                slot = meta.find(m.key_digest(key))
+                return slot >= 0 and self._remove_slot_if(meta, slot,
+                                                          int(meta.slots["gen"][slot]))
+        except PoolCorrupt as exc:
+            self._files.recover(exc)
+            return False
 
     def clear(self) -> list[int]:
-        with self._locked():
-            slots = np.flatnonzero(self._meta.slots["state"] == m.VALID)
-            tags = [int(self._meta.slots["tag"][s]) for s in slots]
-            for s in slots:
-                self._remove_slot_if(int(s), int(self._meta.slots["gen"][s]))
-        return tags
+        try:
+            with self._files.guarded() as meta:
+                slots = np.flatnonzero(meta.slots["state"] == m.VALID)
+                tags = [int(meta.slots["tag"][s]) for s in slots]
+                for s in slots:
+                    self._remove_slot_if(meta, int(s), int(meta.slots["gen"][s]))
+            return tags
+        except PoolCorrupt as exc:
+            return [page.tag for page in self._files.recover(exc)]
 
     def stats(self) -> PoolStats:
-        with self._locked():
-            h = [int(x) for x in self._meta.header]
+        for attempt in (0, 1):
+            try:
+                with self._files.guarded() as meta:
+                    h = [int(x) for x in meta.header]
+                break
+            except PoolCorrupt as exc:
+                self._files.recover(exc)
+                if attempt:
+                    raise
         return PoolStats(self.pool_id, h[m.H_COUNT], self.capacity_pages, self.page_bytes,
                          h[m.H_STORES], h[m.H_HITS], h[m.H_MISSES], h[m.H_EVICTIONS],
-                         h[m.H_BAD_SUM], h[m.H_MID_READ])
+                         h[m.H_BAD_SUM], h[m.H_MID_READ], h[m.H_RESETS], h[m.H_RECLAIMED])
 
     def close(self) -> None:
-        self._segments = []
-        self._meta.close()
-        os.close(self._lock_fd)
+        self._files.close()
 
     # --- for tests and tools --------------------------------------------------------------
 
     def locate(self, key: str) -> tuple[str, int, int] | None:
         """(segment file path, byte offset, length) of a stored page, or None. For tests/tools
         that inspect or deliberately corrupt pages from outside."""
-        with self._locked():
-            slot = self._meta.find(m.key_digest(key))
-            if slot < 0 or self._meta.slots["state"][slot] != m.VALID:
+        with self._files.guarded() as meta:
+            slot = meta.find(m.key_digest(key))
+            if slot < 0 or meta.slots["state"][slot] != m.VALID:
                 return None
-            seg, idx = divmod(slot, self._per_seg)
-            return (os.path.join(self.dir, f"seg-{seg}"), idx * self.page_bytes,
-                    int(self._meta.slots["length"][slot]))
+            return self._location(meta, slot)
+
+    def valid_keys_locations(self) -> list[tuple[str, int, int]]:
+        """(segment path, offset, length) of every stored page (tests that corrupt the pool)."""
+        with self._files.guarded() as meta:
+            return [self._location(meta, int(slot))
+                    for slot in np.flatnonzero(meta.slots["state"] == m.VALID)]
 
 
 def destroy_pool(pool_id: str, root: str = DEFAULT_ROOT) -> None:

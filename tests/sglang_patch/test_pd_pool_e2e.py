@@ -38,12 +38,11 @@ from pd_workers import PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
 from radix_global import keys
 from radix_global.types import Namespace, Role, WorkerId
-from router.config import RouterConfig
 from router.keying.prompt import GENERATE
 from router.pd.orchestrator import PdOrchestrator, PdRejected
 from router.pd.protocol import PdConfig, PdMode
 from router.routing.contract import RouteRequest, WorkerState
-from router.transport.proxy import Proxy
+from router.transport.proxy import Proxy, ProxyConfig
 from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -157,7 +156,7 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
         decodes = [WorkerState(WorkerId(n), NS, role=Role.DECODE, url=w[n].url,
                                kv_headroom_tokens=capacity, running=0) for n in ("D1", "D2")]
         probe = ShmPoolProbe(pool_id, {})
-        proxy = Proxy(RouterConfig(request_timeout_s=300))  # the router's data plane
+        proxy = Proxy(ProxyConfig(request_timeout_s=300))  # the router's data plane
         orch = PdOrchestrator(Recording(proxy, sent), PdConfig(mode=PdMode.POOL,
                                                                pool_ready_timeout_s=60),
                               probe=probe)

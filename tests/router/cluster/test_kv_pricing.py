@@ -15,7 +15,7 @@ import pytest
 from radix_global.ops import StorePages
 from radix_global.registration import WorkerInfo
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
-from router.cluster.discovery import info_from_server_info, split_worker_spec
+from router.cluster.discovery import ModelOverrides, info_from_server_info, split_worker_spec
 from router.cluster.registry import Source
 from router.cluster.slots import worker_states
 from router.config import RouterConfig
@@ -68,11 +68,11 @@ def test_the_decision_follows_the_reported_size():
 def test_command_line_worker_reports_its_pool_through_server_info():
     server = {"served_model_name": "tiny", "page_size": PS, "tp_size": 1,
               "internal_states": [{"memory_usage": {"kvcache": 0.573, "token_capacity": 100_000}}]}
-    found, _, _ = info_from_server_info("http://127.0.0.1:30000", server, RouterConfig())
+    found, _, _ = info_from_server_info("http://127.0.0.1:30000", server, ModelOverrides())
     assert found.kv_bytes_per_token == round(0.573 * 2**30 / 100_000)
     # A fragment overrides it (vLLM reports neither), checked like the rest of the record.
     url, over = split_worker_spec("http://127.0.0.1:30000#kv_bytes_per_token=1000")
-    found, _, _ = info_from_server_info(url, {}, RouterConfig(), over)
+    found, _, _ = info_from_server_info(url, {}, ModelOverrides(), over)
     assert found.kv_bytes_per_token == 1000
     with pytest.raises(ValueError, match="kv_bytes_per_token must be an integer"):
         split_worker_spec("http://h:1#kv_bytes_per_token=big")

@@ -10,9 +10,8 @@ from pathlib import Path
 
 from radix_global.namespaces import model_version, namespace_for
 from radix_global.registration import WorkerInfo
-from router.cluster.discovery import info_from_server_info
+from router.cluster.discovery import ModelOverrides, info_from_server_info
 from router.cluster.registry import Source, WorkerRegistry
-from router.config import RouterConfig
 from sglang_patch import register
 
 MODEL = "org/tiny"
@@ -27,7 +26,7 @@ def test_cli_and_registered_workers_of_a_slashed_model_share_a_namespace(tmp_pat
     path = _model_dir(tmp_path)
     cli, _, _ = info_from_server_info(
         "http://127.0.0.1:30001", {"served_model_name": MODEL, "model_path": path,
-                                   "page_size": 4}, RouterConfig())
+                                   "page_size": 4}, ModelOverrides())
     # what the launch wrapper (sglang_patch/launch_server.py ``run``) registers by default
     registered_ns = register.namespace_for(MODEL, path)
     assert cli.namespace == registered_ns == f"org-tiny@{model_version(path)}"

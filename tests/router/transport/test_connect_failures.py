@@ -19,8 +19,7 @@ import pytest
 from radix_global.registration import WorkerInfo, encode_worker_info
 from router.cluster.health import connect_failure_kind
 from router.cluster.registry import CONNECT_REFUSED, CONNECT_TIMEOUT, ConnectFailures
-from router.config import RouterConfig
-from router.transport.proxy import Proxy, UpstreamUnavailable
+from router.transport.proxy import Proxy, ProxyConfig, UpstreamUnavailable
 
 
 @contextlib.contextmanager
@@ -53,7 +52,7 @@ def closed_port() -> int:
 
 
 async def _unavailable(port: int) -> UpstreamUnavailable:
-    proxy = Proxy(RouterConfig(connect_timeout_s=0.3))
+    proxy = Proxy(ProxyConfig(connect_timeout_s=0.3))
     try:
         with pytest.raises(UpstreamUnavailable) as info:
             await proxy.post(f"http://127.0.0.1:{port}/generate", b"{}", {})

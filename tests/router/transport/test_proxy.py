@@ -8,23 +8,23 @@ import json
 import pytest
 from http_peer import ServerThread, Upstream, free_port
 
-from router.config import RouterConfig
 from router.transport.bodies import last_sse_event
+from router.transport.errors import sse_error
 from router.transport.http_server import DISCONNECT_HOOK, DisconnectHook
 from router.transport.proxy import (
     ClientGone,
     Proxy,
+    ProxyConfig,
     UpstreamFailed,
     UpstreamUnavailable,
     forward_headers,
-    sse_error,
     until_disconnect,
 )
 
 
 def test_refused_connection_is_retryable_class():
     async def go() -> None:
-        proxy = Proxy(RouterConfig(connect_timeout_s=1))
+        proxy = Proxy(ProxyConfig(connect_timeout_s=1))
         try:
             with pytest.raises(UpstreamUnavailable):
                 await proxy.post(f"http://127.0.0.1:{free_port()}/generate", b"{}", {})
@@ -41,7 +41,7 @@ def test_stream_and_abort_against_peer():
     server = ServerThread(peer.app).start()
 
     async def go() -> None:
-        proxy = Proxy(RouterConfig())
+        proxy = Proxy(ProxyConfig())
         try:
             body = json.dumps({"input_ids": [1], "stream": True}).encode()
             resp = await proxy.open_stream(f"{server.url}/generate", body,
@@ -154,7 +154,7 @@ def test_whole_answer_headers_and_keepalive_reuse():
 
     async def go() -> None:
         server, url = await _raw_server(handler)
-        proxy = Proxy(RouterConfig())
+        proxy = Proxy(ProxyConfig())
         try:
             for _ in range(3):
                 resp = await proxy.post(f"{url}/generate", b'{"a":1}',
@@ -185,7 +185,7 @@ def test_stale_keepalive_connection_is_retried_on_a_fresh_one():
 
     async def go() -> None:
         server, url = await _raw_server(handler)
-        proxy = Proxy(RouterConfig())
+        proxy = Proxy(ProxyConfig())
         try:
             for _ in range(3):
                 assert (await proxy.post(f"{url}/generate", b"{}", {})).content == b"ok"
@@ -211,7 +211,7 @@ def test_broken_stream_and_silence_are_upstream_failures():
     async def go() -> None:
         broken, url = await _raw_server(mid_stream)
         quiet, quiet_url = await _raw_server(silent)
-        proxy = Proxy(RouterConfig(request_timeout_s=0.2))
+        proxy = Proxy(ProxyConfig(request_timeout_s=0.2))
         try:
             resp = await proxy.open_stream(f"{url}/generate", b"{}", {})
             got = []
@@ -245,7 +245,7 @@ def test_connection_limit_an_idle_connection_gives_way():
     async def go() -> None:
         a, url_a = await _raw_server(handler)
         b, url_b = await _raw_server(handler)
-        proxy = Proxy(RouterConfig(max_connections=1))
+        proxy = Proxy(ProxyConfig(max_connections=1))
         try:
             for url in (url_a, url_b, url_a):
                 resp = await asyncio.wait_for(proxy.post(f"{url}/generate", b"{}", {}), 5)
