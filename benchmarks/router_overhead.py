@@ -177,7 +177,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline:
             base_root = checkout(args.baseline, work / "baseline")
             base_port = free_port()
-            procs.append(spawn([sys.executable, "-m", "radix_global_cli", "router", "--workers",
+            # the command module moved out of the index package; older revisions have it there
+            cli = "radix_global_cli" if (base_root / "radix_global_cli").exists() \
+                else "radix_global.cli"
+            procs.append(spawn([sys.executable, "-m", cli, "router", "--workers",
                                 up, "--policy", "conductor", "--port", str(base_port),
                                 "--log-level", "warning"], work / "baseline.log", base_root))
             targets[f"radix-global@{args.baseline}"] = f"http://127.0.0.1:{base_port}"

@@ -53,14 +53,13 @@ class WorkerEntry:
     draining: bool = False
     last_seen: float = 0.0
     health_failures: int = 0
-    # Agreement tracking (router keys vs engine cache), see router/diagnostics in app.py.
+    # Agreement tracking (router keys vs engine cache): router/http/admin.py diagnostics.
     routed: int = 0
     expected_hits: int = 0  # routed with a predicted local prefix > 0
     observed_hits: int = 0  # ... and the engine reported cached tokens > 0
     cached_tokens: int = 0
     prompt_tokens: int = 0
     failures: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
     # LoRA adapters the engine reported (/server_info): name -> SGLang extra key
     # (router/keying/lora.py).
     lora: dict[str, str] = field(default_factory=dict)

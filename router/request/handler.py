@@ -31,7 +31,7 @@ from router.keying.prompt import GENERATE, is_stream, needs_tokenizer, output_to
 from router.keying.prompt import prompt_token_ids as _prompt_ids
 from router.keying.tenants import TenantError, effective_salt
 from router.keying.tokenize import PromptError, model_vocab_size
-from router.request.inbound import ClientRidError, Inbound, client_rid_label, new_rid
+from router.request.inbound import Inbound, client_rid_label, new_rid
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
 from router.request.route import route
@@ -135,7 +135,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         client_rid = client_rid_label(payload.get("rid"))
     except TenantError as exc:
         return error_response(401, str(exc), ErrorType.AUTHENTICATION)
-    except (ValueError, ClientRidError) as exc:
+    except ValueError as exc:  # a client salt or rid the router will not take (ClientRidError)
         return error_response(400, str(exc))
     keyed = await _keyed(state, entries[0], payload, body, kind, ref, salt, tenant.name)
     if isinstance(keyed, Response):
