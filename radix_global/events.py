@@ -11,18 +11,23 @@ Contract (``docs/interfaces.md`` sections 3 and 5):
 * Plain SGLang stores (no ``cache_salt``, no ``lora_name``) carry page keys as block hashes: used
   as they are. An int block hash is 64 bits, signed (SGLang) or unsigned (vLLM publishes the low
   64 bits of SHA-256 as an unsigned int): an unsigned one is taken as its two's-complement int64.
-  Every other store (SGLang salted/LoRA, the dynamo format, vLLM) is re-keyed from its
+  Every other store (SGLang salted/LoRA, vLLM) is re-keyed from its
   ``token_ids`` with :mod:`radix_global.keys`; the decoder remembers ``EngineHash -> (PageKey,
   digest)`` per (dp rank, tier) copy, to translate later parents and removals, and forgets an
   entry when no copy is left or on ``AllBlocksCleared``.
 * A bad event is refused with a typed :class:`IndexRefusal` (counted by reason, logged on the 1st
   and every ``log_every``-th), never raised out of :meth:`EventDecoder.decode`; the other events
-  of the batch still decode.
+  of the batch still decode. That holds for ANY failure while decoding (a ``RecursionError`` from
+  deep nesting, a bug), so a caller can always advance past the message. Refusal messages quote
+  the offending value through a bounded repr: a hostile payload cannot flood the log.
+* A batch's dp rank must be below the worker's ``dp_size`` (when known) and fit a uint32 (the
+  wire's ``dp_rank``): an out-of-range rank would land in the index and fail every later answer.
 """
 
 from __future__ import annotations
 
 import logging
+import reprlib
 from collections import Counter
 from collections.abc import Mapping
 from enum import StrEnum
@@ -50,8 +55,9 @@ class EngineKind(StrEnum):
     """Which event encoding and hash rules a worker's events follow."""
 
     SGLANG = "sglang"  # default format: plain block hashes are page keys
-    SGLANG_DYNAMO = "sglang-dynamo"  # --kv-events-config format "dynamo": every hash namespaced
     VLLM = "vllm"  # seeded hashes we cannot reproduce: always re-key
+    # No "dynamo" event format: no worker can declare it (WorkerInfo.engine is sglang|vllm|other,
+    # the launch wrapper writes SGLang's --kv-events-config itself, in the default format).
 
 
 class UnknownLoraError(IndexRefusal):
@@ -90,6 +96,18 @@ _STORED = {
 }  # fmt: skip
 _REMOVED = {"sglang": ("block_hashes", "medium"), "vllm": ("block_hashes", "medium", "group_idx")}
 _HASH_RANGE = (-(2**63), 2**64 - 1)  # int64 (SGLang) or uint64 (vLLM: low 64 bits of SHA-256)
+MAX_DP_RANK = 2**32 - 1  # the gRPC messages carry dp_rank as uint32
+
+_repr = reprlib.Repr()
+_repr.maxlevel, _repr.maxstring, _repr.maxother = 3, 60, 60
+
+
+def short(value: Any) -> str:
+    """A bounded repr of untrusted data, for refusal messages (they are logged)."""
+    try:
+        return _repr.repr(value)
+    except Exception:  # a repr that fails is no reason to fail the refusal
+        return f"<unprintable {type(value).__name__}>"
 
 
 class _Rekeyed:
@@ -117,7 +135,7 @@ def _engine_hash(value: Any) -> EngineHash | bytes:
             _HASH_RANGE[0] <= value <= _HASH_RANGE[1]):
         # vLLM's int hashes are unsigned 64-bit: the same 64 bits as a two's-complement int64
         return EngineHash(value - 2**64 if value >= 2**63 else value)
-    raise MalformedEventError(f"block hash must be a 64-bit int or bytes, got {value!r}")
+    raise MalformedEventError(f"block hash must be a 64-bit int or bytes, got {short(value)}")
 
 
 def _hash_list(value: Any) -> list[EngineHash | bytes]:
@@ -131,6 +149,7 @@ class EventDecoder:
 
     ``lora_extra_keys`` maps a published ``lora_name`` to the request extra key SGLang hashes
     (see :func:`radix_global.keys.lora_extra_key`); stores of other adapters are refused.
+    ``dp_size``: the worker's data-parallel ranks; a batch of another rank is refused.
     """
 
     def __init__(
@@ -142,6 +161,7 @@ class EventDecoder:
         *,
         lora_extra_keys: Mapping[str, str] | None = None,
         log_every: int = 1000,
+        dp_size: int | None = None,
     ) -> None:
         self.holder = holder
         self.namespace = namespace
@@ -150,6 +170,7 @@ class EventDecoder:
         self._layout = "vllm" if self.engine is EngineKind.VLLM else "sglang"
         self._lora_extra_keys = dict(lora_extra_keys or {})
         self._log_every = max(1, log_every)
+        self._max_rank = MAX_DP_RANK if dp_size is None else min(MAX_DP_RANK, dp_size - 1)
         self._rekeyed: dict[EngineHash | bytes, _Rekeyed] = {}
         self._raw = msgspec.msgpack.Decoder()
         self.refused: Counter[str] = Counter()
@@ -182,9 +203,10 @@ class EventDecoder:
         """Decode one batch. Never raises: a malformed batch yields no ops and one refusal."""
         try:
             ts, events, dp_rank = self._batch(payload)
-        except IndexRefusal as exc:
-            self.refuse(exc)
-            return DecodedBatch(0.0, 0, [], [exc])
+        except Exception as exc:  # RecursionError (deep nesting) too: see the module docstring
+            bad = exc if isinstance(exc, IndexRefusal) else _malformed(exc)
+            self.refuse(bad)
+            return DecodedBatch(0.0, 0, [], [bad])
         ops: list[IndexOp] = []
         refusals: list[IndexRefusal] = []
         for ev in events:
@@ -194,8 +216,8 @@ class EventDecoder:
                 self.refuse(exc)
                 refusals.append(exc)
                 continue
-            except (TypeError, ValueError, KeyError, IndexError, AttributeError) as exc:
-                bad = MalformedEventError(f"{type(exc).__name__}: {exc}")
+            except Exception as exc:  # any shape we did not foresee is still one refused event
+                bad = _malformed(exc)
                 self.refuse(bad)
                 refusals.append(bad)
                 continue
@@ -216,12 +238,12 @@ class EventDecoder:
             rank = raw.get("attn_dp_rank", raw.get("data_parallel_rank"))
         else:
             raise MalformedEventError("batch is neither [ts, events, dp_rank] nor a map")
-        if not isinstance(events, list) or not isinstance(ts, int | float):
+        if not isinstance(events, list) or not isinstance(ts, int | float) or isinstance(ts, bool):
             raise MalformedEventError("batch needs a numeric ts and a list of events")
         if rank is None:
             rank = 0
-        if not isinstance(rank, int) or rank < 0:
-            raise MalformedEventError(f"bad dp rank {rank!r}")
+        if not isinstance(rank, int) or isinstance(rank, bool) or not 0 <= rank <= self._max_rank:
+            raise MalformedEventError(f"bad dp rank {short(rank)} (max {self._max_rank})")
         return float(ts), events, rank
 
     def _event(self, ev: Any, dp_rank: int) -> IndexOp | None:
@@ -230,7 +252,9 @@ class EventDecoder:
         elif isinstance(ev, list) and ev:
             tag = ev[0]
         else:
-            raise MalformedEventError(f"event is neither a tagged map nor a tagged array: {ev!r}")
+            raise MalformedEventError(
+                f"event is neither a tagged map nor a tagged array: {short(ev)}"
+            )
         if tag == "BlockStored":
             return self._stored(_fields(ev, _STORED[self._layout]), dp_rank)
         if tag == "BlockRemoved":
@@ -238,15 +262,17 @@ class EventDecoder:
         if tag == "AllBlocksCleared":
             self._forget_rank(dp_rank)
             return ClearHolder(self.holder, None, dp_rank)
-        raise MalformedEventError(f"unknown event type {tag!r}")
+        raise MalformedEventError(f"unknown event type {short(tag)}")
 
     def _location(self, f: dict[str, Any], dp_rank: int) -> Location:
         medium = f.get("medium") or "GPU"
-        tier = _MEDIUM_TIER.get(str(medium).upper())
+        tier = _MEDIUM_TIER.get(medium.upper()) if isinstance(medium, str) else None
         if tier is None:
-            raise MalformedEventError(f"unknown medium {medium!r}")
+            raise MalformedEventError(f"unknown medium {short(medium)}")
         if f.get("group_idx") not in (None, 0):
-            raise UnsupportedEventError(f"KV cache group {f['group_idx']} (only group 0 indexed)")
+            raise UnsupportedEventError(
+                f"KV cache group {short(f['group_idx'])} (only group 0 indexed)"
+            )
         return Location(self.holder, dp_rank, tier)
 
     def _stored(self, f: dict[str, Any], dp_rank: int) -> StorePages | None:
@@ -254,7 +280,7 @@ class EventDecoder:
         block_size = f.get("block_size")
         if block_size != self.page_size:
             raise PageSizeMismatchError(
-                f"block_size {block_size!r} != namespace page size {self.page_size}"
+                f"block_size {short(block_size)} != namespace page size {self.page_size}"
             )
         loc = self._location(f, dp_rank)
         parent_raw = f.get("parent_block_hash")
@@ -291,7 +317,7 @@ class EventDecoder:
         if lora is not None:
             extra_key = self._lora_extra_keys.get(lora)
             if extra_key is None:
-                raise UnknownLoraError(f"no extra key configured for LoRA {lora!r}")
+                raise UnknownLoraError(f"no extra key configured for LoRA {short(lora)}")
         parent_key: PageKey | None = None
         if parent is None:
             digests = keys.page_digests(
@@ -300,7 +326,9 @@ class EventDecoder:
         else:
             entry = self._rekeyed.get(parent)
             if entry is None:
-                raise UnknownParentError(f"parent {parent!r} was never stored by {self.holder}")
+                raise UnknownParentError(
+                    f"parent {short(parent)} was never stored by {self.holder}"
+                )
             parent_key = entry.key
             digests = keys.page_digests(tokens, self.page_size, prior=entry.digest)
         out: list[PageKey] = []
@@ -329,3 +357,9 @@ class EventDecoder:
                 out.append(PageKey(h))
             # else: a re-keyed engine's hash we never saw stored; the index never had it either.
         return RemovePages(self.namespace, loc, out) if out else None
+
+
+def _malformed(exc: BaseException) -> MalformedEventError:
+    text = str(exc)
+    cut = "..." if len(text) > 200 else ""
+    return MalformedEventError(f"{type(exc).__name__}: {text[:200]}{cut}")

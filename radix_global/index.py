@@ -9,6 +9,7 @@ str, int, float) so a service can serialize it with msgspec.
 from __future__ import annotations
 
 import logging
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import Any, NamedTuple, cast
@@ -33,6 +34,8 @@ from radix_global.types import HolderId, Location, Namespace, PageKey, Tier
 log = logging.getLogger(__name__)
 
 SNAPSHOT_VERSION = 1
+_INT64 = (-(2**63), 2**63 - 1)  # page keys (the wire's sint64)
+_UINT32_MAX = 2**32 - 1  # dp ranks and page sizes (the wire's uint32)
 
 
 class IndexStats(NamedTuple):
@@ -185,32 +188,55 @@ class GlobalIndex:
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> GlobalIndex:
-        """Rebuild an index from ``snapshot()`` data; raises ``MalformedEventError`` on bad data."""
+        """Rebuild an index from ``snapshot()`` data; raises ``MalformedEventError`` on bad data.
+
+        Every value is checked for its type and range (not coerced): what the index holds after a
+        restore must be what ``snapshot()`` writes and the wire carries (int64 keys, uint32 dp
+        ranks, finite floats), or one bad file would make every later snapshot or answer fail.
+        A leaf without a location is refused too (the tree frees such nodes at once)."""
         try:
-            if data["version"] != SNAPSHOT_VERSION:
-                raise MalformedEventError(f"snapshot version {data['version']!r} not supported")
-            index = cls(float(data["half_life_s"]))
-            for space in data["namespaces"]:
-                ns = Namespace(str(space["namespace"]))
-                index.register_namespace(ns, int(space["page_size"]))
-                tree = index._trees[ns]
-                tree.clock = float(space["clock"])
-                made: list[Node] = []
-                for parent_i, keys, locs, hits, stamp in space["nodes"]:
-                    parent = tree.root if parent_i == -1 else made[parent_i]
-                    locations = frozenset(
-                        Location(cast(HolderId, str(h)), int(dp), Tier(t)) for h, dp, t in locs
-                    )
-                    made.append(
-                        tree.graft(
-                            parent, [int(k) for k in keys], locations, float(hits), float(stamp)
-                        )
-                    )
+            if not isinstance(data, dict) or data.get("version") != SNAPSHOT_VERSION:
+                raise MalformedEventError("snapshot version not supported")
+            half_life = _number(data["half_life_s"], "half_life_s")
+            if half_life <= 0:
+                raise MalformedEventError(f"half_life_s must be > 0, got {half_life}")
+            index = cls(half_life)
+            for space in _list(data["namespaces"], "namespaces"):
+                index._restore_space(space)
         except IndexRefusal:
             raise
-        except (KeyError, TypeError, ValueError, IndexError) as exc:
-            raise MalformedEventError(f"bad snapshot: {exc!r}") from exc
+        except Exception as exc:  # RecursionError, MemoryError...: still a bad snapshot
+            raise MalformedEventError(f"bad snapshot: {type(exc).__name__}: {exc}"[:300]) from exc
         return index
+
+    def _restore_space(self, space: Any) -> None:
+        if not isinstance(space, dict):
+            raise MalformedEventError("a snapshot namespace must be a map")
+        ns, page_size = space["namespace"], space["page_size"]
+        if not isinstance(ns, str) or ns in self._trees:
+            raise MalformedEventError("a snapshot namespace needs a name of its own")
+        self.register_namespace(Namespace(ns), _int(page_size, 1, _UINT32_MAX, "page_size"))
+        tree = self._trees[Namespace(ns)]
+        tree.clock = _number(space["clock"], "clock")
+        made: list[Node] = []
+        for node in _list(space["nodes"], "nodes"):
+            if not isinstance(node, list) or len(node) != 5:
+                raise MalformedEventError("a snapshot node is [parent, keys, locs, hits, stamp]")
+            parent_i, keys, locs, hits, stamp = node
+            parent_i = _int(parent_i, -1, len(made) - 1, "parent index")
+            parent = tree.root if parent_i == -1 else made[parent_i]
+            page_keys = [_int(k, *_INT64, "page key") for k in _list(keys, "keys")]
+            locations: set[Location] = set()
+            for loc in _list(locs, "locations"):
+                if not isinstance(loc, list) or len(loc) != 3 or not isinstance(loc[0], str):
+                    raise MalformedEventError("a snapshot location is [holder, dp_rank, tier]")
+                dp = _int(loc[1], 0, _UINT32_MAX, "dp_rank")
+                tier = Tier(_int(loc[2], min(Tier), max(Tier), "tier"))
+                locations.add(Location(cast(HolderId, loc[0]), dp, tier))
+            made.append(tree.graft(parent, page_keys, frozenset(locations),
+                                   _number(hits, "hits"), _number(stamp, "stamp")))
+        if any(not n.locset.locs and not n.children for n in made):
+            raise MalformedEventError("a snapshot leaf holds no location")
 
     # ---- helpers --------------------------------------------------------------------------
     def _tree(self, namespace: Namespace) -> RadixTree:
@@ -226,6 +252,24 @@ class GlobalIndex:
     def _refuse(self, exc: IndexRefusal) -> None:
         self._count(exc)
         raise exc
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise MalformedEventError(f"snapshot {what} must be a list")
+    return value
+
+
+def _int(value: Any, lo: int, hi: int, what: str) -> int:
+    if type(value) is not int or not lo <= value <= hi:  # not bool, not float: exact data
+        raise MalformedEventError(f"snapshot {what} must be an int in [{lo}, {hi}]")
+    return value
+
+
+def _number(value: Any, what: str) -> float:
+    if type(value) not in (int, float) or not math.isfinite(value):
+        raise MalformedEventError(f"snapshot {what} must be a finite number")
+    return float(value)
 
 
 def _tier(tier: int) -> Tier:

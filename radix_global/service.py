@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import hmac
 import inspect
 import json
@@ -248,19 +247,26 @@ class IndexServer:
         return self
 
     async def stop(self, grace_s: float = 1.0) -> None:
-        """Stop serving, then write a last snapshot (when a path is configured)."""
+        """Stop serving, then write a last snapshot (when a path is configured). A background
+        task that had failed is logged, never a reason to skip the snapshot."""
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await task
+            except asyncio.CancelledError:
+                pass
+            except Exception:
+                log.exception("index service: background task %s had failed", task.get_name())
         self._tasks.clear()
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
-        if self.config.snapshot_path:
-            await self.snapshot_now()
-        await self.state.subscriber.close()  # after the snapshot: closing drops the entries
+        try:
+            if self.config.snapshot_path:
+                await self.snapshot_now()
+        finally:
+            await self.state.subscriber.close()  # after the snapshot: closing drops the entries
 
     async def snapshot_now(self) -> SnapshotWritten:
         if not self.config.snapshot_path:

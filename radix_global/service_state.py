@@ -15,7 +15,6 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.index import GlobalIndex
-from radix_global.ops import IndexRefusal
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import IndexSnapshot, SnapshotError
@@ -43,8 +42,12 @@ def restore_index(data: Any, shards: int) -> Index:
         if had != shards:
             raise SnapshotError(f"snapshot was taken with {had} shard(s), service runs {shards}")
         return ShardedIndex.restore(data) if sharded else GlobalIndex.restore(data)
-    except (IndexRefusal, KeyError, TypeError, ValueError, IndexError) as exc:
-        raise SnapshotError(f"snapshot index state cannot be restored: {exc}") from exc
+    except SnapshotError:
+        raise
+    except Exception as exc:  # RecursionError, OverflowError...: a bad file, never a crash
+        raise SnapshotError(
+            f"snapshot index state cannot be restored: {type(exc).__name__}: {str(exc)[:300]}"
+        ) from exc
 
 
 class ServiceState:
@@ -63,7 +66,8 @@ class ServiceState:
 
     # ---- workers --------------------------------------------------------------------------
     async def register(self, info: WorkerInfo) -> bool:
-        """Add or replace a worker; True when its KV events are now followed.
+        """Add or replace a worker; True when its KV events are now followed (False: it has no
+        endpoint, or the endpoint could not be subscribed; the worker is registered either way).
 
         Raises ``IdConflictError`` (pool id vs worker id) or ``PageSizeMismatchError`` before
         changing anything."""
@@ -75,10 +79,9 @@ class ServiceState:
             raise IdConflictError(f"pool id {info.pool_id!r} is already a worker id")
         self.index.register_namespace(Namespace(info.namespace), info.page_size)
         if self.workers.get(wid) == info and self.subscriber.heartbeat(wid):
-            return info.kv_events_endpoint is not None
+            return self.subscriber.subscribed(wid)
         self.workers[wid] = info
-        await self.subscriber.add_worker(info)  # a changed record: old entries are dropped
-        return info.kv_events_endpoint is not None
+        return await self.subscriber.add_worker(info)  # a changed record: old entries dropped
 
     async def deregister(self, worker_id: WorkerId) -> None:
         """Forget a worker and drop its index entries (a pool's entries stay: the pool lives on)."""
@@ -112,6 +115,6 @@ class ServiceState:
     def service_stats(self) -> dict[str, Any]:
         return {
             "workers": len(self.workers),
-            "subscribed": sum(1 for w in self.workers.values() if w.kv_events_endpoint),
+            "subscribed": sum(1 for w in self.workers if self.subscriber.subscribed(w)),
             "events": self.subscriber.stats()._asdict(),
         }

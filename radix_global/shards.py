@@ -137,17 +137,38 @@ class ShardedIndex:
 
     @classmethod
     def restore(cls, data: dict[str, Any]) -> ShardedIndex:
-        """Rebuild local ``GlobalIndex`` shards and the routing map from ``snapshot()`` data."""
+        """Rebuild local ``GlobalIndex`` shards and the routing map from ``snapshot()`` data.
+        Checked like ``GlobalIndex.restore``: a routing entry is an int64 key and the index of
+        one of the shards (any other would fail every later op routed by it)."""
         from radix_global.index import GlobalIndex
 
         try:
-            index = cls([GlobalIndex.restore(state) for state in data["shards"]])
-            index._key_shard = {
-                Namespace(str(ns)): {PageKey(int(k)): int(s) for k, s in pairs}
-                for ns, pairs in data["key_shard"].items()
-            }
-        except (KeyError, TypeError, ValueError) as exc:
-            raise MalformedEventError(f"bad sharded snapshot: {exc!r}") from exc
+            shards = [GlobalIndex.restore(state) for state in data["shards"]]
+            # register_namespace goes to every shard: they must agree, or a query routed to
+            # one of them would not find a namespace the others have.
+            sizes = [{ns: s.page_size(ns) for ns in s.namespaces()} for s in shards]
+            if any(size != sizes[0] for size in sizes):
+                raise MalformedEventError("the shards of a snapshot disagree on the namespaces")
+            index = cls(shards)
+            n = len(index.shards)
+            routes: dict[Namespace, dict[PageKey, int]] = {}
+            for ns, pairs in data["key_shard"].items():
+                if not isinstance(ns, str) or not isinstance(pairs, list):
+                    raise MalformedEventError("a routing map is namespace -> [[key, shard]...]")
+                table = routes[Namespace(ns)] = {}
+                for k, shard in pairs:
+                    if (type(k) is not int or not -(2**63) <= k < 2**63
+                            or type(shard) is not int or not 0 <= shard < n):
+                        raise MalformedEventError(f"bad routing entry for namespace {ns[:100]!r}")
+                    table[PageKey(k)] = shard
+            if set(routes) != set(sizes[0]):  # the map is also the sharded index's namespaces
+                raise MalformedEventError("the routing map and the shards name other namespaces")
+            index._key_shard = routes
+        except MalformedEventError:
+            raise
+        except Exception as exc:  # RecursionError, wrong shapes...: still a bad snapshot
+            raise MalformedEventError(f"bad sharded snapshot: {type(exc).__name__}: {exc}"[:300]
+                                      ) from exc
         return index
 
 

@@ -11,6 +11,11 @@ File layout (all integers big-endian)::
 A write goes to a temporary file in the same folder, is fsynced and renamed over the target, so a
 crash mid-write leaves the previous snapshot intact. Restoring: :func:`load_on_start` (a missing
 file is a fresh start; a bad file stops the start unless the user asked to start empty).
+
+Every failure to read a file, whatever is wrong with it (a valid checksum over deep nesting
+included), is a :class:`SnapshotError`. A worker record that is no longer a valid registration (an
+older build accepted it) is left out with a warning, as ``ServiceState.restore_workers`` leaves
+out one it cannot re-register: the index state still comes back.
 """
 
 from __future__ import annotations
@@ -52,6 +57,14 @@ class IndexSnapshot(msgspec.Struct, frozen=True):
     workers: list[WorkerInfo] = []
 
 
+class _Body(msgspec.Struct):
+    """:class:`IndexSnapshot` as read: worker records kept raw, to be checked one by one."""
+
+    created_at: float
+    index: Any
+    workers: list[msgspec.Raw] = []
+
+
 class SnapshotWritten(msgspec.Struct, frozen=True):
     path: str
     size_bytes: int
@@ -80,9 +93,16 @@ def decode_snapshot(data: bytes, source: str = "<bytes>") -> IndexSnapshot:
     if xxhash.xxh64_intdigest(body) != digest:
         raise SnapshotError(f"{source}: corrupt body (checksum mismatch)")
     try:
-        return msgspec.msgpack.decode(body, type=IndexSnapshot)
-    except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as exc:
-        raise SnapshotError(f"{source}: undecodable body: {exc}") from exc
+        raw = msgspec.msgpack.decode(body, type=_Body)
+    except Exception as exc:  # RecursionError (deep nesting) too: a bad file, never a crash
+        raise SnapshotError(f"{source}: undecodable body: {type(exc).__name__}: {exc}") from exc
+    workers = []
+    for record in raw.workers:
+        try:
+            workers.append(msgspec.msgpack.decode(record, type=WorkerInfo))
+        except Exception as exc:
+            log.warning("%s: a worker record is left out: %s", source, str(exc)[:300])
+    return IndexSnapshot(raw.created_at, raw.index, workers)
 
 
 def write_snapshot(path: str | Path, data: bytes) -> SnapshotWritten:

@@ -11,14 +11,24 @@ Contract (``docs/interfaces.md`` sections 2 and 5):
   ``kv_events_replay_endpoint`` (DEALER to the engine's ROUTER: send the start seq as 8 bytes
   big-endian, receive ``(topic, seq, payload)`` - or ``(seq, payload)`` from vLLM - until seq -1).
   Without a replay endpoint, or when the replay times out or does not cover the gap, the worker's
-  index entries are dropped and the index resyncs from live events. A seq that goes back to 0
-  is a restarted engine: resync too.
+  index entries are dropped and the index resyncs from live events. A seq that goes backwards
+  (back to 0, or below what we applied when that seq 0 was missed) and is not a live copy of a
+  batch a replay already applied (those come in increasing order) is a restarted engine: its
+  old entries are dropped and the new stream is taken from its replay buffer (from seq 0) or,
+  without one, from that message on. A seq outside int64's non-negative range is refused
+  (``bad_seq``) and changes nothing.
+* Every message advances its publisher's seq, whatever its payload: a payload that does not
+  decode (deep nesting, garbage, a bug) is a counted refusal, never a false gap or a replay that
+  re-delivers it forever.
 * A worker's ``pool_events_endpoint`` (its L3 backend's stream: no replay, own seq) is followed
   too, applied to holder ``pool_id``. A gap there is counted but drops nothing: the pool is shared
   by many workers, and removing a worker never drops pool entries.
 * A worker not heard from (events or :meth:`heartbeat`) for ``timeout_s`` by the injected clock is
   removed and its entries dropped (:meth:`check_timeouts`, or the :meth:`watch` loop).
-* Nothing here raises on bad input: malformed messages and refused operations are counted.
+* Nothing here raises on bad input: malformed messages and refused operations are counted. A
+  worker's failure stays that worker's: an endpoint that cannot be subscribed is counted
+  (``subscribe_failures``) and the worker stays registered, unfollowed (:meth:`add_worker` says
+  so); removing it, its timeout and the :meth:`watch` loop never raise because of it.
 
 The index must offer ``register_namespace(ns, page_size)``, ``apply(op)`` (raising
 ``IndexRefusal``) and ``remove_holder(holder)`` (:class:`radix_global.index.GlobalIndex`). All
@@ -28,7 +38,6 @@ tasks run on one event loop, so the index needs no lock.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import time
 from collections import Counter
@@ -47,6 +56,19 @@ from radix_global.types import HolderId, Namespace, PoolId, WorkerId
 log = logging.getLogger(__name__)
 
 END_SEQ = -1
+MAX_SEQ = 2**63 - 1  # publishers count in int64 and -1 ends a replay: a bigger seq is bogus
+
+
+class BadSequenceError(MalformedEventError):
+    """A message whose seq cannot be a publisher's (outside int64's non-negative range)."""
+
+    reason = "bad_seq"
+
+
+class HandlerError(IndexRefusal):
+    """Handling a message failed unexpectedly (a bug, or an index error that is no refusal)."""
+
+    reason = "internal"
 
 
 class IndexSink(Protocol):
@@ -66,6 +88,8 @@ class SubscriberStats(NamedTuple):
     resyncs: int  # times a worker's entries were dropped to resync from live events
     duplicates: int  # live messages already applied from a replay
     timeouts: int  # workers removed for silence
+    restarts: int = 0  # publishers whose seq went backwards (restarted engines): resynced
+    subscribe_failures: int = 0  # publisher endpoints that could not be subscribed
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -87,7 +111,9 @@ class _Publisher:
     decoder: EventDecoder  # the worker's, or (pool stream) one with holder = pool id
     is_pool: bool = False
     last_seq: int | None = None  # None: nothing applied yet
-    caught_up_to: int | None = None  # last seq the join catch-up applied, until live passes it
+    # Seqs (first, last) a replay (join catch-up, gap fill) applied ahead of the live stream,
+    # until live passes them: a live seq in there is a copy of a replayed batch, not a restart.
+    replayed: tuple[int, int] | None = None
     task: asyncio.Task[None] | None = None
 
 
@@ -134,8 +160,10 @@ class KVEventSubscriber:
     # ---- membership -----------------------------------------------------------------------
     async def add_worker(
         self, info: WorkerInfo, lora_extra_keys: Mapping[str, str] | None = None
-    ) -> None:
-        """Start following ``info`` (replaces a previous registration of the same id).
+    ) -> bool:
+        """Start following ``info`` (replaces a previous registration of the same id); True when
+        every rank's KV events are now subscribed. A rank whose endpoint cannot be subscribed is
+        logged and counted, and the worker stays registered (heartbeats, timeout) all the same.
         ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map."""
         wid = WorkerId(info.worker_id)
         if wid in self._feeds:
@@ -144,24 +172,63 @@ class KVEventSubscriber:
         engine = EngineKind.SGLANG if info.engine == "sglang" else EngineKind.VLLM
         lora = {**self._lora, **(lora_extra_keys or {})}
         decoder = EventDecoder(
-            wid, Namespace(info.namespace), info.page_size, engine, lora_extra_keys=lora
+            wid, Namespace(info.namespace), info.page_size, engine, lora_extra_keys=lora,
+            dp_size=info.dp_size,
         )
         feed = _Feed(info, decoder, self._clock())
         self._feeds[wid] = feed
         if info.pool_events_endpoint is not None and info.pool_id is not None:
-            self._add_pool_stream(feed, info)
+            pool = EventDecoder(
+                PoolId(info.pool_id), Namespace(info.namespace), info.page_size, EngineKind.SGLANG
+            )
+            self._start(feed, 0, info.pool_events_endpoint, None, pool, f"kv-pool-{wid}")
         if info.kv_events_endpoint is None:
-            return  # heartbeat-only worker: nothing to subscribe to
+            return False  # heartbeat-only worker: nothing to subscribe to
+        subscribed = True
         for rank in range(info.dp_size):
             replay = info.kv_events_replay_endpoint
-            pub = _Publisher(
-                rank,
-                offset_endpoint(info.kv_events_endpoint, rank),
-                None if replay is None else offset_endpoint(replay, rank),
-                decoder,
-            )
-            pub.task = asyncio.create_task(self._follow(feed, pub), name=f"kv-sub-{wid}-{rank}")
-            feed.publishers.append(pub)
+            try:
+                endpoint = offset_endpoint(info.kv_events_endpoint, rank)
+                replay_at = None if replay is None else offset_endpoint(replay, rank)
+            except ValueError as exc:
+                self._subscribe_failed(wid, info.kv_events_endpoint, exc)
+                subscribed = False
+                continue
+            subscribed &= self._start(feed, rank, endpoint, replay_at, decoder,
+                                      f"kv-sub-{wid}-{rank}")
+        return subscribed
+
+    def _start(self, feed: _Feed, rank: int, endpoint: str, replay: str | None,
+               decoder: EventDecoder, name: str) -> bool:
+        """Connect a SUB to one publisher and follow it; False (counted) when it cannot."""
+        pool = decoder is not feed.decoder
+        sock: zmq.asyncio.Socket | None = None
+        try:
+            sock = self._ctx.socket(zmq.SUB)  # fails too once the context's sockets run out
+            sock.setsockopt(zmq.SUBSCRIBE, feed.info.kv_events_topic.encode())
+            sock.connect(endpoint)
+        except (zmq.ZMQError, ValueError) as exc:  # UnicodeError is a ValueError
+            if sock is not None:
+                sock.close(linger=0)
+            self._subscribe_failed(WorkerId(feed.info.worker_id), endpoint, exc)
+            return False
+        pub = _Publisher(rank, endpoint, replay, decoder, is_pool=pool)
+        pub.task = asyncio.create_task(self._follow(feed, pub, sock), name=name)
+        feed.publishers.append(pub)
+        return True
+
+    def _subscribe_failed(self, wid: WorkerId, endpoint: str, exc: Exception) -> None:
+        self._counts["subscribe_failures"] += 1
+        log.warning("%s: cannot subscribe to %r (%s): its events are not followed",
+                    wid, endpoint[:200], exc)
+
+    def subscribed(self, worker_id: WorkerId) -> bool:
+        """Whether the worker's KV events (every rank) are followed."""
+        feed = self._feeds.get(worker_id)
+        if feed is None or feed.info.kv_events_endpoint is None:
+            return False
+        ranks = sum(1 for p in feed.publishers if not p.is_pool)
+        return ranks == feed.info.dp_size
 
     async def remove_worker(self, worker_id: WorkerId) -> bool:
         """Stop following a worker and drop its index entries; False if unknown."""
@@ -172,21 +239,16 @@ class KVEventSubscriber:
         for t in tasks:
             t.cancel()
         for t in tasks:
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await t
+            except asyncio.CancelledError:
+                pass
+            except Exception:  # a feed that died must not fail its worker's removal
+                log.exception("%s: event feed had failed", worker_id)
         for d in _decoders(feed):
             self._retired_refusals.update(d.refused)
         self._index.remove_holder(worker_id)
         return True
-
-    def _add_pool_stream(self, feed: _Feed, info: WorkerInfo) -> None:
-        assert info.pool_events_endpoint is not None and info.pool_id is not None
-        decoder = EventDecoder(
-            PoolId(info.pool_id), Namespace(info.namespace), info.page_size, EngineKind.SGLANG
-        )
-        pub = _Publisher(0, info.pool_events_endpoint, None, decoder, is_pool=True)
-        pub.task = asyncio.create_task(self._follow(feed, pub), name=f"kv-pool-{info.worker_id}")
-        feed.publishers.append(pub)
 
     def heartbeat(self, worker_id: WorkerId) -> bool:
         """Record a heartbeat; False if the worker is unknown (it must re-register)."""
@@ -204,17 +266,24 @@ class KVEventSubscriber:
             log.warning(
                 "worker %s silent for > %.1fs: removed, entries dropped", wid, self.timeout_s
             )
-            await self.remove_worker(wid)
             self._counts["timeouts"] += 1
-            if self._on_timeout is not None:
-                self._on_timeout(wid)
+            try:  # one worker's failure must not spare the others their timeout
+                await self.remove_worker(wid)
+                if self._on_timeout is not None:
+                    self._on_timeout(wid)
+            except Exception:
+                log.exception("worker %s: removal after its timeout failed", wid)
         return stale
 
     async def watch(self, interval_s: float = 1.0) -> None:
-        """Run :meth:`check_timeouts` forever (cancel to stop)."""
+        """Run :meth:`check_timeouts` forever (cancel to stop); a failed round is logged and the
+        next one runs: heartbeat timeouts never stop for every worker because of one."""
         while True:
             await asyncio.sleep(interval_s)
-            await self.check_timeouts()
+            try:
+                await self.check_timeouts()
+            except Exception:
+                log.exception("heartbeat timeout check failed")
 
     async def close(self) -> None:
         for wid in list(self._feeds):
@@ -232,13 +301,11 @@ class KVEventSubscriber:
         return SubscriberStats(
             len(self._feeds), c["batches"], c["ops_applied"], dict(refused), c["gaps"],
             c["replays"], c["replay_failures"], c["resyncs"], c["duplicates"], c["timeouts"],
+            c["restarts"], c["subscribe_failures"],
         )  # fmt: skip
 
     # ---- per-publisher loop ---------------------------------------------------------------
-    async def _follow(self, feed: _Feed, pub: _Publisher) -> None:
-        sock = self._ctx.socket(zmq.SUB)
-        sock.setsockopt(zmq.SUBSCRIBE, feed.info.kv_events_topic.encode())
-        sock.connect(pub.endpoint)
+    async def _follow(self, feed: _Feed, pub: _Publisher, sock: zmq.asyncio.Socket) -> None:
         try:
             if pub.replay_endpoint is not None:
                 try:
@@ -251,7 +318,9 @@ class KVEventSubscriber:
                     await self._on_message(feed, pub, frames)
                 except Exception:  # never let one message stop the feed
                     log.exception("%s: failed to handle a KV-event message", feed.info.worker_id)
-                    pub.decoder.refuse(MalformedEventError("internal error handling message"))
+                    pub.decoder.refuse(HandlerError("internal error handling message"))
+        except zmq.ZMQError as exc:  # the socket itself failed: this feed ends, logged
+            log.error("%s rank %d: event feed stopped: %s", feed.info.worker_id, pub.rank, exc)
         finally:
             sock.close(linger=0)
 
@@ -261,25 +330,37 @@ class KVEventSubscriber:
             pub.decoder.refuse(MalformedEventError(f"expected 3 frames, got {len(frames)}"))
             return
         seq = int.from_bytes(frames[1], "big")
-        expected = 0 if pub.last_seq is None else pub.last_seq + 1
-        if pub.caught_up_to is not None and seq > pub.caught_up_to:
-            pub.caught_up_to = None
-        if seq == 0 and pub.last_seq is not None and pub.caught_up_to is None:
-            log.warning("%s rank %d: seq restarted at 0", feed.info.worker_id, pub.rank)
-            self._resync(feed, pub, seq)
-        elif seq < expected:
-            self._counts["duplicates"] += 1
+        if seq > MAX_SEQ:  # adopting it would make every later seq look like a duplicate
+            pub.decoder.refuse(BadSequenceError(f"seq {seq} is not a publisher's int64 seq"))
             return
+        expected = 0 if pub.last_seq is None else pub.last_seq + 1
+        if pub.replayed is not None and seq > pub.replayed[1]:
+            pub.replayed = None
+        if seq < expected:
+            if pub.replayed is not None and seq >= pub.replayed[0]:
+                self._counts["duplicates"] += 1  # applied already, by the replay
+                # Live copies come in order: one at or below this one is a new stream.
+                pub.replayed = (seq + 1, pub.replayed[1]) if seq < pub.replayed[1] else None
+                return
+            log.warning("%s rank %d: seq went back from %d to %d: publisher restarted, resync",
+                        feed.info.worker_id, pub.rank, expected - 1, seq)
+            self._counts["restarts"] += 1
+            self._resync(feed, pub, seq)
+            if seq > 0 and pub.replay_endpoint is not None:
+                pub.last_seq = None  # a new stream: its history from seq 0, if still buffered
+                if not await self._fill_gap(feed, pub, seq):
+                    pub.last_seq = seq - 1  # what is left of it is lost: go on from here
         elif seq > expected:
             self._counts["gaps"] += 1
             if not await self._fill_gap(feed, pub, seq):
                 self._resync(feed, pub, seq)
-            if pub.last_seq is not None and seq <= pub.last_seq:
-                return  # the replay already applied it
+        if pub.last_seq is not None and seq <= pub.last_seq:
+            return  # the replay already applied it
+        pub.last_seq = seq  # first: even a message that fails to apply is behind us
         self._apply(pub, frames[2])
-        pub.last_seq = seq
 
     def _apply(self, pub: _Publisher, payload: bytes) -> None:
+        """Decode and apply one batch. Never raises (the caller has advanced the seq already)."""
         decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
         for op in decoded.ops:
@@ -287,6 +368,9 @@ class KVEventSubscriber:
                 self._index.apply(op)
             except IndexRefusal as exc:
                 pub.decoder.refuse(exc)
+            except Exception as exc:  # not a refusal: a bug, but one op must not stop the feed
+                log.exception("%s: index failed to apply an op", pub.decoder.holder)
+                pub.decoder.refuse(HandlerError(f"{type(exc).__name__} applying an op"))
             else:
                 self._counts["ops_applied"] += 1
 
@@ -312,8 +396,10 @@ class KVEventSubscriber:
         for s, payload in batches:
             if pub.last_seq is not None and s != pub.last_seq + 1:
                 break
+            # a buffer that no longer holds seq 0 starts later: that history is lost anyway
+            pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
+            pub.last_seq = s
             self._apply(pub, payload)
-            pub.last_seq = pub.caught_up_to = s
 
     async def _fill_gap(self, feed: _Feed, pub: _Publisher, seq: int) -> bool:
         """Replay the batches before ``seq``; True when all of them were applied."""
@@ -330,16 +416,29 @@ class KVEventSubscriber:
                 continue
             if s != (0 if pub.last_seq is None else pub.last_seq + 1):
                 break  # the publisher's buffer no longer holds what we missed
-            self._apply(pub, payload)
             pub.last_seq = s
+            if s >= seq:
+                pub.replayed = (seq, s)  # ahead of live: their live copies are duplicates
+            self._apply(pub, payload)
         covered = pub.last_seq is not None and pub.last_seq >= seq - 1
         if not covered:
             self._counts["replay_failures"] += 1
         return covered
 
     async def _request_replay(self, endpoint: str, start: int) -> list[tuple[int, bytes]] | None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.connect(endpoint)
+        """The publisher's batches from ``start`` on; None when the replay failed (never raises:
+        a failed replay is a gap that resyncs, not a message left unhandled)."""
+        try:
+            sock = self._ctx.socket(zmq.DEALER)
+        except zmq.ZMQError as exc:
+            log.warning("replay from %r: no socket: %s", endpoint[:200], exc)
+            return None
+        try:
+            sock.connect(endpoint)
+        except zmq.ZMQError as exc:
+            sock.close(linger=0)
+            log.warning("replay from %r: cannot connect: %s", endpoint[:200], exc)
+            return None
         out: list[tuple[int, bytes]] = []
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.replay_timeout_s
@@ -357,6 +456,9 @@ class KVEventSubscriber:
                 s = int.from_bytes(frames[-2], "big", signed=True)
                 if s == END_SEQ:
                     return out
+                if s < 0:
+                    log.warning("replay from %s sent seq %d: refused", endpoint, s)
+                    return None
                 out.append((s, frames[-1]))
         except (TimeoutError, zmq.ZMQError) as exc:
             log.warning("replay from %s (start %d) failed: %r", endpoint, start, exc)

@@ -4,6 +4,7 @@ tests can use the blocking IndexClient against it."""
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -24,9 +25,11 @@ class ServerThread:
         return f"127.0.0.1:{self.server.port}"
 
     def run(self, fn: Callable[[], Any]) -> Any:
-        """Run ``fn`` on the server's loop (the index is single-owner) and return its result."""
+        """Run ``fn`` on the server's loop (the index is single-owner) and return its result
+        (awaited when it is awaitable: ``st.run(lambda: st.server.state.register(info))``)."""
         async def call() -> Any:
-            return fn()
+            result = fn()
+            return (await result) if inspect.isawaitable(result) else result
         return asyncio.run_coroutine_threadsafe(call(), self._loop).result(timeout=10)
 
     def start(self) -> ServerThread:

@@ -196,12 +196,12 @@ def test_lora_rekeyed_with_configured_extra_key_else_refused() -> None:
     assert d.refused == {"unknown_lora": 1}
 
 
-def test_dynamo_format_always_rekeys() -> None:
-    toks = _tokens(8)
-    d = decoder("sglang-dynamo")
-    out = d.decode(batch([sgl_stored([-5, -6], None, toks)]))
-    assert out.ops[0].keys == keys.page_keys(toks, PS)  # type: ignore[union-attr]
-    assert d.rekeyed_entries == 2 and d.engine is EngineKind.SGLANG_DYNAMO
+def test_there_is_no_dynamo_event_format() -> None:
+    """No worker can declare SGLang's dynamo event format (``WorkerInfo.engine`` is
+    sglang|vllm|other), so the decoder has no such kind."""
+    assert {k.value for k in EngineKind} == {"sglang", "vllm"}
+    with pytest.raises(ValueError):
+        decoder("sglang-dynamo")
 
 
 @pytest.mark.parametrize(
