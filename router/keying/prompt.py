@@ -7,6 +7,7 @@ routed by its first prompt (the whole batch goes to one worker).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from router.keying.tokenize import ModelTokenizer, PromptError, check_token_ids
@@ -60,6 +61,21 @@ def prompt_token_ids(kind: str, payload: dict[str, Any], tok: ModelTokenizer | N
     kwargs = payload.get("chat_template_kwargs")
     return tok.encode_chat(messages, tools=payload.get("tools"),
                            template_kwargs=kwargs if isinstance(kwargs, dict) else None)
+
+
+def batch_size(kind: str, payload: Mapping[str, Any]) -> int | None:
+    """How many prompts a batch request carries (None: one prompt, not a batch)."""
+    if kind == GENERATE:
+        text, ids = payload.get("text"), payload.get("input_ids")
+        if isinstance(text, list):
+            return len(text)
+        if isinstance(ids, list) and ids and isinstance(ids[0], list):
+            return len(ids)
+    elif kind == COMPLETION:
+        prompt = payload.get("prompt")
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], str | list):
+            return len(prompt)
+    return None
 
 
 def output_tokens_hint(kind: str, payload: dict[str, Any]) -> int | None:

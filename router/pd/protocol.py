@@ -20,7 +20,6 @@ Two ways to hand a prefill's KV to a decode worker (``PdMode``):
 
 from __future__ import annotations
 
-import copy
 import random
 import urllib.parse
 from collections.abc import Iterable, Mapping
@@ -29,7 +28,7 @@ from enum import StrEnum
 from typing import Any, NamedTuple
 
 from radix_global.types import Role, WorkerId
-from router.keying.prompt import CHAT, COMPLETION, GENERATE
+from router.keying.prompt import CHAT, COMPLETION, GENERATE, batch_size
 
 PREFILL_RID_SUFFIX = "-prefill"
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -106,7 +105,7 @@ def native_body(payload: Mapping[str, Any], prefill_url: str, bootstrap_port: in
         raise PdError(f"prefill worker has no bootstrap port ({bootstrap_port})")
     body = dict(payload)
     host = bootstrap_host_of(prefill_url)
-    n = _batch_size(payload)
+    n = batch_size(GENERATE, payload)  # /generate's batch fields (text, input_ids)
     if n is None:
         body.update(bootstrap_host=host, bootstrap_port=bootstrap_port, bootstrap_room=room)
     else:
@@ -116,21 +115,12 @@ def native_body(payload: Mapping[str, Any], prefill_url: str, bootstrap_port: in
     return body
 
 
-def _batch_size(payload: Mapping[str, Any]) -> int | None:
-    text, ids = payload.get("text"), payload.get("input_ids")
-    if isinstance(text, list):
-        return len(text)
-    if isinstance(ids, list) and ids and isinstance(ids[0], list):
-        return len(ids)
-    return None
-
-
 def prefill_only_body(payload: Mapping[str, Any], kind: str, request_id: str) -> dict[str, Any]:
     """The prefill step of a pool hand-off: same prompt, one output token, not streamed.
 
     One token (not zero) because SGLang has no prefill-only generate; that token is discarded.
     The rid gets a suffix so the prefill and decode halves are distinct engine requests."""
-    body = copy.deepcopy(dict(payload))
+    body = dict(payload)  # top-level fields only change (sampling_params is copied below)
     body["stream"] = False
     body.pop("stream_options", None)
     if kind == GENERATE:

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import msgspec
 
 from radix_global.types import Role, WorkerId
-from router.pd.protocol import cached_tokens_of, decode_body, prefill_only_body
+from router.pd.protocol import PdError, cached_tokens_of, decode_body, prefill_only_body
 from router.routing.contract import RouteRequest, WorkerState
+from router.transport.bodies import json_or_none
 from router.transport.errors import ErrorType, error_body, sse_error
 from router.transport.proxy import UpstreamFailed, UpstreamUnavailable
 
@@ -63,6 +64,7 @@ class PdRun:
         self._attempts: list[WorkerId] = []
         self._prefill: tuple[float | None, float | None, int | None, Any] = (None, None, None, None)
         self._done = False
+        self._decode_busy = True  # the orchestrator began the decode worker's busy interval
 
     @property
     def stats(self) -> PdStats:
@@ -82,12 +84,17 @@ class PdRun:
                 yield chunk
         finally:
             orch.selector.release(self.req.request_id)
-            orch.util.end(self.decode.worker_id, orch.clock())
+            if self._decode_busy:
+                orch.util.end(self.decode.worker_id, orch.clock())
 
     async def _prefill_step(self) -> None:
         orch, wid = self.orch, self.prefill.worker_id
-        body = msgspec.json.encode(prefill_only_body(self.payload, self.kind,
-                                                     self.req.request_id))
+        try:
+            body = msgspec.json.encode(prefill_only_body(self.payload, self.kind,
+                                                         self.req.request_id))
+        except PdError as exc:  # a request the hand-off cannot take: the client's to fix
+            self.status_code = 400
+            raise PdFailed(str(exc)) from exc
         t = orch.clock()
         orch.util.begin(wid, Role.PREFILL, t)
         try:
@@ -105,7 +112,7 @@ class PdRun:
             raise PdFailed(f"prefill worker {wid} answered {resp.status_code}: "
                            f"{resp.content[:300].decode(errors='replace')}")
         prefill_s = orch.clock() - t
-        answer = _json_or_none(resp.content)
+        answer = json_or_none(resp.content)
         pages, wait_s = await orch.wait_pool(self.req)
         self._prefill = (prefill_s, wait_s, pages, answer)
 
@@ -134,7 +141,7 @@ class PdRun:
                     raw += chunk
                 yield chunk
             if not self.stream and raw:
-                self.answer = _json_or_none(raw)
+                self.answer = json_or_none(raw)
         except UpstreamFailed as exc:
             if self._ttft is None:
                 raise _Retryable(f"{decode.worker_id}: {exc}") from exc
@@ -157,22 +164,18 @@ class PdRun:
                             self.req.request_id, exc)
                 excluded.add(decode.worker_id)
                 orch.util.end(decode.worker_id, orch.clock())
-                nxt = orch.pick_decode(self.req, self.decodes, excluded)
+                self._decode_busy = False
+                last = attempt + 1 >= orch.config.decode_attempts
+                nxt = None if last else orch.pick_decode(self.req, self.decodes, excluded)
                 if nxt is None:
                     break
                 orch.util.decode_retries += 1
                 orch.util.begin(nxt.worker_id, Role.DECODE, orch.clock())
+                self._decode_busy = True
                 decode = nxt
         self.status_code = 502
         message = f"no decode worker answered for {self.req.request_id} ({self._attempts})"
         yield sse_error(message) if self.stream else error_body(502, message, ErrorType.UPSTREAM)
-
-
-def _json_or_none(raw: bytes) -> Any:
-    try:
-        return msgspec.json.decode(raw)
-    except (msgspec.DecodeError, RecursionError):
-        return None
 
 
 class _Retryable(Exception):

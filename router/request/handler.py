@@ -27,7 +27,13 @@ from radix_global.keys import page_keys
 from radix_global.types import Namespace
 from router.cluster.registry import WorkerEntry
 from router.keying.lora import ModelRef, adapter_extra_key, request_adapter, resolve_model
-from router.keying.prompt import GENERATE, is_stream, needs_tokenizer, output_tokens_hint
+from router.keying.prompt import (
+    GENERATE,
+    batch_size,
+    is_stream,
+    needs_tokenizer,
+    output_tokens_hint,
+)
 from router.keying.prompt import prompt_token_ids as _prompt_ids
 from router.keying.tenants import TenantError, effective_salt
 from router.keying.tokenize import PromptError, model_vocab_size
@@ -132,17 +138,23 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     try:
         tenant = state.tenants.resolve(request.headers.get("authorization"))
         salt = effective_salt(tenant, payload.get("cache_salt"))
-        client_rid = client_rid_label(payload.get("rid"))
+        batch = batch_size(kind, payload)
+        client_rid = client_rid_label(payload.get("rid"), batch)
     except TenantError as exc:
         return error_response(401, str(exc), ErrorType.AUTHENTICATION)
     except ValueError as exc:  # a client salt or rid the router will not take (ClientRidError)
         return error_response(400, str(exc))
-    keyed = await _keyed(state, entries[0], payload, body, kind, ref, salt, tenant.name)
+    namespace = state.registry.models().get(ref.model)  # before the awaits: a worker may leave
+    if namespace is None:
+        return error_response(503, f"no healthy worker for model {ref.model!r}",
+                              ErrorType.UNAVAILABLE)
+    keyed = await _keyed(state, entries[0], payload, body, kind, ref, Namespace(namespace), salt,
+                         tenant.name)
     if isinstance(keyed, Response):
         return keyed
     req, ids = keyed
     inbound = Inbound(req, payload, body, salt, kind, upstream_path, ref.model,
-                      forward_headers(request.headers), is_stream(payload), t0, client_rid)
+                      forward_headers(request.headers), is_stream(payload), t0, client_rid, batch)
     if state.index.remote:  # asked here, async; the policy's match must not block the loop
         await state.index.prefetch_match(req.namespace, req.page_keys)
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
@@ -159,7 +171,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
 
 
 async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any], body: bytes,
-                 kind: str, ref: ModelRef, salt: str | None, tenant: str
+                 kind: str, ref: ModelRef, namespace: Namespace, salt: str | None, tenant: str
                  ) -> tuple[RouteRequest, list[int] | None] | Response:
     """The request as the routing core sees it: token ids -> page keys in its namespace."""
     clock, cfg = state.clock, state.config
@@ -184,7 +196,6 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
     if ids is not None and context is not None and len(ids) >= context:
         return error_response(400, f"prompt has {len(ids)} tokens; the model's context length "
                               f"is {context}", ErrorType.CONTEXT_LENGTH)
-    namespace = state.registry.models()[ref.model]
     page_size = state.registry.page_size(namespace) or head.info.page_size
     # SGLang reads "<model>:<adapter>" on its OpenAI endpoints only; /generate has lora_path.
     adapter = request_adapter(payload, ref.adapter if kind != GENERATE else None)
@@ -195,7 +206,7 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
     if slo is not None and not _positive(slo):
         return error_response(400, "'ttft_slo_s' must be a positive number of seconds")
     return RouteRequest(
-        request_id=new_rid(), namespace=Namespace(namespace),
+        request_id=new_rid(), namespace=namespace,
         input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size, tenant=tenant,
         ttft_slo_s=float(slo) if slo is not None else None,
         output_tokens_hint=output_tokens_hint(kind, payload)), ids

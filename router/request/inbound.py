@@ -12,6 +12,7 @@ from typing import Any, NamedTuple
 from router.routing.contract import RouteRequest
 
 CLIENT_RID_MAX_CHARS = 256
+MAX_BATCH = 4096  # prompts in one batch request
 
 
 class Inbound(NamedTuple):
@@ -28,13 +29,22 @@ class Inbound(NamedTuple):
     stream: bool
     t0: float  # when the request arrived (router clock)
     client_rid: str | None  # the client's own ``rid``: a label in its records, never sent on
+    batch: int | None  # prompts of a batch request (None: one prompt)
 
-    def engine_fields(self, rid: str) -> dict[str, Any]:
-        """The fields every engine request of this one carries: the router's rid (a batch gets
-        one per item) and the router's salt (a client's own salt never reaches an engine)."""
-        given = self.payload.get("rid")
-        fields: dict[str, Any] = {
-            "rid": [f"{rid}-{i}" for i in range(len(given))] if isinstance(given, list) else rid}
+    def engine_rids(self, rid: str) -> list[str]:
+        """The engine request ids of ``rid``: one, or one per prompt of a batch."""
+        return [rid] if self.batch is None else [f"{rid}-{i}" for i in range(self.batch)]
+
+    def engine_fields(self, rid: str, engine: str = "sglang") -> dict[str, Any]:
+        """The fields an engine request of this one carries: the router's request id (SGLang's
+        ``rid``, a list for a batch; another engine's ``request_id``/``rid`` replaced where the
+        client sent one) and the router's salt (a client's own never reaches an engine)."""
+        fields: dict[str, Any] = {}
+        if engine == "sglang":
+            rids = self.engine_rids(rid)
+            fields["rid"] = rids if self.batch is not None else rids[0]
+        else:
+            fields.update({k: rid for k in ("rid", "request_id") if k in self.payload})
         if self.salt is not None or "cache_salt" in self.payload:
             fields["cache_salt"] = self.salt
         return fields
@@ -50,14 +60,17 @@ class ClientRidError(ValueError):
     """A client ``rid`` the router will not keep even as a label (HTTP 400)."""
 
 
-def client_rid_label(value: object) -> str | None:
-    """The client's ``rid`` as a label: a printable string of bounded length (a list, for a
-    batch, is labelled by its first item). Anything else is refused, never passed on."""
+def client_rid_label(value: object, batch: int | None) -> str | None:
+    """The client's ``rid`` as a label: a printable string of bounded length (a batch's list,
+    one per prompt, is labelled by its first item). Anything else is refused, never passed on;
+    so is a batch of more than ``MAX_BATCH`` prompts."""
+    if batch is not None and batch > MAX_BATCH:
+        raise ClientRidError(f"a batch of {batch} prompts is more than {MAX_BATCH}")
     if value is None:
         return None
     if isinstance(value, list):
-        if not value:
-            return None
+        if len(value) != (batch or 1):
+            raise ClientRidError("'rid' must be one string per prompt of the batch")
         value = value[0]
     if not isinstance(value, str) or not value:
         raise ClientRidError("'rid' must be a non-empty string (or a list of them for a batch)")

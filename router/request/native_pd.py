@@ -4,46 +4,46 @@ The relay sends the client's request to the prefill and the decode worker at onc
 bootstrap fields of ``router.pd.protocol.native_body``; the client gets the decode worker's
 answer. :class:`PrefillHalf` is the other half: both workers count as busy in the utilisation
 report (``RouterState.pd_util``) from the send until their answers, a failed prefill aborts
-the decode half (it would wait for KV that never comes), and the prefill's cache numbers are
-kept for the request's record.
+the decode half (it would wait for KV that never comes), and the prefill's cache numbers go
+into the request's record when they arrive (the client's answer never waits for them).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from typing import Any
-
-import msgspec
 
 from radix_global.types import Role, WorkerId
 from router.cluster.registry import WorkerEntry
 from router.keying.prompt import engine_cached_tokens
 from router.pd.protocol import PREFILL_RID_SUFFIX
+from router.request.inbound import Inbound
 from router.state import RouterState
+from router.transport.bodies import json_or_none
 from router.transport.proxy import UpstreamResponse
 
 log = logging.getLogger("radix_global.router.request")
-
-SETTLE_S = 5.0  # how long a finished answer waits for its prefill half's numbers
 
 
 class PrefillHalf:
     """The prefill half sent for ``rid`` (engine rid ``<rid>-prefill``) beside ``decode``."""
 
-    def __init__(self, state: RouterState, model: str, prefill: WorkerEntry,
+    def __init__(self, state: RouterState, inbound: Inbound, prefill: WorkerEntry,
                  decode: WorkerEntry, rid: str) -> None:
-        self.state, self.prefill, self.decode, self.rid = state, prefill, decode, rid
-        self.tokens: tuple[int | None, int | None] = (None, None)  # (cached, prompt)
-        self._task: asyncio.Future[UpstreamResponse] | None = None
+        self.state, self.inbound, self.prefill, self.decode = state, inbound, prefill, decode
+        self.rid = rid
+        self._tokens: tuple[int | None, int | None] = (None, None)  # (cached, prompt)
+        self._record: dict[str, Any] | None = None
         self._aborts: set[asyncio.Future[Any]] = set()
         util, now = state.pd_util, state.clock()
-        util.known_workers((e.worker_id, e.info.role) for e in state.registry.for_model(model)
+        util.known_workers((e.worker_id, e.info.role)
+                           for e in state.registry.for_model(inbound.model)
                            if e.info.role in (Role.PREFILL, Role.DECODE))
         util.begin(prefill.worker_id, Role.PREFILL, now)
         util.begin(decode.worker_id, Role.DECODE, now)
         self._open: list[WorkerId] = [prefill.worker_id, decode.worker_id]
+        self._task: asyncio.Future[UpstreamResponse] | None = None
 
     @property
     def prefill_rid(self) -> str:
@@ -64,12 +64,10 @@ class PrefillHalf:
             self.state.pd_util.end(wid, now)
             self._open.remove(wid)
 
-    async def settled(self) -> None:
-        """Give the prefill half (it answers once its KV has left) a moment to answer, so the
-        request's record has its numbers; never a long wait."""
-        if self._task is not None and not self._task.done():
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(asyncio.shield(self._task), SETTLE_S)
+    def report_into(self, record: dict[str, Any]) -> None:
+        """Put the prefill's cache numbers into the request's record, now or when it answers."""
+        self._record = record
+        record["prefill_cached_tokens"], record["prefill_prompt_tokens"] = self._tokens
 
     def _done(self, task: asyncio.Future[UpstreamResponse]) -> None:
         self.idle(self.prefill.worker_id)
@@ -77,10 +75,12 @@ class PrefillHalf:
             return
         exc = task.exception()
         if exc is None and task.result().status_code < 400:
-            with contextlib.suppress(msgspec.DecodeError, RecursionError):
-                self.tokens = engine_cached_tokens(msgspec.json.decode(task.result().content))
+            self._tokens = engine_cached_tokens(json_or_none(task.result().content))
+            if self._record is not None:
+                self.report_into(self._record)
             return
         log.warning("prefill of %s failed (%r): aborting its decode", self.rid, exc)
-        abort = asyncio.ensure_future(self.state.proxy.abort(self.decode.info.url, self.rid))
-        self._aborts.add(abort)
-        abort.add_done_callback(self._aborts.discard)
+        for rid in self.inbound.engine_rids(self.rid):
+            abort = asyncio.ensure_future(self.state.proxy.abort(self.decode.info.url, rid))
+            self._aborts.add(abort)
+            abort.add_done_callback(self._aborts.discard)

@@ -19,7 +19,7 @@ from router.cluster.slots import worker_states
 from router.pd.orchestrator import PdFailed, PdRejected, PdRun
 from router.pd.pool_front import PdFront
 from router.pd.protocol import PREFILL_RID_SUFFIX, cached_tokens_of
-from router.request.finish import finish
+from router.request.finish import Outcome, client_gone, finish
 from router.request.inbound import Inbound
 from router.request.route import Routed
 from router.routing.contract import WorkerState
@@ -39,34 +39,58 @@ class PoolForward:
         self.state, self.front, self.inbound, self.routed = state, front, inbound, routed
         self.run: PdRun | None = None
         self.ok = False
+        self.started = False  # the answer's head was sent to the client
         self.tail = b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        st = self.state
         try:
-            await until_disconnect(scope, receive, self._run(send))
+            await until_disconnect(scope, receive, self._guarded(send))
         except ClientGone:
-            st.metrics.client_aborts.inc()
-            st.totals["client_aborts"] += 1
+            client_gone(self.state)
             await self._abort()
         finally:
             self._finish()
 
+    async def _guarded(self, send: Send) -> None:
+        """A failure inside the hand-off is a clean answer: 500 before the head, the end after."""
+        try:
+            await self._run(send)
+        except ClientGone:
+            raise
+        except Exception as exc:
+            log.exception("pool hand-off of %s failed", self.inbound.req.request_id)
+            if not self.started:
+                await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
+            else:
+                await send({"type": "http.response.body", "more_body": False,
+                            "body": sse_error(f"router error: {exc!r}") if self.inbound.stream
+                            else b""})
+
     async def _abort(self) -> None:
-        proxy, rid = self.state.proxy, self.inbound.req.request_id
-        await proxy.abort(self.routed.entry.info.url, rid + PREFILL_RID_SUFFIX)
+        proxy, inbound = self.state.proxy, self.inbound
+        rid = inbound.req.request_id
+        for engine_rid in inbound.engine_rids(rid + PREFILL_RID_SUFFIX):
+            await proxy.abort(self.routed.entry.info.url, engine_rid)
         if self.run is not None:
-            await proxy.abort(self.run.decode.url, rid)
+            for engine_rid in inbound.engine_rids(rid):
+                await proxy.abort(self.run.decode.url, engine_rid)
 
     def _slots(self) -> tuple[WorkerState, list[WorkerState]]:
         slots = worker_states(self.state.registry.for_model(self.inbound.model))
         d = self.routed.decision
-        prefill = next(s for s in slots if s.slot == (d.worker_id, d.dp_rank))
+        prefill = next((s for s in slots if s.slot == (d.worker_id, d.dp_rank)), None)
+        if prefill is None:
+            raise PdFailed(f"prefill worker {d.worker_id} left")
         return prefill, [s for s in slots if s.role == Role.DECODE]
 
     async def _run(self, send: Send) -> None:
         st, d, inbound = self.state, self.routed.decision, self.inbound
-        prefill, decodes = self._slots()
+        try:
+            prefill, decodes = self._slots()
+        except PdFailed as exc:
+            self.started = True
+            await send_error(send, 503, str(exc), ErrorType.UNAVAILABLE)
+            return
         if prefill.pool_id:
             self.front.probe.pool_of[inbound.req.request_id] = PoolId(prefill.pool_id)
         payload = {**inbound.payload, **inbound.engine_fields(inbound.req.request_id)}
@@ -75,11 +99,13 @@ class PoolForward:
                                              prefill, decodes, inbound.stream,
                                              chosen=d.decode_worker_id, headers=inbound.headers)
         except PdRejected as exc:
+            self.started = True
             retry = max(1, math.ceil(st.routing.slo.retry_after_s(0.0)))
             await send_error(send, 429, f"rejected before prefill: {exc.reason}",
                              ErrorType.RATE_LIMIT, {"retry-after": str(retry)})
             return
         except PdFailed as exc:
+            self.started = True
             await send_error(send, 502, str(exc), ErrorType.UPSTREAM)
             return
         chunks = self.run.chunks()
@@ -94,12 +120,15 @@ class PoolForward:
         try:
             first = await anext(chunks, None)
         except PdFailed as exc:
-            await send_error(send, run.status_code if run.status_code >= 400 else 502, str(exc),
-                             ErrorType.UPSTREAM)
+            self.started = True
+            status = run.status_code if run.status_code >= 400 else 502
+            await send_error(send, status, str(exc), ErrorType.INVALID_REQUEST if status == 400
+                             else ErrorType.UPSTREAM)
             return
         st.routing.prefill_done(inbound.req.request_id, st.clock())
         media = "text/event-stream" if inbound.stream and run.status_code == 200 \
             else "application/json"
+        self.started = True
         await send({"type": "http.response.start", "status": run.status_code, "headers": [
             (b"content-type", media.encode()),
             (b"x-radix-worker", str(run.prefill.worker_id).encode()),
@@ -135,5 +164,5 @@ class PoolForward:
                 "prefill_cached_tokens": stats.prefill_cached_tokens,
                 "decode_cached_tokens": d_cached, "decode_storage_tokens": d_storage,
                 "ttft_s": stats.ttft_s})
-        finish(self.state, self.inbound, self.ok, "pd_pool_ok" if self.ok else "pd_pool_failed",
-               record)
+        finish(self.state, self.inbound, self.ok,
+               Outcome.PD_POOL_OK if self.ok else Outcome.PD_POOL_FAILED, record)

@@ -20,12 +20,12 @@ from starlette.types import Receive, Scope, Send
 from router.cluster.registry import WorkerEntry
 from router.keying.prompt import engine_cached_tokens
 from router.pd.protocol import PdError, native_body, new_bootstrap_room
-from router.request.finish import finish
+from router.request.finish import Outcome, client_gone, finish
 from router.request.inbound import Inbound
 from router.request.native_pd import PrefillHalf
 from router.request.route import Routed, route
 from router.state import RouterState
-from router.transport.bodies import encode_with, last_sse_event
+from router.transport.bodies import encode_with, json_or_none, last_sse_event
 from router.transport.errors import ErrorType, send_error, sse_error
 from router.transport.proxy import (
     ClientGone,
@@ -54,7 +54,11 @@ class Forward:
 
     def __init__(self, state: RouterState, inbound: Inbound, first: Routed) -> None:
         self.state, self.inbound, self.routed = state, inbound, first
-        self.open = False  # routed and not yet finished
+        # Routed (the driver recorded it when it decided) and not yet finished: the queue
+        # estimate is released exactly once per routed attempt, however the request ends.
+        self.open = True
+        self._counted = False  # this attempt's per-worker metrics were started
+        self.sent = False  # the engine(s) may hold this attempt's request
         self.started = False  # the answer's head was sent to the client
         self.ttft: float | None = None
         self.tail = b""
@@ -65,7 +69,7 @@ class Forward:
     def _start(self, routed: Routed) -> None:
         st, req = self.state, self.inbound.req
         d, wid = routed.decision, routed.entry.info.worker_id
-        self.open = True  # the driver recorded it as routed when it decided
+        self.open, self._counted, self.sent = True, True, False
         m = st.metrics
         w = m.worker(wid)
         w.routed.inc()
@@ -93,7 +97,9 @@ class Forward:
         st, entry, d = self.state, self.routed.entry, self.routed.decision
         wid = entry.info.worker_id
         w = st.metrics.worker(wid)
-        w.outstanding.dec()
+        if self._counted:
+            w.outstanding.dec()
+            self._counted = False
         cached, prompt = engine_cached_tokens(answer)
         if isinstance(cached, int):
             entry.cached_tokens += cached
@@ -110,32 +116,32 @@ class Forward:
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
             "engine_cached_tokens": cached}
         if self.pd is not None:
-            record.update(decode_worker_id=self.pd.decode.info.worker_id,
-                          prefill_cached_tokens=self.pd.tokens[0],
-                          prefill_prompt_tokens=self.pd.tokens[1])
-        finish(st, self.inbound, ok, "ok" if ok else "failed", record)
+            record["decode_worker_id"] = self.pd.decode.info.worker_id
+        booked = finish(st, self.inbound, ok, Outcome.OK if ok else Outcome.FAILED, record)
+        if self.pd is not None:
+            self.pd.report_into(booked)  # its cache numbers, now or when it answers
 
     # --- ASGI ---------------------------------------------------------------------------------
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
             await until_disconnect(scope, receive, self._guarded(scope, receive, send))
         except ClientGone:
-            self.state.metrics.client_aborts.inc()
-            self.state.totals["client_aborts"] += 1
-            started = self.open
+            client_gone(self.state)
+            held = self.open and self.sent
             self._finish(False)  # released now, not after the aborts' round trips
-            if started:
+            if held:
                 await self._abort_engines()
         finally:
             self._finish(False)
 
     async def _abort_engines(self) -> None:
-        proxy = self.state.proxy
-        if self.pd is None:
-            await proxy.abort(self.routed.entry.info.url, self.engine_rid)
-            return
-        await proxy.abort(self.pd.prefill.info.url, self.pd.prefill_rid)
-        await proxy.abort(self.pd.decode.info.url, self.pd.rid)
+        """Every engine request of this attempt (one per prompt of a batch, per PD half)."""
+        proxy, inbound = self.state.proxy, self.inbound
+        if self.pd is not None:
+            for rid in inbound.engine_rids(self.pd.prefill_rid):
+                await proxy.abort(self.pd.prefill.info.url, rid)
+        for rid in inbound.engine_rids(self.engine_rid):
+            await proxy.abort((self.pd.decode if self.pd else self.routed.entry).info.url, rid)
 
     async def _guarded(self, scope: Scope, receive: Receive, send: Send) -> None:
         """A failure inside forwarding costs this request a clean error answer, never an empty
@@ -159,10 +165,9 @@ class Forward:
     def _body_for(self, entry: WorkerEntry, rid: str, pd: dict[str, Any] | None = None,
                   dp_rank: int | None = None) -> bytes:
         inbound = self.inbound
-        if entry.info.engine != "sglang":  # rid, dp rank and bootstrap fields are SGLang's
-            fields = {k: v for k, v in inbound.engine_fields(rid).items() if k == "cache_salt"}
+        fields = inbound.engine_fields(rid, entry.info.engine)
+        if entry.info.engine != "sglang":  # dp rank and bootstrap fields are SGLang's
             return encode_with(inbound.payload, fields, inbound.raw)
-        fields = inbound.engine_fields(rid)
         if entry.info.dp_size > 1:
             fields["routed_dp_rank"] = self.routed.decision.dp_rank if dp_rank is None else dp_rank
         if pd is None:
@@ -215,8 +220,9 @@ class Forward:
         else:
             await self._relay_whole(upstream, send)
 
-    async def _post(self, url: str, body: bytes) -> UpstreamResponse:
-        proxy, headers = self.state.proxy, self.inbound.headers
+    async def _post(self, url: str, body: bytes, rid: str) -> UpstreamResponse:
+        proxy, headers = self.state.proxy, {**self.inbound.headers, "x-request-id": rid}
+        self.sent = True
         if self.inbound.stream:
             return await proxy.open_stream(url, body, headers)
         return await proxy.post(url, body, headers)
@@ -229,22 +235,27 @@ class Forward:
         decode = st.registry.find(d.decode_worker_id) if d.decode_worker_id else None
         if decode is None:
             self.pd = None
-            return await self._post(url, self._body_for(entry, self.engine_rid))
+            return await self._post(url, self._body_for(entry, self.engine_rid), self.engine_rid)
         try:
             pd = native_body(self.inbound.payload, entry.info.url, entry.info.bootstrap_port or 0,
                              new_bootstrap_room())
         except PdError as exc:
             raise UpstreamFailed(f"native PD with prefill worker {entry.worker_id}: {exc}") \
                 from exc
-        half = self.pd = PrefillHalf(st, self.inbound.model, entry, decode, self.engine_rid)
-        half.send(url, self._body_for(entry, half.prefill_rid, pd), self.inbound.headers)
+        half = self.pd = PrefillHalf(st, self.inbound, entry, decode, self.engine_rid)
+        self.sent = True
+        # the prefill half's answer is read whole (only its cache numbers are kept)
+        half.send(url, self._body_for(entry, half.prefill_rid, {**pd, "stream": False}),
+                  {**self.inbound.headers, "x-request-id": half.prefill_rid})
         body = self._body_for(decode, self.engine_rid, pd, dp_rank=d.decode_dp_rank)
         try:
-            return await self._post(f"{decode.info.url}{self.inbound.path}", body)
+            return await self._post(f"{decode.info.url}{self.inbound.path}", body,
+                                    self.engine_rid)
         except UpstreamUnavailable as exc:
             half.cancel()
             # The prefill worker may hold the request already, waiting for this decode side.
-            await st.proxy.abort(entry.info.url, half.prefill_rid)
+            for rid in self.inbound.engine_rids(half.prefill_rid):
+                await st.proxy.abort(entry.info.url, rid)
             raise DecodeRefused(decode.worker_id, exc) from exc
         except BaseException:
             half.cancel()
@@ -275,12 +286,7 @@ class Forward:
                                 *self._extra_headers()]})
         self.state.metrics.worker(self.routed.entry.info.worker_id).proxied_bytes.inc(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
-        try:
-            answer = msgspec.json.decode(content) if upstream.status_code == 200 else None
-        except (msgspec.DecodeError, RecursionError):
-            answer = None
-        if self.pd is not None:
-            await self.pd.settled()
+        answer = json_or_none(content) if upstream.status_code == 200 else None
         self._finish(upstream.status_code < 500, answer)
 
     async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
@@ -309,6 +315,4 @@ class Forward:
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             await upstream.aclose()
-        if self.pd is not None:
-            await self.pd.settled()
         self._finish(ok, last_sse_event(self.tail))

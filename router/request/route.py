@@ -46,6 +46,7 @@ def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | 
                               ErrorType.RATE_LIMIT,
                               headers={"Retry-After": str(max(1, math.ceil(retry)))})
     entry = state.registry.find(decision.worker_id or "")
-    if entry is None:
+    if entry is None:  # decided, so recorded: released here, as nothing will run
+        state.routing.finished(inbound.req.request_id, False, clock())
         return error_response(503, "the chosen worker left the pool", ErrorType.UNAVAILABLE)
     return Routed(decision, entry)

@@ -1,5 +1,6 @@
 """Request and answer bodies as bytes: the router's fields spliced into a client's JSON request
-(:func:`encode_with`) and the final event of a streamed answer (:func:`last_sse_event`)."""
+(:func:`encode_with`), an answer's JSON if it is JSON (:func:`json_or_none`) and the final
+event of a streamed answer (:func:`last_sse_event`)."""
 
 from __future__ import annotations
 
@@ -25,13 +26,18 @@ def encode_with(payload: dict[str, Any], fields: dict[str, Any], raw: bytes | No
     return head + (b"," if payload else b"") + body[1:]
 
 
+def json_or_none(raw: bytes) -> Any:
+    """An engine answer's JSON, or None when it is not JSON (or nested beyond the decoder)."""
+    try:
+        return msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+
+
 def last_sse_event(tail: bytes) -> Any:
     """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final)."""
     for line in reversed(tail.split(b"\n")):
         line = line.strip()
         if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
-            try:
-                return msgspec.json.decode(line[5:].strip())
-            except msgspec.DecodeError:
-                return None
+            return json_or_none(line[5:].strip())
     return None

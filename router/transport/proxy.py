@@ -31,8 +31,9 @@ from router.transport.http_server import DISCONNECT_HOOK
 log = logging.getLogger("radix_global.router.transport.proxy")
 T = TypeVar("T")
 
-# Request headers worth passing on; hop-by-hop and length headers are recomputed.
-_FORWARD_HEADERS = ("authorization", "accept", "user-agent", "x-request-id")
+# Request headers worth passing on; hop-by-hop and length headers are recomputed. Not the
+# client's x-request-id: engines may key requests by it (vLLM), so the relay sends the router's.
+_FORWARD_HEADERS = ("authorization", "accept", "user-agent")
 
 
 class ProxyConfig(NamedTuple):

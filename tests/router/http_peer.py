@@ -61,6 +61,7 @@ class Upstream:
         self.page_size, self.context_length = page_size, context_length
         self.healthy = True
         self.mode = "ok"  # ok | die_mid_stream | slow
+        self.headers: list[dict[str, str]] = []  # request headers, as self.requests
         self.cached_tokens = 0
         self.chunks = 3
         self.requests: list[tuple[str, dict[str, Any]]] = []
@@ -102,6 +103,7 @@ class Upstream:
     async def _generate(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append(("/generate", body))
+        self.headers.append(dict(request.headers))
         if body.get("stream"):
             return StreamingResponse(self._stream(
                 lambda i: {"text": "x" * (i + 1), "meta_info": self._meta(body)}),
@@ -114,6 +116,7 @@ class Upstream:
     async def _openai(self, request: Request) -> Response:
         body = await request.json()
         self.requests.append((request.url.path, body))
+        self.headers.append(dict(request.headers))
         usage = {"prompt_tokens": 10, "completion_tokens": 2, "total_tokens": 12,
                  "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
         if body.get("stream"):

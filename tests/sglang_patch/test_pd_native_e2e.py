@@ -166,8 +166,14 @@ def _pd_request(prefill_url: str, decode_url: str, router_port: int, ids: list[i
                 answer: Any = r.json()
             except ValueError:
                 answer = r.text
-            records = [x for x in c.get("/admin/stats").json()["recent"] if x.get("accepted")]
-            prefill_tokens = records[-1].get("prefill_prompt_tokens") if records else None
+            prefill_tokens = None  # filled in when the prefill half answers (after the KV left)
+            deadline = time.monotonic() + (60 if r.status_code == 200 else 0)
+            while prefill_tokens is None and time.monotonic() < deadline:
+                records = [x for x in c.get("/admin/stats").json()["recent"]
+                           if x.get("accepted")]
+                prefill_tokens = records[-1].get("prefill_prompt_tokens") if records else None
+                if prefill_tokens is None:
+                    time.sleep(0.5)
             return r.status_code, answer, prefill_tokens
     finally:
         router.terminate()

@@ -242,6 +242,29 @@ def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory
     assert d_body["rid"] == [f"{r.headers['x-radix-request-id']}-{i}" for i in range(3)]
 
 
+def test_native_pd_answer_does_not_wait_for_the_prefill_half(upstreams, router_factory):
+    """The client's answer is the decode worker's: a slow prefill half (SGLang's prefill server
+    answers once its KV left) never delays it, and its cache numbers reach the request's record
+    when they arrive."""
+    prefill, p_server = upstreams(role="prefill")
+    decode, d_server = upstreams(role="decode")
+    prefill.mode = "slow"  # a non-streamed answer after 5 s
+    router = router_factory(workers=(p_server.url, d_server.url), policy="conductor")
+    router.wait_workers(2)
+    with router.client() as c:
+        t0 = time.monotonic()
+        r = c.post("/generate", json={"input_ids": [1, 2, 3, 4, 5], "stream": True})
+        assert r.status_code == 200 and time.monotonic() - t0 < 3.0
+        rid = r.headers["x-radix-request-id"]
+    record = next(x for x in router.state.recent if x["request_id"] == rid)
+    assert record["ok"] and record["prefill_prompt_tokens"] is None  # not yet answered
+    deadline = time.monotonic() + 10
+    while record["prefill_prompt_tokens"] is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert record["prefill_prompt_tokens"] == 10  # the prefill half's meta_info, filled in
+    assert decode.aborted == []
+
+
 def test_native_pd_utilisation_report(upstreams, router_factory):
     """Native PD through the HTTP front end reports both pools' busy time (the ratio report of
     ``/admin/stats`` and ``radix-global status``), closes every busy span when the request ends,

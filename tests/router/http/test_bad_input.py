@@ -140,3 +140,49 @@ def test_client_disconnect_aborts_non_streaming_request(one):
         time.sleep(0.05)
     assert len(peer.aborted) == 1
     assert router.state.routing.in_flight() == 0
+
+
+def test_client_disconnect_aborts_every_prompt_of_a_batch(one):
+    peer, router, _ = one
+    peer.mode = "slow"
+    batch = {"input_ids": [[1, 2, 3], [4, 5, 6]], "rid": ["a", "b"]}
+    with httpx.Client(base_url=router.url, timeout=0.5) as c, pytest.raises(httpx.ReadTimeout):
+        c.post("/generate", json=batch)
+    sent = peer.requests[-1][1]["rid"]
+    assert isinstance(sent, list) and len(sent) == 2
+    deadline = time.monotonic() + 10
+    while len(peer.aborted) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sorted(peer.aborted) == sorted(sent)  # the engine rids it holds, not "<rid>"
+    assert router.state.routing.in_flight() == 0
+
+
+def test_client_gone_before_the_forward_began_releases_the_estimate(one):
+    """A client that left while the router tokenized or routed: the decision was recorded, so
+    the queue estimate must still be released (it used to stay held for the router's life)."""
+    import asyncio
+
+    from router.request.inbound import Inbound
+    from router.request.relay import Forward
+    from router.request.route import Routed, route
+    from router.routing.contract import RouteRequest
+    from router.transport.http_server import DISCONNECT_HOOK, DisconnectHook
+
+    peer, router, _ = one
+    st = router.state
+    entry = st.registry.all()[0]
+    req = RouteRequest("rg-test", entry.info.namespace, 3, [], entry.info.page_size)
+    inbound = Inbound(req, {"input_ids": [1, 2, 3]}, b'{"input_ids":[1,2,3]}', None, "generate",
+                      "/generate", entry.info.model, {}, False, 0.0, None, None)
+    hook = DisconnectHook()
+    hook.fire()  # the connection is already gone
+
+    async def scenario() -> None:
+        routed = route(st, inbound, set())
+        assert isinstance(routed, Routed) and st.routing.in_flight() == 1
+        await Forward(st, inbound, routed)({"type": "http", "extensions": {
+            DISCONNECT_HOOK: hook}}, None, None)  # type: ignore[arg-type]
+
+    asyncio.run(scenario())
+    assert st.routing.in_flight() == 0
+    assert peer.requests == [] and peer.aborted == []  # nothing was sent, nothing to abort

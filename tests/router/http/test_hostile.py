@@ -108,6 +108,21 @@ def test_a_client_cannot_abort_another_clients_request(upstreams, router_factory
     assert victim["r"].status_code == 200
 
 
+def test_client_request_ids_never_reach_an_engine(upstreams, router_factory):
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3]}, headers={"x-request-id": "vic"})
+        assert r.status_code == 200
+        # vLLM keys requests by x-request-id: the engine sees the router's id, never the client's
+        assert peer.headers[-1]["x-request-id"] == peer.requests[-1][1]["rid"]
+        r = c.post("/generate", json={"input_ids": [[1, 2], [3, 4]], "rid": ["a"]})
+        assert r.status_code == 400 and "one string per prompt" in r.text
+        r = c.post("/generate", json={"input_ids": [[1]] * 5000})
+        assert r.status_code == 400 and "batch" in r.text
+
+
 @pytest.mark.parametrize("rid", ["a\r\nx-evil: 1", "nul\x00", "tab\there", "x" * 300, 5])
 def test_bad_rid_is_a_400_and_nothing_reaches_the_engine(upstreams, router_factory, rid):
     peer, server = upstreams()

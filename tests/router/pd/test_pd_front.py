@@ -229,3 +229,14 @@ def test_every_shape_prefills_one_token(pd_cluster, path, stream):
     else:
         assert p_body["max_tokens"] == 1 and d_body["max_tokens"] == 6
     assert d_body.get("stream", False) is stream
+
+
+def test_a_body_the_hand_off_cannot_take_is_a_400(pd_cluster):
+    """``sampling_params`` that is not an object used to escape the hand-off as a raw 500."""
+    router, prefill, decodes, _ = pd_cluster()
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [1, 2, 3], "sampling_params": "x"})
+        assert r.status_code == 400 and "sampling_params" in r.json()["error"]["message"]
+        assert prefill.requests == [] and decodes[0].requests == []
+        assert router.state.routing.in_flight() == 0
+        assert c.post("/generate", json={"input_ids": [1, 2, 3]}).status_code == 200
