@@ -2,8 +2,8 @@
 
 ``benchmarks/router_overhead.py`` measures this as a target of its own, ``http-floor``: the
 server our router runs on (uvicorn with ``router.transport.http_server``'s protocol) and the client
-it
-forwards with (``router.transport.http_client.HttpPool``), passing each POST body unchanged to one
+it forwards with (``router.transport.http_client.HttpPool``), passing each POST body unchanged to
+one
 upstream and the answer back. No parsing, tokenizing, page keys, policy or metrics. Its added
 latency is what any router built on this stack pays before doing anything; our router's added
 latency minus this is the cost of the routing work itself.

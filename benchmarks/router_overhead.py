@@ -192,6 +192,7 @@ def main(argv: list[str] | None = None) -> int:
         cpu: dict[tuple[str, str, int], list[float]] = {}
         lat: dict[tuple[str, str, int], list[float]] = {}
         stages: dict[tuple[str, str, int], dict[str, list[float]]] = {}
+        per_round: dict[tuple[str, str, int], list[float]] = {}  # each round's median
         for _ in range(args.rounds):
             for conc in (1, 32):
                 for inp, (path, body) in inputs.items():
@@ -200,8 +201,10 @@ def main(argv: list[str] | None = None) -> int:
                         before = stage_sums(f"{base}/metrics") if is_ours else {}
                         n = max(conc, args.requests // args.rounds // conc * conc)
                         c0 = cpu_s(pids[name]) if name in pids else 0.0
-                        lat.setdefault((name, inp, conc), []).extend(
-                            asyncio.run(run_batch(base, path, body, conc, n)))
+                        batch = asyncio.run(run_batch(base, path, body, conc, n))
+                        lat.setdefault((name, inp, conc), []).extend(batch)
+                        per_round.setdefault((name, inp, conc), []).append(
+                            statistics.median(batch))
                         if name in pids:
                             cpu.setdefault((name, inp, conc), []).append(
                                 (cpu_s(pids[name]) - c0) / n)
@@ -231,6 +234,11 @@ def main(argv: list[str] | None = None) -> int:
                 row["added_median_ms"] = row["median_ms"] - row["direct_median_ms"]
                 row["added_p99_ms"] = row["p99_ms"] - row["direct_p99_ms"]
                 row["cpu_ms_per_request"] = statistics.mean(cpu[(name, inp, conc)]) * 1e3
+                # each round's added median and CPU per request: the run's own spread
+                row["rounds_added_median_ms"] = [
+                    (a - b) * 1e3 for a, b in zip(per_round[(name, inp, conc)],
+                                                  per_round[("direct", inp, conc)], strict=True)]
+                row["rounds_cpu_ms_per_request"] = [c * 1e3 for c in cpu[(name, inp, conc)]]
                 if name.startswith("radix-global"):
                     row["stages_mean_ms"] = {k: statistics.mean(v) * 1e3 for k, v in
                                              stages.get((name, inp, conc), {}).items()}
@@ -264,10 +272,12 @@ def main(argv: list[str] | None = None) -> int:
                  for k in [f"{r['input']}@{r['concurrency']}"] if p["cpu_ms_per_request"] > 0}
     result["cpu_ratio_ours_over_sglang_router"] = cpu_ratio
     result["verdict"] = verdict(rows)
+    if args.baseline:
+        result["versus_baseline"] = versus_baseline(rows, f"radix-global@{args.baseline}")
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"ratio ours/sglang-router (added median): {ratios}")
     print(f"ratio ours/sglang-router (router CPU per request): {cpu_ratio}")
-    for line in result["verdict"]["lines"]:
+    for line in result["verdict"]["lines"] + result.get("versus_baseline", {}).get("lines", []):
         print(line)
     print(f"wrote {args.json}")
     return 0
@@ -294,6 +304,28 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
     lines.append(f"target (median added <= {TARGET_ADDED_MEDIAN_MS} ms and <= {TARGET_RATIO}x "
                  f"sglang-router's, every input and concurrency): {'MET' if met else 'MISSED'}")
     return {"met": met, "lines": lines}
+
+
+def versus_baseline(rows: list[dict[str, Any]], base: str) -> dict[str, Any]:
+    """Ours against the baseline revision of the same run: our mean added median and CPU per
+    request against the spread of the baseline's own rounds (within = not above its worst
+    round)."""
+    lines, within = [], True
+    for r in (r for r in rows if r["router"] == "radix-global"):
+        b = next(x for x in rows if x["router"] == base and x["input"] == r["input"]
+                 and x["concurrency"] == r["concurrency"])
+        for label, key, rounds in (("added median", "added_median_ms", "rounds_added_median_ms"),
+                                   ("cpu/request", "cpu_ms_per_request",
+                                    "rounds_cpu_ms_per_request")):
+            lo, hi = min(b[rounds]), max(b[rounds])
+            ok = r[key] <= hi
+            within = within and ok
+            lines.append(f"vs {base} {r['input']}@{r['concurrency']} {label}: ours {r[key]:.3f} "
+                         f"(rounds {min(r[rounds]):.3f}-{max(r[rounds]):.3f}), baseline "
+                         f"{b[key]:.3f} (rounds {lo:.3f}-{hi:.3f}): "
+                         f"{'within' if ok else 'ABOVE'} its spread")
+    lines.append(f"vs {base}: {'within' if within else 'NOT within'} the baseline's round spread")
+    return {"within": within, "lines": lines}
 
 
 if __name__ == "__main__":

@@ -66,9 +66,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise RegistrationError("worker_id must be non-empty and contain no '/'")
         if not self.url.startswith(("http://", "https://")):
             raise RegistrationError(f"url must be http(s)://..., got {self.url!r}")
-        if "@" not in self.namespace:
+        if "@" not in self.namespace or "/" in self.namespace:  # "/" ends it in pool keys
             raise RegistrationError(
-                f"namespace must be '<model>@<version>', got {self.namespace!r}"
+                f"namespace must be '<model>@<version>' without '/', got {self.namespace!r}"
             )
         if not 1 <= self.page_size <= MAX_PAGE_SIZE:
             raise RegistrationError(f"page_size must be in [1, {MAX_PAGE_SIZE}], "

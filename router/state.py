@@ -140,8 +140,8 @@ class RouterState:
 
     def start_profile(self, entry: WorkerEntry) -> None:
         """Measure the joining worker's prefill curve in the background
-        (router/cluster/profiling.py);
-        until it is done the worker is priced with its peers' profile (or the default prior)."""
+        (``router/cluster/profiling.py``); until it is done the worker is priced with its peers'
+        profile (or the default prior)."""
         if self.config.profile_max_tokens <= 0:
             return
         try:

@@ -51,8 +51,7 @@ class Calibration:
 
     def prior_coefficients(self) -> tuple[float, float, float, float]:
         """The same curve in ``router.routing.prefill_model`` features ``[1, m, m*p, m^2]``
-        (thousands of
-        tokens, m = new tokens): n^2 - p^2 = m^2 + 2 m p."""
+        (thousands of tokens, m = new tokens): n^2 - p^2 = m^2 + 2 m p."""
         k = 1000.0
         q = self.quadratic_s_per_token2 * k * k
         return (self.fixed_s, self.linear_s_per_token * k, 2 * q, q)

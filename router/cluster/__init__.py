@@ -2,6 +2,7 @@
 worker's ``/server_info`` says) and health checks, the link to the global index (embedded or
 remote), the routing slots a worker offers, prefill profiling, and hot-prefix warming/replication.
 
-May import ``router.routing`` (its contract types), ``router.keying``, ``router.transport``,
-``router.config`` and ``radix_global``; never ``router.request``, ``router.pd`` or ``router.http``.
+May import ``router.routing`` (its contract types), ``router.keying``, ``router.transport`` and
+``radix_global``; never ``router.config`` (``HealthConfig`` and ``ModelOverrides`` are built by it),
+``router.request``, ``router.pd`` or ``router.http``.
 """

@@ -1,8 +1,8 @@
 """Bootstrap a worker's prefill model by a short profiling run when it joins.
 
 The default prior of :class:`router.routing.prefill_model.PrefillModel` is GPU-like; on a CPU
-engine real
-prefills are ~50x slower, so until refitted the cost model thinks a cached prefix saves almost
+engine real prefills are ~50x slower, so until refitted the cost model thinks a cached prefix saves
+almost
 nothing. Refitting online from FIFO-inferred service times does not fix it: a batching engine's
 waiting time lands in the fixed term (seconds per request), so every queued request looks like
 seconds of queue and the policy spreads conversations away from their cache. A few timed

@@ -15,7 +15,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.http.admin import admin_routes
 from router.keying.prompt import CHAT, COMPLETION, GENERATE
@@ -32,24 +32,16 @@ def build_app(state: RouterState) -> ASGIApp:
     request: a visible share of a forwarded request's router time); the rest is starlette's."""
     async def _guarded(scope: Scope, receive: Receive, send: Send, kind: str, path: str
                        ) -> None:
-        status = 499  # nothing sent: the client left first
-
-        async def send_seen(message: Message) -> None:  # the status the client really got
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = message["status"]
-            await send(message)
-
         try:
             response = await handle(state, Request(scope, receive), kind, path)
         except Exception as exc:  # a bug must cost one request, never the router
             log.exception("request to %s failed", path)
             response = error_response(500, f"router error: {exc!r}", ErrorType.INTERNAL)
+        status = 500
         try:
-            await response(scope, receive, send_seen)
-        except Exception:
-            status = 500
-            raise
+            await response(scope, receive, send)
+            # the status the client got: a relay knows it once it answered (499: it left first)
+            status = getattr(response, "status_code", 200)
         finally:
             state.metrics.request(path, status).inc()
 

@@ -16,7 +16,7 @@ Without a tenants file every request is in the shared namespace. With one, a req
 tenant into the shared namespace.
 
 The router decides every request's salt (:func:`effective_salt`, ``docs/interfaces.md`` section
-9): ``tenant:<name>`` for an isolated tenant, none for the shared namespace. A client's own
+11): ``tenant:<name>`` for an isolated tenant, none for the shared namespace. A client's own
 ``cache_salt`` only narrows its namespace to a part of it (``tenant:<name>/<salt>``, or
 ``shared/<salt>`` for a shared tenant), so no client salt can name another tenant's namespace.
 Tenant names may not contain ``/``, which keeps the format unambiguous.

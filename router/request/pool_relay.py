@@ -40,6 +40,7 @@ class PoolForward:
         self.run: PdRun | None = None
         self.ok = False
         self.started = False  # the answer's head was sent to the client
+        self.status_code = 499  # what the client got (499: nothing, it left first)
         self.tail = b""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -60,6 +61,7 @@ class PoolForward:
         except Exception as exc:
             log.exception("pool hand-off of %s failed", self.inbound.req.request_id)
             if not self.started:
+                self.status_code = 500
                 await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
             else:
                 await send({"type": "http.response.body", "more_body": False,
@@ -89,6 +91,7 @@ class PoolForward:
             prefill, decodes = self._slots()
         except PdFailed as exc:
             self.started = True
+            self.status_code = 503
             await send_error(send, 503, str(exc), ErrorType.UNAVAILABLE)
             return
         if prefill.pool_id:
@@ -101,11 +104,13 @@ class PoolForward:
         except PdRejected as exc:
             self.started = True
             retry = max(1, math.ceil(st.routing.slo.retry_after_s(0.0)))
+            self.status_code = 429
             await send_error(send, 429, f"rejected before prefill: {exc.reason}",
                              ErrorType.RATE_LIMIT, {"retry-after": str(retry)})
             return
         except PdFailed as exc:
             self.started = True
+            self.status_code = 502
             await send_error(send, 502, str(exc), ErrorType.UPSTREAM)
             return
         chunks = self.run.chunks()
@@ -122,13 +127,14 @@ class PoolForward:
         except PdFailed as exc:
             self.started = True
             status = run.status_code if run.status_code >= 400 else 502
+            self.status_code = status
             await send_error(send, status, str(exc), ErrorType.INVALID_REQUEST if status == 400
                              else ErrorType.UPSTREAM)
             return
         st.routing.prefill_done(inbound.req.request_id, st.clock())
         media = "text/event-stream" if inbound.stream and run.status_code == 200 \
             else "application/json"
-        self.started = True
+        self.started, self.status_code = True, run.status_code
         await send({"type": "http.response.start", "status": run.status_code, "headers": [
             (b"content-type", media.encode()),
             (b"x-radix-worker", str(run.prefill.worker_id).encode()),

@@ -60,6 +60,7 @@ class Forward:
         self._counted = False  # this attempt's per-worker metrics were started
         self.sent = False  # the engine(s) may hold this attempt's request
         self.started = False  # the answer's head was sent to the client
+        self.status_code = 499  # what the client got (499: nothing, it left first)
         self.ttft: float | None = None
         self.tail = b""
         self.pd: PrefillHalf | None = None  # native PD: the half beside the decode worker's
@@ -156,6 +157,7 @@ class Forward:
                                                       "router").inc()
             self._finish(False)
             if not self.started:
+                self.status_code = 500
                 await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
             else:
                 await send({"type": "http.response.body", "more_body": False,
@@ -201,9 +203,11 @@ class Forward:
                 if not isinstance(nxt, Routed):
                     self.started = True
                     if nxt is None:
+                        self.status_code = 503
                         await send_error(send, 503, "no worker took the request",
                                          ErrorType.UNAVAILABLE)
                     else:
+                        self.status_code = nxt.status_code
                         await nxt(scope, receive, send)
                     return
                 st.metrics.retries.inc()
@@ -212,6 +216,7 @@ class Forward:
                 st.metrics.upstream_errors.labels(entry.info.worker_id, "failed").inc()
                 self._finish(False)
                 self.started = True
+                self.status_code = 502
                 await send_error(send, 502, f"worker failed: {exc}", ErrorType.UPSTREAM)
                 return
         st.metrics.stage("proxy_connect").observe(st.clock() - t)
@@ -281,6 +286,7 @@ class Forward:
         content = upstream.content
         self.ttft = self.state.clock() - self.inbound.t0
         self.started = True
+        self.status_code = upstream.status_code
         await send({"type": "http.response.start", "status": upstream.status_code,
                     "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
                                 *self._extra_headers()]})
@@ -293,7 +299,7 @@ class Forward:
         wid = self.routed.entry.info.worker_id
         ok = upstream.status_code < 500
         try:
-            self.started = True
+            self.started, self.status_code = True, upstream.status_code
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": [*upstream.headers, *self._extra_headers()]})
             relayed = 0

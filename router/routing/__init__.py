@@ -4,6 +4,7 @@
 ``WorkerState``, ``Decision``, ``IndexView``, the ``RoutingPolicy`` ABC); ``driver.py`` runs one
 decision (policy, cost model, decode pairing, admission); ``cost.py`` prices a placement from the
 queue, prefill and topology models; ``admission.py`` and ``decode_select.py`` say no early;
-``policies/`` has one file per policy, chosen from a registry. May import ``radix_global`` and
-``router.config`` only: nothing here knows HTTP, workers' processes or the router's state.
+``policies/`` has one file per policy, chosen from a registry. Imports only ``radix_global``:
+nothing here knows HTTP, workers' processes, the router's
+state or its config (each part has its own small frozen config, built by ``router.config``).
 """

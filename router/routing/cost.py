@@ -42,10 +42,7 @@ class CostConfig:
     # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
     # inherited) on FIFO-inferred service times too; on a batching engine they include its
     # waiting, which the fit turns into seconds of fixed cost per queued request. A worker on the
-    # prior always learns from them (it has nothing better). This was two switches with opposite
-    # defaults (RouterConfig False for profiled workers, CostConfig True for all); the live router
-    # ran with exactly this behaviour (no refit of profiles, learning on the prior), kept as the
-    # one default.
+    # prior always learns from them (it has nothing better).
     learn_from_inferred_prefill: bool = False
 
     def __post_init__(self) -> None:

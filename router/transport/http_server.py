@@ -118,41 +118,51 @@ class CoalescingHttpToolsProtocol(HttpToolsProtocol):
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         wrapped = CoalescingTransport(transport, asyncio.get_running_loop())
         self._disconnect = DisconnectHook()
-        self._read_deadline: asyncio.TimerHandle | None = None
+        # The read deadline is a number, checked by one watchdog timer per connection that
+        # re-arms itself at the current deadline: no timer created or cancelled per request.
+        self._deadline: float | None = None
+        self._watchdog: asyncio.TimerHandle | None = None
         super().connection_made(wrapped)  # type: ignore[arg-type]
-        self._arm(self.limits.header_timeout_s)  # a connection that never sends a request
+        self._expect(self.limits.header_timeout_s)  # a connection that never sends a request
 
-    def _arm(self, seconds: float) -> None:
-        self._disarm()
-        self._read_deadline = self.loop.call_later(seconds, self._read_timed_out)
+    def _expect(self, seconds: float) -> None:
+        """What is being read must be complete within ``seconds`` from now."""
+        self._deadline = self.loop.time() + seconds
+        if self._watchdog is not None and self._watchdog.when() > self._deadline:
+            self._watchdog.cancel()  # armed for a later deadline (a slow body before)
+            self._watchdog = None
+        if self._watchdog is None:
+            self._watchdog = self.loop.call_at(self._deadline, self._watch)
 
-    def _disarm(self) -> None:
-        if self._read_deadline is not None:
-            self._read_deadline.cancel()
-            self._read_deadline = None
-
-    def _read_timed_out(self) -> None:
-        self._read_deadline = None
-        if not self.transport.is_closing():
+    def _watch(self) -> None:
+        deadline, self._watchdog = self._deadline, None
+        if deadline is None:  # nothing being read: the next request arms it again
+            return
+        if self.loop.time() < deadline:
+            self._watchdog = self.loop.call_at(deadline, self._watch)
+        elif not self.transport.is_closing():
             self.transport.close()
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        if self._read_deadline is None:  # a keep-alive connection's next request
-            self._arm(self.limits.header_timeout_s)
+        if self._deadline is None:  # a keep-alive connection's next request
+            self._expect(self.limits.header_timeout_s)
         extensions: dict[str, Any] = self.scope.setdefault("extensions", {})
         extensions[DISCONNECT_HOOK] = self._disconnect
 
     def on_headers_complete(self) -> None:
-        self._arm(self.limits.body_timeout_s)
+        self._expect(self.limits.body_timeout_s)
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
-        self._disarm()
+        self._deadline = None
         super().on_message_complete()
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self._disarm()
+        self._deadline = None
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
         super().connection_lost(exc)
         self._disconnect.fire()
 

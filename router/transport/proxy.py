@@ -1,10 +1,9 @@
 """Forwarding to a worker: pooled keep-alive connections, plain and streamed pass-through.
 
 The data plane uses the lean client of ``router/transport/http_client.py`` (asyncio protocol +
-httptools,
-one write per request): on the router-overhead benchmark aiohttp's request machinery was the
-largest Python cost of a forwarded request (``docs/benchmarks.md``). The control plane (health
-checks, ``/server_info``, aborts) uses ``httpx`` (:attr:`Proxy.client`).
+httptools, one write per request): on the router-overhead benchmark aiohttp's request machinery
+was the largest Python cost of a forwarded request (``docs/benchmarks.md``). The control plane
+(health checks, ``/server_info``, aborts) uses ``httpx`` (:attr:`Proxy.client`).
 
 Failure classes matter to the caller: :class:`UpstreamUnavailable` means the worker never saw the
 request (connection refused / connect timeout), so it is safe to retry on another worker;
@@ -137,8 +136,7 @@ async def until_disconnect(scope: Scope, receive: Receive, work: Awaitable[T]) -
 
     ``work`` runs in the calling task. Under the router's own server the connection's
     :class:`~router.transport.http_server.DisconnectHook` (in ``scope["extensions"]``) cancels the
-    caller
-    when the connection is lost: no second task. Under any other ASGI server a watcher task
+    caller when the connection is lost: no second task. Under any other ASGI server a watcher task
     waits on ``receive``, which must be the raw ASGI receive whose request body was already
     consumed, so that the next message it yields is ``http.disconnect``.
     """

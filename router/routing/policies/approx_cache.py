@@ -2,8 +2,7 @@
 
 The router remembers, per slot, the page keys of the prompts it sent there
 (:class:`router.routing.routed_prefixes.RoutedPrefixes`, an LRU bounded at ``max_pages_per_slot``:
-an
-approximation of the slot's cache, with no eviction signal).
+an approximation of the slot's cache, with no eviction signal).
 
 Rule (per request): if the load is imbalanced (``max - min > balance_abs`` and
 ``max > balance_rel * min``) -> least load; else the slot with the longest match if that match

@@ -6,8 +6,7 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``. A
   prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
   (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
-  model
-  already puts the new request behind it, while KV events arrive only after the batch;
+  model already puts the new request behind it, while KV events arrive only after the batch;
 - fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``);
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only

@@ -1,6 +1,5 @@
 """Fast paths of ``router/keying/tokenize.py``: the text -> ids memo, the C-loop token-id check,
-and the
-backend encode, each equal to the plain path (or not used)."""
+and the backend encode, each equal to the plain path (or not used)."""
 
 from __future__ import annotations
 
