@@ -307,9 +307,9 @@ def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def versus_baseline(rows: list[dict[str, Any]], base: str) -> dict[str, Any]:
-    """Ours against the baseline revision of the same run: our mean added median and CPU per
-    request against the spread of the baseline's own rounds (within = not above its worst
-    round)."""
+    """Ours against the baseline revision of the same run: the difference of the means of the
+    added median and of CPU per request, against the baseline's own round-to-round spread
+    (max - min of its rounds): within = the change is no larger than that noise, or a gain."""
     lines, within = [], True
     for r in (r for r in rows if r["router"] == "radix-global"):
         b = next(x for x in rows if x["router"] == base and x["input"] == r["input"]
@@ -318,12 +318,13 @@ def versus_baseline(rows: list[dict[str, Any]], base: str) -> dict[str, Any]:
                                    ("cpu/request", "cpu_ms_per_request",
                                     "rounds_cpu_ms_per_request")):
             lo, hi = min(b[rounds]), max(b[rounds])
-            ok = r[key] <= hi
+            change = r[key] - b[key]
+            ok = change <= hi - lo
             within = within and ok
             lines.append(f"vs {base} {r['input']}@{r['concurrency']} {label}: ours {r[key]:.3f} "
                          f"(rounds {min(r[rounds]):.3f}-{max(r[rounds]):.3f}), baseline "
-                         f"{b[key]:.3f} (rounds {lo:.3f}-{hi:.3f}): "
-                         f"{'within' if ok else 'ABOVE'} its spread")
+                         f"{b[key]:.3f} (rounds {lo:.3f}-{hi:.3f}): change {change:+.3f} vs "
+                         f"spread {hi - lo:.3f}: {'within' if ok else 'ABOVE'}")
     lines.append(f"vs {base}: {'within' if within else 'NOT within'} the baseline's round spread")
     return {"within": within, "lines": lines}
 
