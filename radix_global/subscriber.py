@@ -8,8 +8,9 @@ Contract (``docs/interfaces.md`` sections 2 and 5):
 * On joining, the publisher's replay buffer is applied from seq 0 (catch-up: the engine may have
   cached pages before we subscribed). Per publisher, seq must then be the previous one + 1. On a
   gap (including a first live message after seq 0) the missing batches are asked from
-  ``kv_events_replay_endpoint`` (DEALER to the engine's ROUTER: send the start seq as 8 bytes
-  big-endian, receive ``(topic, seq, payload)`` - or ``(seq, payload)`` from vLLM - until seq -1).
+  ``kv_events_replay_endpoint`` (``radix_global/replay.py``: DEALER to the engine's ROUTER:
+  send the start seq as 8 bytes big-endian, receive ``(topic, seq, payload)`` - or ``(seq,
+  payload)`` from vLLM - until seq -1).
   Without a replay endpoint, or when the replay times out or does not cover the gap, the worker's
   index entries are dropped and the index resyncs from live events. A seq that goes backwards
   (back to 0, or below what we applied when that seq 0 was missed) and is not a live copy of a
@@ -51,11 +52,11 @@ import zmq.asyncio
 from radix_global.events import EngineKind, EventDecoder
 from radix_global.ops import IndexOp, IndexRefusal, MalformedEventError
 from radix_global.registration import WorkerInfo
+from radix_global.replay import request_replay
 from radix_global.types import HolderId, Namespace, PoolId, WorkerId
 
 log = logging.getLogger(__name__)
 
-END_SEQ = -1
 MAX_SEQ = 2**63 - 1  # publishers count in int64 and -1 ends a replay: a bigger seq is bogus
 
 
@@ -389,7 +390,7 @@ class KVEventSubscriber:
         arriving meanwhile wait in the SUB socket and are skipped as duplicates."""
         assert pub.replay_endpoint is not None
         self._counts["replays"] += 1
-        batches = await self._request_replay(pub.replay_endpoint, 0)
+        batches = await request_replay(self._ctx, pub.replay_endpoint, 0, self.replay_timeout_s)
         if batches is None:
             self._counts["replay_failures"] += 1
             return
@@ -407,7 +408,8 @@ class KVEventSubscriber:
             return False
         start = 0 if pub.last_seq is None else pub.last_seq + 1
         self._counts["replays"] += 1
-        batches = await self._request_replay(pub.replay_endpoint, start)
+        batches = await request_replay(self._ctx, pub.replay_endpoint, start,
+                                       self.replay_timeout_s)
         if batches is None:
             self._counts["replay_failures"] += 1
             return False
@@ -424,44 +426,3 @@ class KVEventSubscriber:
         if not covered:
             self._counts["replay_failures"] += 1
         return covered
-
-    async def _request_replay(self, endpoint: str, start: int) -> list[tuple[int, bytes]] | None:
-        """The publisher's batches from ``start`` on; None when the replay failed (never raises:
-        a failed replay is a gap that resyncs, not a message left unhandled)."""
-        try:
-            sock = self._ctx.socket(zmq.DEALER)
-        except zmq.ZMQError as exc:
-            log.warning("replay from %r: no socket: %s", endpoint[:200], exc)
-            return None
-        try:
-            sock.connect(endpoint)
-        except zmq.ZMQError as exc:
-            sock.close(linger=0)
-            log.warning("replay from %r: cannot connect: %s", endpoint[:200], exc)
-            return None
-        out: list[tuple[int, bytes]] = []
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.replay_timeout_s
-        try:
-            await sock.send_multipart([b"", start.to_bytes(8, "big")])
-            while True:
-                left = deadline - loop.time()
-                if left <= 0:
-                    raise TimeoutError
-                frames = await asyncio.wait_for(sock.recv_multipart(), left)
-                if frames and frames[0] == b"":
-                    frames = frames[1:]
-                if len(frames) not in (2, 3) or len(frames[-2]) != 8:
-                    return None
-                s = int.from_bytes(frames[-2], "big", signed=True)
-                if s == END_SEQ:
-                    return out
-                if s < 0:
-                    log.warning("replay from %s sent seq %d: refused", endpoint, s)
-                    return None
-                out.append((s, frames[-1]))
-        except (TimeoutError, zmq.ZMQError) as exc:
-            log.warning("replay from %s (start %d) failed: %r", endpoint, start, exc)
-            return None
-        finally:
-            sock.close(linger=0)
