@@ -60,6 +60,36 @@ def test_shared_tenant_cannot_read_an_isolated_tenants_pages(tenants_router):
         assert r.status_code == 400
 
 
+def test_no_client_field_reaches_another_tenants_namespace(tenants_router):
+    """Every field a client controls (salt, rid, model/adapter names, lora_path, headers) on a
+    shared tenant's request for a prompt only acme has sent: no prediction, no engine request
+    under acme's salt, and the same response headers as a request for a prompt nobody has
+    sent. Each try uses its own prompt, so a hit could only be acme's."""
+    peer, router = tenants_router
+    acme = {"Authorization": "Bearer k-acme"}
+    pub = {"Authorization": "Bearer k-pub"}
+    tries = [({"cache_salt": "tenant:acme"}, {}), ({"rid": "tenant:acme"}, {}),
+             ({"model": "tiny:tenant:acme"}, {}), ({"lora_path": "tenant:acme"}, {}),
+             ({}, {"x-tenant": "acme", "x-forwarded-for": "127.0.0.1",
+                   "x-request-id": "tenant:acme"}),
+             ({}, {"Authorization": "Bearer k-pub, Bearer k-acme"})]
+    with router.client() as c:
+        fresh = c.post("/v1/completions", json={"model": "tiny", "prompt": "w7 " * 40},
+                       headers=pub)
+        for i, (extra, headers) in enumerate(tries):
+            body = {"model": "tiny", "prompt": " ".join(f"w{(i * 7 + k) % 200}"
+                                                         for k in range(40))}
+            for _ in range(2):
+                assert c.post("/v1/completions", json=body, headers=acme).status_code == 200
+            r = c.post("/v1/completions", json={**body, **extra}, headers={**pub, **headers})
+            if r.status_code != 200:  # refused outright (an unknown adapter, a bad key)
+                assert r.status_code in (400, 401, 404), (extra, headers, r.text)
+                continue
+            assert r.headers["x-radix-prefix-tokens"] == "0", (extra, headers)
+            assert peer.requests[-1][1].get("cache_salt") != "tenant:acme", (extra, headers)
+            assert set(r.headers) == set(fresh.headers), (extra, headers)
+
+
 def test_tenant_names_with_a_slash_are_refused(tmp_path):
     from router.keying.tenants import TenantError, Tenants
 
