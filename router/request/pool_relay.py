@@ -25,7 +25,7 @@ from router.request.route import Routed
 from router.routing.contract import WorkerState
 from router.state import RouterState
 from router.transport.bodies import last_sse_event
-from router.transport.errors import ErrorType, send_error, sse_error
+from router.transport.errors import ErrorType, send_error, send_failure, sse_error
 from router.transport.proxy import ClientGone, until_disconnect
 
 log = logging.getLogger("radix_global.router.pd")
@@ -62,11 +62,7 @@ class PoolForward:
             log.exception("pool hand-off of %s failed", self.inbound.req.request_id)
             if not self.started:
                 self.status_code = 500
-                await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
-            else:
-                await send({"type": "http.response.body", "more_body": False,
-                            "body": sse_error(f"router error: {exc!r}") if self.inbound.stream
-                            else b""})
+            await send_failure(send, self.started, self.inbound.stream, exc)
 
     async def _abort(self) -> None:
         proxy, inbound = self.state.proxy, self.inbound

@@ -26,7 +26,7 @@ from router.request.native_pd import PrefillHalf
 from router.request.route import Routed, route
 from router.state import RouterState
 from router.transport.bodies import encode_with, json_or_none, last_sse_event
-from router.transport.errors import ErrorType, send_error, sse_error
+from router.transport.errors import ErrorType, send_error, send_failure, sse_error
 from router.transport.proxy import (
     ClientGone,
     UpstreamFailed,
@@ -158,11 +158,7 @@ class Forward:
             self._finish(False)
             if not self.started:
                 self.status_code = 500
-                await send_error(send, 500, f"router error: {exc!r}", ErrorType.INTERNAL)
-            else:
-                await send({"type": "http.response.body", "more_body": False,
-                            "body": sse_error(f"router error: {exc!r}") if self.inbound.stream
-                            else b""})
+            await send_failure(send, self.started, self.inbound.stream, exc)
 
     def _body_for(self, entry: WorkerEntry, rid: str, pd: dict[str, Any] | None = None,
                   dp_rank: int | None = None) -> bytes:

@@ -48,6 +48,18 @@ async def send_error(send: Send, status: int, message: str,
     await send({"type": "http.response.body", "body": body, "more_body": False})
 
 
+async def send_failure(send: Send, started: bool, stream: bool, exc: BaseException) -> None:
+    """A router failure inside forwarding as a clean answer, never an empty reply: a 500
+    before the answer's head was sent (``started`` False), else the end of the answer (an error
+    event first when streaming)."""
+    message = f"router error: {exc!r}"
+    if not started:
+        await send_error(send, 500, message, ErrorType.INTERNAL)
+    else:
+        await send({"type": "http.response.body", "more_body": False,
+                    "body": sse_error(message) if stream else b""})
+
+
 def sse_error(message: str, code: int = 502) -> bytes:
     """An error event, then ``[DONE]``, so clients end a broken stream cleanly."""
     return b"data: " + error_body(code, message, ErrorType.UPSTREAM) + b"\n\ndata: [DONE]\n\n"
