@@ -83,6 +83,11 @@ class PoolForward:
 
     async def _run(self, send: Send) -> None:
         st, d, inbound = self.state, self.routed.decision, self.inbound
+        if inbound.batch is not None:  # one decode stream per hand-off: a batch has many
+            self.status_code = 400
+            await send_error(send, 400, "the pool hand-off takes one prompt per request; send "
+                             "the batch's prompts as separate requests")
+            return
         try:
             prefill, decodes = self._slots()
         except PdFailed as exc:
