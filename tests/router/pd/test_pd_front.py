@@ -243,7 +243,7 @@ def test_a_body_the_hand_off_cannot_take_is_a_400(pd_cluster):
 
 
 def test_a_batch_is_refused_by_the_pool_hand_off_with_a_reason(pd_cluster):
-    router, prefill, decodes, _ = pd_cluster()
+    router, prefill, _, _ = pd_cluster()
     with router.client() as c:
         r = c.post("/generate", json={"input_ids": [[1, 2, 3], [4, 5, 6]]})
         assert r.status_code == 400 and "one prompt per request" in r.text
