@@ -191,6 +191,25 @@ def test_disagreement_is_flagged_not_silent(upstreams, router_factory):
         assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
 
 
+def test_metrics_are_read_not_written_by_a_scrape(upstreams, router_factory):
+    """``router_key_mismatch`` is what the counters say whenever the registry is collected: no
+    diagnostics call (which a /metrics read used to make, writing gauges) is needed first, and
+    scraping twice gives the same answer."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", mismatch_min_requests=3)
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ids = list(range(10, 42))
+    _index_prompt(router, wid, ids)
+    with router.client() as c:
+        peer.cached_tokens = 0
+        for _ in range(3):
+            c.post("/generate", json={"input_ids": ids})
+    rendered = router.state.metrics.render().decode()  # a collector's read, not /metrics
+    assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in rendered
+    assert router.state.metrics.render().decode().count("router_key_mismatch{") == 1
+
+
 def test_agreement_is_not_flagged(upstreams, router_factory):
     """Control for the test above: the same flow with engine hits raises no finding."""
     peer, server = upstreams()
