@@ -144,12 +144,9 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         return error_response(401, str(exc), ErrorType.AUTHENTICATION)
     except ValueError as exc:  # a client salt or rid the router will not take (ClientRidError)
         return error_response(400, str(exc))
-    namespace = state.registry.models().get(ref.model)  # before the awaits: a worker may leave
-    if namespace is None:
-        return error_response(503, f"no healthy worker for model {ref.model!r}",
-                              ErrorType.UNAVAILABLE)
-    keyed = await _keyed(state, entries[0], payload, body, kind, ref, Namespace(namespace), salt,
-                         tenant.name)
+    # Read before the awaits below (a worker may leave meanwhile); one model, one namespace.
+    keyed = await _keyed(state, entries[0], payload, body, kind, ref,
+                         Namespace(entries[0].info.namespace), salt, tenant.name)
     if isinstance(keyed, Response):
         return keyed
     req, ids = keyed
