@@ -9,7 +9,9 @@ hides "cannot be followed".
 
 from __future__ import annotations
 
+import ipaddress
 import re
+from urllib.parse import urlsplit
 
 # A host to connect to: a name, an IPv4 address or an IPv6 one (bracketed or not). Not "*": that
 # is a bind address (SGLang's default ``tcp://*:5557``), which ZMQ cannot connect to.
@@ -40,3 +42,28 @@ def endpoint_problem(endpoint: str, ranks: int = 1) -> str | None:
             return f"ipc path (with its _dp<rank> suffix) longer than {IPC_PATH_MAX} bytes"
         return None
     return "must be tcp://HOST:PORT, ipc://PATH or inproc://NAME"
+
+
+_HOST_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "*"})
+
+
+def is_host_local(address: str) -> bool:
+    """Whether ``address`` (an ``http(s)://`` URL or a ZMQ endpoint) can be reached only from the
+    host that names it: a loopback or wildcard host, or an ``ipc://`` / ``inproc://`` socket.
+    Such an address is fine from a worker on the router's own host, and useless from any other
+    (``docs/interfaces.md`` section 12)."""
+    if address.startswith(("ipc://", "inproc://")):
+        return True
+    try:
+        host = urlsplit(address).hostname
+    except ValueError:
+        return False  # unparseable: endpoint_problem / the URL check say why
+    if host is None:
+        return False
+    if host.lower() in _HOST_LOCAL_NAMES or host.lower().endswith(".localhost"):
+        return True
+    try:
+        ip = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # a name: only its resolver knows, and it may well be remote
+    return ip.is_loopback or ip.is_unspecified

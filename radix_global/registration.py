@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import msgspec
 
-from radix_global.endpoints import endpoint_problem
+from radix_global.endpoints import endpoint_problem, is_host_local
 from radix_global.types import Role
 
 
@@ -91,6 +91,19 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             problem = None if endpoint is None else endpoint_problem(endpoint, ranks)
             if problem is not None:  # refused here: "registered" must mean "can be followed"
                 raise RegistrationError(f"{name} {endpoint!r}: {problem}")
+
+
+def check_reachable_from_afar(info: WorkerInfo) -> None:
+    """For a registration that came from another host: refuse a URL or endpoint only the
+    worker's own host can reach (loopback, wildcard, ipc), which the receiver would try on its
+    own host instead (``docs/interfaces.md`` section 12)."""
+    for name in _URL_FIELDS:
+        value = getattr(info, name)
+        if value is not None and is_host_local(value):
+            raise RegistrationError(
+                f"{name} {value!r} is reachable only on the worker's own host, and this "
+                "registration came from another host: start the worker with --advertise-host "
+                "<an address of its host that this one can reach>")
 
 
 def decode_worker_info(data: bytes | str) -> WorkerInfo:

@@ -31,7 +31,11 @@ from radix_global.ops import (
 )
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
-from radix_global.registration import RegistrationError, decode_worker_info
+from radix_global.registration import (
+    RegistrationError,
+    check_reachable_from_afar,
+    decode_worker_info,
+)
 from radix_global.service_state import ServiceState, new_index, restore_index
 from radix_global.shards import stats_dict
 from radix_global.snapshot import (
@@ -131,6 +135,8 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
     async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
         async def register() -> pb.RegisterReply:
             info = decode_worker_info(request.worker_info_json)
+            if not is_loopback_peer(context.peer()):
+                check_reachable_from_afar(info)
             return pb.RegisterReply(worker_id=info.worker_id,
                                     subscribed=await self._state.register(info))
         return await self._call(context, register, admin=True)

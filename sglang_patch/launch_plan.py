@@ -3,7 +3,10 @@
 Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 
 ``--radix-global URL``       router/index to join (omit: standalone worker with the pool only)
-``--worker-id ID``           default ``sgl-<host>-<port>``
+``--advertise-host ADDR``    the address other hosts reach this worker at (default ``--host``
+                             unless it is a wildcard, which then needs this flag): the event
+                             endpoints bind it and the registration names it
+``--worker-id ID``           default ``sgl-<advertise host>-<port>``
 ``--admin-token TOKEN``      default env ``RADIX_GLOBAL_ADMIN_TOKEN``
 ``--role mixed|prefill|decode``  registered role. With ``--disaggregation-mode prefill|decode`` it
                              must agree with it (SGLang's native PD). Without one, ``prefill`` /
@@ -17,10 +20,11 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
 --hicache-write-policy write_through --hicache-storage-backend dynamic
---hicache-storage-backend-extra-config {...}``), KV events (``--kv-events-config`` with a loopback
-ZMQ publisher and replay socket), and on ``--device cpu`` the HiCache settings that work there
-(``--hicache-io-backend direct --hicache-mem-layout layer_first``). A user flag that contradicts
-one of these is a :class:`LaunchError` naming it; a compatible one is kept.
+--hicache-storage-backend-extra-config {...}``), KV events (``--kv-events-config`` with a ZMQ
+publisher and replay socket on the advertised address), and on ``--device cpu`` the HiCache
+settings that work there (``--hicache-io-backend direct --hicache-mem-layout layer_first``).
+A user flag that contradicts one of these is a :class:`LaunchError` naming it; a compatible one
+is kept.
 """
 
 from __future__ import annotations
@@ -50,6 +54,7 @@ class LaunchError(ValueError):
 @dataclass(frozen=True)
 class OurFlags:
     radix_global: str | None
+    advertise_host: str | None
     worker_id: str | None
     admin_token: str | None
     role: Role | None
@@ -67,7 +72,8 @@ class LaunchPlan:
     sglang_argv: list[str]  # arguments for ``python -m sglang.launch_server``
     flags: OurFlags
     device: str
-    host: str
+    host: str  # what the HTTP server binds (--host)
+    advertise_host: str  # what other hosts connect to
     port: int
     role: Role
     model_path: str
@@ -76,13 +82,21 @@ class LaunchPlan:
     pool_events_endpoint: str | None
     backend_config: dict[str, object] = field(default_factory=dict)
 
+    @property
+    def url(self) -> str:
+        """The HTTP base URL other hosts (and the supervisor) reach the server at."""
+        return f"http://{host_port(self.advertise_host, self.port)}"
+
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radix-global sglang", add_help=False,
                                 description="SGLang server that joins radix-global")
     p.add_argument("--radix-global", default=None, metavar="URL",
                    help="router/index to register with (omit: standalone, pool only)")
-    p.add_argument("--worker-id", default=None, help="default sgl-<host>-<port>")
+    p.add_argument("--advertise-host", default=None, metavar="ADDR",
+                   help="address other hosts reach this worker at (default: --host unless "
+                        "it is a wildcard such as 0.0.0.0, which then needs this flag)")
+    p.add_argument("--worker-id", default=None, help="default sgl-<advertise host>-<port>")
     p.add_argument("--admin-token", default=None, help="default $RADIX_GLOBAL_ADMIN_TOKEN")
     p.add_argument("--role", choices=[r.value for r in Role], default=None,
                    help="registered role; must match --disaggregation-mode if that is given; "
@@ -107,6 +121,34 @@ def flag_value(argv: Sequence[str], name: str) -> str | None:
         elif arg.startswith(name + "="):
             value = arg.split("=", 1)[1]
     return value
+
+
+WILDCARD_HOSTS = frozenset({"0.0.0.0", "::", "*", "[::]"})
+
+
+def host_port(host: str, port: int) -> str:
+    """``host:port`` for a URL or a ZMQ tcp endpoint (an IPv6 address in brackets)."""
+    return f"[{host}]:{port}" if ":" in host and not host.startswith("[") else f"{host}:{port}"
+
+
+def advertised_host(host: str | None, advertise: str | None) -> str:
+    """The address the worker is reached at: ``advertise`` or else ``host`` (SGLang's default
+    127.0.0.1). A wildcard ``host`` names no address to reach, and a specific ``host`` other than
+    ``advertise`` would not be listening there: both are a :class:`LaunchError`."""
+    bind = host or "127.0.0.1"
+    if advertise is None:
+        if bind in WILDCARD_HOSTS:
+            raise LaunchError(f"--host {bind} listens on every interface but names none to "
+                              "register: add --advertise-host ADDR (the address other hosts "
+                              "reach this one at)")
+        return bind
+    if not advertise or advertise in WILDCARD_HOSTS or not advertise.isprintable():
+        raise LaunchError(f"--advertise-host {advertise!r} is not an address to connect to")
+    if bind not in WILDCARD_HOSTS and bind.strip("[]") != advertise.strip("[]"):
+        raise LaunchError(f"--advertise-host {advertise} but --host {bind}: the server would "
+                          f"not listen at the advertised address; use --host {advertise} or "
+                          "--host 0.0.0.0")
+    return advertise
 
 
 def has_flag(argv: Sequence[str], name: str) -> bool:
@@ -165,10 +207,12 @@ def _ephemeral_low() -> int:
 def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                default_namespace: str | None = None) -> LaunchPlan:
     """Split ``argv`` into ours and SGLang's, check them, and add the flags that join the cluster.
-    ``ports`` (kv events, replay, pool events) default to free loopback ports; the namespace is
+    ``ports`` (kv events, replay, pool events) default to ports free on the advertised address
+    (``--advertise-host``, else ``--host``), which the endpoints bind; the namespace is
     ``--namespace`` or else ``default_namespace`` (the caller hashes the model folder)."""
     ours_ns, rest = parser().parse_known_args(list(argv))
-    ours = OurFlags(ours_ns.radix_global, ours_ns.worker_id, ours_ns.admin_token,
+    ours = OurFlags(ours_ns.radix_global, ours_ns.advertise_host, ours_ns.worker_id,
+                    ours_ns.admin_token,
                     Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
                     ours_ns.pool_id, ours_ns.pool_capacity_gb, ours_ns.pool_root,
                     ours_ns.heartbeat_interval)
@@ -181,16 +225,24 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     role = registered_role(ours.role, mode)
     _refuse_conflicts(rest)
     device = flag_value(rest, "--device") or "cuda"
-    kv_port, replay_port, pool_port = ports or (free_port(), free_port(), free_port())
+    host = flag_value(rest, "--host") or "127.0.0.1"
+    advertise = advertised_host(host, ours.advertise_host)
+    bind = advertise.strip("[]")
+    try:
+        kv_port, replay_port, pool_port = ports or (free_port(bind), free_port(bind),
+                                                    free_port(bind))
+    except OSError as exc:
+        raise LaunchError(f"cannot bind the event endpoints on {advertise}: {exc} (is it an "
+                          "address of this host?)") from exc
     kv_ep = replay_ep = None
     args = list(rest)
     if ours.radix_global:
-        kv_ep = f"tcp://127.0.0.1:{kv_port}"
-        replay_ep = f"tcp://127.0.0.1:{replay_port}"
+        kv_ep = f"tcp://{host_port(advertise, kv_port)}"
+        replay_ep = f"tcp://{host_port(advertise, replay_port)}"
         args += ["--kv-events-config", json.dumps({
             "publisher": "zmq", "endpoint": kv_ep, "bind": True, "topic": "kv-events",
             "replay_endpoint": replay_ep})]
-    pool_ep = f"tcp://127.0.0.1:{pool_port}" if ours.radix_global else None
+    pool_ep = f"tcp://{host_port(advertise, pool_port)}" if ours.radix_global else None
     backend: dict[str, object] = dict(BACKEND)
     user_extra = flag_value(rest, "--hicache-storage-backend-extra-config")
     if user_extra:
@@ -228,7 +280,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
             args += ["--hicache-mem-layout", "layer_first"]
     args += ["--hicache-storage-backend", "dynamic"]
     args += ["--hicache-storage-backend-extra-config", json.dumps(backend)]
-    return LaunchPlan(args, ours, device, flag_value(rest, "--host") or "127.0.0.1",
+    return LaunchPlan(args, ours, device, host, advertise,
                       int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
                       replay_ep, pool_ep, backend)
 
@@ -253,7 +305,7 @@ def _refuse_conflicts(rest: Sequence[str]) -> None:
                           "backend (its shared pool); remove the flag")
     if has_flag(rest, "--kv-events-config"):
         raise LaunchError("--kv-events-config: radix-global configures the KV-event publisher "
-                          "itself (loopback ZMQ, replay socket); remove the flag")
+                          "itself (ZMQ on the advertised address, replay socket); remove the flag")
     policy = flag_value(rest, "--hicache-write-policy")
     if policy is not None and policy != "write_through":
         raise LaunchError(f"--hicache-write-policy {policy}: the global cache needs "

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import importlib.metadata
 import importlib.util
+import ipaddress
 import logging
 import os
 import signal
@@ -65,10 +66,25 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
         # Importing registers their patches for SGLang's spawned scheduler (see cpu_compat).
         from sglang_patch import hicache_cpu, lora_cpu, pd_cpu  # noqa: F401
 
-        return cpu_compat.child_env()
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+        env = cpu_compat.child_env()
+    else:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    # SGLang's PD listeners (KV manager, Mooncake) announce an address of this host to their
+    # peers; its own guess is the first interface's, which on a multi-homed host may not be the
+    # advertised one. A loopback advertisement is a single-host set-up: SGLang's guess stays.
+    address = _ip(plan.advertise_host.strip("[]"))
+    if (address is not None and not address.is_loopback and "SGLANG_HOST_IP" not in env
+            and "HOST_IP" not in env):
+        env["SGLANG_HOST_IP"] = str(address)
     return env
+
+
+def _ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address | None:
+    try:
+        return ipaddress.ip_address(text)
+    except ValueError:
+        return None
 
 
 def wait_ready(proc: subprocess.Popen[bytes], base: str, timeout_s: float) -> dict[str, Any]:
@@ -96,13 +112,12 @@ def cpu_compute_domain(cpus: set[int] | None = None) -> str:
 
 
 def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> WorkerInfo:
-    base = f"http://{plan.host}:{plan.port}"
     bootstrap = server.get("disaggregation_bootstrap_port")
     # A pool hand-off prefill worker (--role prefill alone) runs no bootstrap server.
     native_prefill = flag_value(plan.sglang_argv, "--disaggregation-mode") == "prefill"
     return WorkerInfo(
-        worker_id=plan.flags.worker_id or f"sgl-{plan.host}-{plan.port}",
-        url=base,
+        worker_id=plan.flags.worker_id or f"sgl-{plan.advertise_host.strip('[]')}-{plan.port}",
+        url=plan.url,
         model=str(server.get("served_model_name") or plan.model_path),
         namespace=namespace,
         page_size=int(server.get("page_size") or 1),
@@ -162,7 +177,7 @@ def run(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        server = wait_ready(proc, f"http://{plan.host}:{plan.port}",
+        server = wait_ready(proc, plan.url,
                             float(os.environ.get(READY_TIMEOUT_ENV, "900")))
         namespace = str(plan.backend_config.get("namespace") or default_ns)
         info = worker_info(plan, server, namespace)

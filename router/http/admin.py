@@ -13,7 +13,11 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from radix_global.registration import RegistrationError, decode_worker_info
+from radix_global.registration import (
+    RegistrationError,
+    check_reachable_from_afar,
+    decode_worker_info,
+)
 from router.cluster.registry import RegistryError, Source, WorkerEntry
 from router.request.handler import read_body
 from router.state import RouterState, key_mismatch
@@ -32,13 +36,16 @@ def _proxied(request: Request) -> bool:
     return any(k in _FORWARDING or k.startswith("x-forwarded-") for k in request.headers)
 
 
+def _from_this_host(request: Request) -> bool:
+    return request.client is not None and request.client.host in _LOOPBACK
+
+
 def _authorized(state: RouterState, request: Request) -> bool:
     token = state.config.resolved_admin_token()
     if token is None:
         # Without a token: loopback peers only, and not through a reverse proxy on this host
         # (the server does not rewrite the peer from forwarding headers: it would be loopback).
-        return (request.client is not None and request.client.host in _LOOPBACK
-                and not _proxied(request))
+        return _from_this_host(request) and not _proxied(request)
     given = request.headers.get("authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
@@ -109,6 +116,8 @@ def admin_routes(state: RouterState) -> list[Route]:
             return error_response(413, f"registration larger than {ADMIN_BODY_MAX_BYTES} bytes")
         try:
             info = decode_worker_info(body)
+            if not _from_this_host(request):
+                check_reachable_from_afar(info)
         except RegistrationError as exc:
             return error_response(400, f"bad registration: {exc}")
         entry = state.registry.add(info, Source.REGISTERED, state.clock())

@@ -199,3 +199,50 @@ def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports(monkeypatc
     finally:
         for s in held:
             s.close()
+
+
+def test_advertised_host_is_bound_and_registered():
+    from sglang_patch.launch_server import server_env, worker_info
+
+    argv = [*BASE, "--host", "0.0.0.0", "--advertise-host", "10.77.0.2",
+            "--radix-global", "http://10.77.0.4:9000"]
+    plan = build_plan(argv, ports=(5001, 5002, 5003))
+    events = json.loads(flag_value(plan.sglang_argv, "--kv-events-config"))
+    assert events["endpoint"] == "tcp://10.77.0.2:5001"
+    assert events["replay_endpoint"] == "tcp://10.77.0.2:5002"
+    assert extra_config(plan)["pool_events_endpoint"] == "tcp://10.77.0.2:5003"
+    assert flag_value(plan.sglang_argv, "--host") == "0.0.0.0"  # SGLang still listens on all
+    info = worker_info(plan, {"page_size": 4, "served_model_name": "m"}, "m@1")
+    assert info.url == "http://10.77.0.2:31000" and info.worker_id == "sgl-10.77.0.2-31000"
+    assert server_env(plan)["SGLANG_HOST_IP"] == "10.77.0.2"
+    # a loopback worker keeps SGLang's own guess of its PD address
+    assert "SGLANG_HOST_IP" not in server_env(build_plan(BASE, ports=(1, 2, 3)))
+
+
+def test_specific_host_is_advertised_by_default_and_ipv6_is_bracketed():
+    plan = build_plan([*BASE, "--host", "10.77.0.3", "--radix-global", "http://r:1"],
+                      ports=(5001, 5002, 5003))
+    assert plan.url == "http://10.77.0.3:31000"
+    assert plan.kv_events_endpoint == "tcp://10.77.0.3:5001"
+    v6 = build_plan([*BASE, "--host", "::", "--advertise-host", "fd00::2",
+                     "--radix-global", "http://r:1"], ports=(5001, 5002, 5003))
+    assert v6.url == "http://[fd00::2]:31000" and v6.kv_events_endpoint == "tcp://[fd00::2]:5001"
+
+
+@pytest.mark.parametrize("argv, match", [
+    (["--host", "0.0.0.0"], "add --advertise-host"),
+    (["--host", "::"], "add --advertise-host"),
+    (["--host", "127.0.0.1", "--advertise-host", "10.77.0.2"], "would not listen"),
+    (["--host", "0.0.0.0", "--advertise-host", "0.0.0.0"], "not an address"),
+    (["--advertise-host", "10.77.0.2"], "would not listen"),  # --host defaults to 127.0.0.1
+])
+def test_unreachable_advertisements_are_refused(argv, match):
+    with pytest.raises(LaunchError, match=match):
+        build_plan([*BASE, *argv, "--radix-global", "http://r:1"], ports=(1, 2, 3))
+
+
+def test_an_advertised_address_not_of_this_host_is_refused_when_ports_are_chosen():
+    # 192.0.2.0/24 is TEST-NET-1: never an address of this machine, so nothing can bind it
+    with pytest.raises(LaunchError, match=r"cannot bind the event endpoints on 192\.0\.2\.7"):
+        build_plan([*BASE, "--host", "0.0.0.0", "--advertise-host", "192.0.2.7",
+                    "--radix-global", "http://r:1"])

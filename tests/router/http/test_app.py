@@ -341,3 +341,36 @@ def test_native_pd_decode_refusal_blames_the_decode_worker_and_retries(upstreams
     assert rid.removesuffix("-pd1") + "-prefill" in prefill.aborted  # first attempt's prefill
     ids = {e.worker_id for e in router.state.registry.all()}
     assert pre in ids and dead not in ids
+
+
+def test_registration_from_another_host_must_name_addresses_reachable_from_here(tokenizer_dir):
+    """A worker on another host that registers loopback (or ipc) addresses would have the router
+    subscribe to the router's own loopback: refused with the flag that fixes it."""
+    import asyncio
+
+    from radix_global.registration import WorkerInfo, encode_worker_info
+    from router.config import RouterConfig
+    from router.http.app import build_app
+    from router.state import RouterState
+
+    def record(host: str, events: str) -> bytes:
+        return encode_worker_info(WorkerInfo(
+            worker_id=f"w-{host}", url=f"http://{host}:30000", model="tiny", namespace="tiny@1",
+            page_size=4, kv_events_endpoint=events))
+
+    async def post(peer: str, body: bytes) -> httpx.Response:
+        state = RouterState(RouterConfig(admin_token="t", model_path=tokenizer_dir))
+        transport = httpx.ASGITransport(build_app(state), client=(peer, 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
+            return await c.post("/admin/workers", content=body,
+                                headers={"Authorization": "Bearer t"})
+
+    remote = "10.77.0.9"
+    for host, events in [("127.0.0.1", f"tcp://{remote}:5557"), (remote, "tcp://127.0.0.1:5557"),
+                         (remote, "ipc:///tmp/ev"), (remote, "tcp://localhost:5557")]:
+        r = asyncio.run(post(remote, record(host, events)))
+        assert r.status_code == 400 and "--advertise-host" in r.text, (host, events, r.text)
+    assert asyncio.run(post(remote, record(remote, f"tcp://{remote}:5557"))).status_code == 201
+    # the single-host deployment: loopback addresses from a loopback peer
+    assert asyncio.run(post("127.0.0.1", record("127.0.0.1", "tcp://127.0.0.1:5557"))
+                       ).status_code == 201

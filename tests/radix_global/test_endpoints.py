@@ -1,0 +1,39 @@
+"""Which addresses only the worker's own host can reach (``radix_global/endpoints.py``)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radix_global.endpoints import is_host_local
+from radix_global.registration import RegistrationError, WorkerInfo, check_reachable_from_afar
+
+
+@pytest.mark.parametrize("address", [
+    "http://127.0.0.1:30000", "http://127.8.9.1:1", "http://[::1]:30000", "http://localhost:1",
+    "http://0.0.0.0:30000", "tcp://*:5557", "tcp://0.0.0.0:5557", "tcp://[::]:5557",
+    "tcp://127.0.0.1:5557", "ipc:///tmp/kv", "inproc://kv", "http://LOCALHOST:1",
+    "http://app.localhost:1",
+])
+def test_host_local(address):
+    assert is_host_local(address)
+
+
+@pytest.mark.parametrize("address", [
+    "http://10.77.0.2:30000", "tcp://10.77.0.2:5557", "tcp://[fd00::2]:5557",
+    "http://worker-3.cluster.internal:30000", "tcp://192.168.1.4:1", "not a url",
+])
+def test_reachable_from_elsewhere(address):
+    assert not is_host_local(address)
+
+
+def test_a_remote_registration_names_the_field_and_the_fix():
+    def info(**kw: str) -> WorkerInfo:
+        return WorkerInfo(worker_id="w", url=kw.get("url", "http://10.0.0.2:1"), model="m",
+                          namespace="m@1", page_size=4,
+                          kv_events_replay_endpoint=kw.get("replay"))
+
+    check_reachable_from_afar(info())
+    with pytest.raises(RegistrationError, match=r"kv_events_replay_endpoint.*--advertise-host"):
+        check_reachable_from_afar(info(replay="tcp://127.0.0.1:5558"))
+    with pytest.raises(RegistrationError, match="url"):
+        check_reachable_from_afar(info(url="http://0.0.0.0:1"))
