@@ -76,7 +76,8 @@ class RouterState:
         self.health = HealthMonitor(self.registry, config.health_config(), self.proxy.client,
                                     clock=clock,
                                     on_change=self.refresh_gauges,
-                                    on_alive=self.index.heartbeat, busy=self._busy)
+                                    on_alive=self.index.heartbeat, busy=self._busy,
+                                    on_dead=self._worker_dead)
         self.health.bind_metrics(self.metrics.registry)
         self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
                                       self.routing.cost.outstanding, config.warm_interval_s,
@@ -194,6 +195,14 @@ class RouterState:
         self.routing.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
         self.refresh_gauges()
+
+    def _worker_dead(self, entry: WorkerEntry) -> None:
+        """A worker removed as dead: its host may be gone without closing a connection, so the
+        requests it carries would wait for the read timeout; they end now, with an error."""
+        broken = self.proxy.break_worker(entry.info.url, f"worker {entry.worker_id} left the "
+                                         "cluster (no heartbeat or failed health checks)")
+        if broken:
+            log.warning("ended %d connections to dead worker %s", broken, entry.worker_id)
 
     def pd_report(self) -> dict[str, Any] | None:
         """The PD utilisation report, or None while no PD request was seen."""

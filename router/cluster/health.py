@@ -41,6 +41,7 @@ from router.cluster.registry import (
     ConnectFailures,
     RegistryError,
     Source,
+    WorkerEntry,
     WorkerRegistry,
 )
 from router.keying.lora import adapters_from_server_info
@@ -85,7 +86,8 @@ class HealthMonitor:
                  clock: Callable[[], float] = time.monotonic,
                  on_change: Callable[[], None] | None = None,
                  on_alive: Callable[[str], None] | None = None,
-                 busy: Callable[[str], bool] | None = None) -> None:
+                 busy: Callable[[str], bool] | None = None,
+                 on_dead: Callable[[WorkerEntry], None] | None = None) -> None:
         self.registry = registry
         self.config = config
         self.client = client
@@ -93,6 +95,8 @@ class HealthMonitor:
         self.on_change = on_change
         self.on_alive = on_alive  # a passed check (forwarded as a heartbeat to the index)
         self.busy = busy  # worker id -> has requests of ours in flight
+        # a worker removed as dead (silent, failed checks, refused): end what it still carries
+        self.on_dead = on_dead
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self.connect_failures = ConnectFailures(config.connect_timeouts_to_remove,
@@ -131,7 +135,12 @@ class HealthMonitor:
 
     async def check_once(self) -> None:
         now = self.clock()
-        changed = bool(self.registry.expire(now, self.config.heartbeat_timeout_s))
+        expired = self.registry.expire(now, self.config.heartbeat_timeout_s)
+        for entry in expired:
+            log.warning("worker %s sent no heartbeat for %.0f s: removed", entry.worker_id,
+                        self.config.heartbeat_timeout_s)
+            self._dead(entry)
+        changed = bool(expired)
         known = {e.info.url for e in self.registry.all() if e.source is Source.CLI}
         specs = {split_worker_spec(s)[0]: s for s in self.config.workers}
         urls = list(specs)
@@ -187,9 +196,13 @@ class HealthMonitor:
     def mark_dead(self, worker_id: str) -> None:
         """Remove a worker now (failed checks, or refused connections on the request path)."""
         if self.registry.find(worker_id) is not None:
-            self.registry.remove(worker_id)
+            self._dead(self.registry.remove(worker_id))
         self._failures[worker_id] = 0
         self.connect_failures.forget(worker_id)
+
+    def _dead(self, entry: WorkerEntry) -> None:
+        if self.on_dead is not None:
+            self.on_dead(entry)
 
     async def _healthy(self, url: str) -> bool | None:
         """True: healthy; False: refused or an error status; None: no answer in time."""

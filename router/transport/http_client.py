@@ -48,8 +48,9 @@ class _Stale(Exception):
 class _Conn(asyncio.Protocol):
     """One keep-alive connection; one exchange at a time."""
 
-    def __init__(self, loop: asyncio.AbstractEventLoop, pool: HttpPool) -> None:
-        self.loop, self.pool = loop, pool
+    def __init__(self, loop: asyncio.AbstractEventLoop, pool: HttpPool,
+                 key: tuple[str, int]) -> None:
+        self.loop, self.pool, self.key = loop, pool, key
         self.transport: asyncio.Transport | None = None
         self.alive = True
         self.used = False  # has carried an exchange before (a stale close is then retryable)
@@ -74,7 +75,7 @@ class _Conn(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.alive = False
-        self.pool._closed_one()
+        self.pool._closed_one(self)
         if self.answer is not None:
             self.answer._lost(exc)
 
@@ -235,6 +236,7 @@ class HttpPool:
         self._open = 0
         self._slot_waiters: collections.deque[asyncio.Future[None]] = collections.deque()
         self._targets: dict[str, tuple[tuple[str, int], bytes]] = {}
+        self._live: dict[tuple[str, int], set[_Conn]] = {}  # open, idle or carrying an exchange
 
     def _target(self, url: str) -> tuple[tuple[str, int], bytes]:
         hit = self._targets.get(url)
@@ -293,14 +295,27 @@ class HttpPool:
         loop = asyncio.get_running_loop()
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Conn(loop, self), key[0], key[1])
+                _, conn = await loop.create_connection(lambda: _Conn(loop, self, key), key[0],
+                                                       key[1])
         except (OSError, TimeoutError) as exc:
-            self._closed_one()
+            self._closed_one(None)
             raise ConnectFailed(f"{key[0]}:{key[1]}: {exc!r}") from exc
         except BaseException:
-            self._closed_one()
+            self._closed_one(None)
             raise
+        self._live.setdefault(key, set()).add(conn)
         return conn
+
+    def break_connections(self, host: str, port: int, reason: str) -> int:
+        """Close every connection to ``host:port`` now, failing the exchanges they carry with
+        :class:`RequestFailed` (``reason``): for a server known to be gone, whose connections
+        would otherwise wait for a FIN that a dead host never sends. Returns how many."""
+        conns = list(self._live.get((host, port), ()))
+        for conn in conns:
+            if conn.answer is not None:
+                conn.answer._fail(RequestFailed(reason))
+            conn._drop()
+        return len(conns)
 
     def _close_one_idle(self) -> None:
         for conns in self._idle.values():
@@ -313,7 +328,13 @@ class HttpPool:
     def _release(self, key: tuple[str, int], conn: _Conn) -> None:
         self._idle.setdefault(key, []).append(conn)
 
-    def _closed_one(self) -> None:
+    def _closed_one(self, conn: _Conn | None) -> None:
+        if conn is not None:
+            live = self._live.get(conn.key)
+            if live is not None:
+                live.discard(conn)
+                if not live:
+                    del self._live[conn.key]
         self._open -= 1
         while self._slot_waiters:
             waiter = self._slot_waiters.popleft()

@@ -20,6 +20,7 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, NamedTuple, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 from starlette.types import Receive, Scope
@@ -122,6 +123,14 @@ class Proxy:
         """POST and return once the status line and headers arrived; the caller reads the body
         with ``aiter_raw()`` and must ``aclose()`` the response."""
         return UpstreamResponse(await self._send(url, body, headers))
+
+    def break_worker(self, base_url: str, reason: str) -> int:
+        """End every exchange in flight to the worker at ``base_url`` with ``reason`` (it left
+        the cluster); the relays answer them with a clean error. Returns how many."""
+        parts = urlsplit(base_url)
+        if parts.hostname is None:
+            return 0
+        return self._pool.break_connections(parts.hostname, parts.port or 80, reason)
 
     async def abort(self, base_url: str, rid: str) -> None:
         """Ask an SGLang worker to abort ``rid``; best effort (the worker may be gone)."""

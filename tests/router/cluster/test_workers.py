@@ -164,3 +164,23 @@ def test_router_with_standalone_index_service(upstreams, router_factory):
         asyncio.run_coroutine_threadsafe(server.stop(), loop).result(30)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+
+
+def test_a_request_on_a_worker_that_stops_heartbeating_ends_with_an_error_not_a_wait(
+        upstreams, router_factory):
+    """A worker whose host vanished keeps its connections open (no FIN): when it is removed for
+    silence, the request it carries ends with a 502 at once instead of waiting for its answer
+    (or the 600 s read timeout)."""
+    router = router_factory(admin_token="t", heartbeat_timeout_s=0.5,
+                            health_check_interval_s=0.1)
+    peer, server = upstreams()
+    peer.mode = "slow"  # answers after 5 s
+    info = WorkerInfo(worker_id="sgl-0", url=server.url, model="tiny", namespace="tiny@1",
+                      page_size=4)
+    with router.client() as c:
+        assert _register(c, info).status_code == 201
+        t0 = time.monotonic()
+        r = c.post("/generate", json={"input_ids": [1, 2, 3]}, timeout=30)
+        elapsed = time.monotonic() - t0
+    assert r.status_code == 502 and "left the cluster" in r.text, r.text
+    assert elapsed < 3.0, elapsed

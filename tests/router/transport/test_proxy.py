@@ -256,3 +256,50 @@ def test_connection_limit_an_idle_connection_gives_way():
             b.close()
 
     asyncio.run(go())
+
+
+def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
+    """A host that vanished sends no FIN: without break_worker its exchanges would wait for the
+    read timeout (600 s by default); with it they fail now, head-waiting and mid-stream alike,
+    and other servers' exchanges are untouched."""
+
+    async def hangs_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+                               ) -> None:
+        request = await _read_request(reader)
+        if b"stream" in request:
+            writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
+            await writer.drain()
+        await asyncio.sleep(30)
+
+    async def answers(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await _read_request(reader)
+        await asyncio.sleep(0.5)
+        writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+        await writer.drain()
+
+    async def go() -> None:
+        dead, url = await _raw_server(hangs_mid_stream)
+        alive, alive_url = await _raw_server(answers)
+        proxy = Proxy(ProxyConfig(request_timeout_s=60))
+        try:
+            stream = await proxy.open_stream(f"{url}/generate", b'{"stream": true}', {})
+            whole = asyncio.create_task(proxy.post(f"{url}/generate", b"{}", {}))
+            other = asyncio.create_task(proxy.post(f"{alive_url}/generate", b"{}", {}))
+            await asyncio.sleep(0.2)
+            assert proxy.break_worker(url, "worker w left the cluster") == 2
+            with pytest.raises(UpstreamFailed, match="left the cluster"):
+                await asyncio.wait_for(whole, 2)
+            got = []
+            with pytest.raises(UpstreamFailed, match="left the cluster"):
+                async for chunk in stream.aiter_raw():
+                    got.append(chunk)
+            await stream.aclose()
+            assert got == [b"data: "]
+            assert (await asyncio.wait_for(other, 5)).content == b"ok"
+            assert proxy.break_worker(url, "again") == 0
+        finally:
+            await proxy.close()
+            dead.close()
+            alive.close()
+
+    asyncio.run(go())
