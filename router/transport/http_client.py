@@ -41,6 +41,11 @@ class RequestFailed(Exception):
     """The exchange failed after the request may have reached the server."""
 
 
+class WorkerGone(RequestFailed):
+    """The pool broke the exchange off: its server is known to be gone (:meth:`HttpPool.
+    break_connections`). Before the answer's head arrived, nothing of it reached anyone."""
+
+
 class _Stale(Exception):
     """A reused connection ended before any answer byte (server closed it while idle)."""
 
@@ -308,12 +313,12 @@ class HttpPool:
 
     def break_connections(self, host: str, port: int, reason: str) -> int:
         """Close every connection to ``host:port`` now, failing the exchanges they carry with
-        :class:`RequestFailed` (``reason``): for a server known to be gone, whose connections
+        :class:`WorkerGone` (``reason``): for a server known to be gone, whose connections
         would otherwise wait for a FIN that a dead host never sends. Returns how many."""
         conns = list(self._live.get((host, port), ()))
         for conn in conns:
             if conn.answer is not None:
-                conn.answer._fail(RequestFailed(reason))
+                conn.answer._fail(WorkerGone(reason))
             conn._drop()
         return len(conns)
 

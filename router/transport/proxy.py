@@ -25,7 +25,13 @@ from urllib.parse import urlsplit
 import httpx
 from starlette.types import Receive, Scope
 
-from router.transport.http_client import ConnectFailed, HttpAnswer, HttpPool, RequestFailed
+from router.transport.http_client import (
+    ConnectFailed,
+    HttpAnswer,
+    HttpPool,
+    RequestFailed,
+    WorkerGone,
+)
 from router.transport.http_server import DISCONNECT_HOOK
 
 log = logging.getLogger("radix_global.router.transport.proxy")
@@ -102,7 +108,7 @@ class Proxy:
     async def _send(self, url: str, body: bytes, headers: dict[str, str]) -> HttpAnswer:
         try:
             return await self._pool.post(url, body, headers.items())
-        except ConnectFailed as exc:
+        except (ConnectFailed, WorkerGone) as exc:  # a gone worker's unanswered ones: retryable
             raise UpstreamUnavailable(f"{url}: {exc}") from exc
         except RequestFailed as exc:
             raise UpstreamFailed(f"{url}: {exc}") from exc
@@ -126,7 +132,10 @@ class Proxy:
 
     def break_worker(self, base_url: str, reason: str) -> int:
         """End every exchange in flight to the worker at ``base_url`` with ``reason`` (it left
-        the cluster); the relays answer them with a clean error. Returns how many."""
+        the cluster). One whose answer had not begun is :class:`UpstreamUnavailable` (the relay
+        retries it elsewhere: no byte of it reached the client, and its worker is gone); one
+        that was streaming is :class:`UpstreamFailed` (the relay ends it with an error event).
+        Returns how many."""
         parts = urlsplit(base_url)
         if parts.hostname is None:
             return 0
