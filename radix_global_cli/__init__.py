@@ -18,6 +18,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "router": ("router.cli.main", "start the Conductor router"),
     "status": ("router.cli.status", "print the cluster at a glance"),
     "replay": ("benchmarks.replay", "replay a Mooncake-format trace against a router"),
+    "cluster": ("benchmarks.cluster_up", "a cluster over test hosts (netns): `cluster up`"),
     "bench": ("benchmarks.bench", "side-by-side trace replay against peer routers"),
     "simulate": ("benchmarks.simulate.main", "paper-scale discrete-event simulation"),
 }

@@ -6,6 +6,9 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 ``--advertise-host ADDR``    the address other hosts reach this worker at (default ``--host``
                              unless it is a wildcard, which then needs this flag): the event
                              endpoints bind it and the registration names it
+``--event-port-base PORT``   fixed ports for a firewall: KV events PORT (+ dp rank), replay
+                             PORT + dp size (+ rank), pool events PORT + 2 x dp size (default:
+                             free ports of 30100-32767)
 ``--worker-id ID``           default ``sgl-<advertise host>-<port>``
 ``--admin-token TOKEN``      default env ``RADIX_GLOBAL_ADMIN_TOKEN``
 ``--role mixed|prefill|decode``  registered role. With ``--disaggregation-mode prefill|decode`` it
@@ -55,6 +58,7 @@ class LaunchError(ValueError):
 class OurFlags:
     radix_global: str | None
     advertise_host: str | None
+    event_port_base: int | None
     worker_id: str | None
     admin_token: str | None
     role: Role | None
@@ -96,6 +100,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--advertise-host", default=None, metavar="ADDR",
                    help="address other hosts reach this worker at (default: --host unless "
                         "it is a wildcard such as 0.0.0.0, which then needs this flag)")
+    p.add_argument("--event-port-base", type=int, default=None, metavar="PORT",
+                   help="KV events on PORT (+ dp rank), replay on PORT + dp size, pool events "
+                        "on PORT + 2 x dp size (default: free ports)")
     p.add_argument("--worker-id", default=None, help="default sgl-<advertise host>-<port>")
     p.add_argument("--admin-token", default=None, help="default $RADIX_GLOBAL_ADMIN_TOKEN")
     p.add_argument("--role", choices=[r.value for r in Role], default=None,
@@ -211,7 +218,8 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     (``--advertise-host``, else ``--host``), which the endpoints bind; the namespace is
     ``--namespace`` or else ``default_namespace`` (the caller hashes the model folder)."""
     ours_ns, rest = parser().parse_known_args(list(argv))
-    ours = OurFlags(ours_ns.radix_global, ours_ns.advertise_host, ours_ns.worker_id,
+    ours = OurFlags(ours_ns.radix_global, ours_ns.advertise_host, ours_ns.event_port_base,
+                    ours_ns.worker_id,
                     ours_ns.admin_token,
                     Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
                     ours_ns.pool_id, ours_ns.pool_capacity_gb, ours_ns.pool_root,
@@ -229,8 +237,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     advertise = advertised_host(host, ours.advertise_host)
     bind = advertise.strip("[]")
     try:
-        kv_port, replay_port, pool_port = ports or (free_port(bind), free_port(bind),
-                                                    free_port(bind))
+        kv_port, replay_port, pool_port = ports or event_ports(ours.event_port_base, rest, bind)
     except OSError as exc:
         raise LaunchError(f"cannot bind the event endpoints on {advertise}: {exc} (is it an "
                           "address of this host?)") from exc
@@ -283,6 +290,18 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     return LaunchPlan(args, ours, device, host, advertise,
                       int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
                       replay_ep, pool_ep, backend)
+
+
+def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tuple[int, int, int]:
+    """KV-event, replay and pool-event ports: from ``base`` in blocks of one port per dp rank
+    (the subscriber connects rank ``r`` at port + ``r``), else free ports on ``bind``."""
+    if base is None:
+        return free_port(bind), free_port(bind), free_port(bind)
+    dp = int(flag_value(sglang_argv, "--dp-size") or flag_value(sglang_argv, "--dp") or 1)
+    if not 1 <= base <= 65535 - 2 * dp:
+        raise LaunchError(f"--event-port-base {base}: needs ports {base}..{base + 2 * dp}, "
+                          "within 1..65535")
+    return base, base + dp, base + 2 * dp
 
 
 def registered_role(role: Role | None, mode: str | None) -> Role:

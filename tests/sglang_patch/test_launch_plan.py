@@ -246,3 +246,13 @@ def test_an_advertised_address_not_of_this_host_is_refused_when_ports_are_chosen
     with pytest.raises(LaunchError, match=r"cannot bind the event endpoints on 192\.0\.2\.7"):
         build_plan([*BASE, "--host", "0.0.0.0", "--advertise-host", "192.0.2.7",
                     "--radix-global", "http://r:1"])
+
+
+def test_fixed_event_ports_leave_room_for_every_dp_rank():
+    plan = build_plan([*BASE, "--host", "10.77.0.2", "--radix-global", "http://r:1",
+                       "--event-port-base", "5500", "--dp-size", "2"])
+    assert plan.kv_events_endpoint == "tcp://10.77.0.2:5500"  # ranks 0, 1: 5500, 5501
+    assert plan.kv_events_replay_endpoint == "tcp://10.77.0.2:5502"  # 5502, 5503
+    assert plan.pool_events_endpoint == "tcp://10.77.0.2:5504"
+    with pytest.raises(LaunchError, match=r"within 1\.\.65535"):
+        build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "65534"])

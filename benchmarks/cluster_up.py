@@ -1,0 +1,146 @@
+"""``radix-global cluster up --hosts N``: a radix-global cluster over N test hosts of this machine.
+
+Each worker host (``w1`` .. ``wN``) runs one real SGLang CPU worker through ``radix-global
+sglang`` with its own shm pool; host ``r`` runs the router; with ``--index`` host ``i`` runs the
+standalone index service and the router uses it. The hosts are network namespaces joined by a
+bridge (``benchmarks/hosts.py``), so everything between the parts crosses a link; nothing listens
+on this machine's own network. The command prints the hosts and how to reach the router (from
+inside host ``r``: ``ip netns exec <r's namespace> curl ...``), then waits for Ctrl-C (or
+``--duration``); on exit, error or signal it stops every process and removes the namespaces.
+``--check`` sends a two-turn conversation through the router instead of waiting and prints where
+it landed and what the engine had cached (exit 1 when the second turn missed its history).
+``radix-global cluster down`` removes the namespaces a crashed earlier run left behind.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from benchmarks.cluster import MAX_ENGINES, ClusterError
+from benchmarks.host_cluster import INDEX_PORT, HostCluster, HostProc
+from benchmarks.hosts import HostError, HostSet, remove_stale
+from radix_global.trace import synthetic_word
+
+DEFAULT_MODEL = "build/tiny-llama"
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="radix-global cluster",
+                                description="a cluster over test hosts (network namespaces)")
+    sub = p.add_subparsers(dest="command", required=True)
+    up = sub.add_parser("up", help="start hosts, workers and router; wait for Ctrl-C")
+    up.add_argument("--hosts", type=int, default=2, help=f"worker hosts, 1..{MAX_ENGINES}")
+    up.add_argument("--model", default=DEFAULT_MODEL, help="model folder (built if missing)")
+    up.add_argument("--index", action="store_true", help="standalone index service on host i")
+    up.add_argument("--link-mbit", type=float, default=None,
+                    help="shape every worker host's link to this bandwidth (tc tbf)")
+    up.add_argument("--run-dir", default="build/cluster", help="logs go here")
+    up.add_argument("--check", action="store_true", help="send one conversation, then exit")
+    up.add_argument("--duration", type=float, default=3600.0, help="stop after this many s")
+    sub.add_parser("down", help="remove the hosts of crashed earlier runs")
+    return p
+
+
+def _conversation_check(c: HostCluster, router: HostProc) -> bool:
+    words = " ".join(synthetic_word(i * 7) for i in range(200))
+    messages = [{"role": "system", "content": words}, {"role": "user", "content": "hello"}]
+    landed: list[tuple[str, int, int]] = []
+    for turn in range(2):
+        r = c.request("POST", router.url + "/v1/chat/completions", timeout=240.0, json={
+            "model": "tiny", "messages": messages, "max_tokens": 8, "temperature": 0})
+        r.raise_for_status()
+        usage = r.json()["usage"]
+        cached = int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+        landed.append((r.headers["x-radix-worker"], int(r.headers["x-radix-prefix-tokens"]),
+                       cached))
+        print(f"turn {turn}: worker {landed[-1][0]}, predicted prefix {landed[-1][1]} tokens, "
+              f"engine cached {cached} of {usage['prompt_tokens']}", flush=True)
+        messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+        time.sleep(1.0)  # the turn's KV events reach the index
+    return landed[1][0] == landed[0][0] and landed[1][2] > 0
+
+
+def _print_hosts(hosts: HostSet, procs: list[HostProc], c: HostCluster) -> None:
+    print(f"{'host':<6}{'namespace':<18}{'address':<14}{'runs':<8}{'url':<28}log")
+    for p in procs:
+        h = hosts[p.host]
+        print(f"{p.host:<6}{h.netns:<18}{h.address:<14}{p.name:<8}{p.url:<28}{p.log_path}")
+    r = hosts["r"]
+    print(f"\nadmin token: {c.admin_token}\ntry: ip netns exec {r.netns} curl -s "
+          f"{procs[0].url}/v1/chat/completions -H 'content-type: application/json' "
+          """-d '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}]}'""",
+          flush=True)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    """SIGTERM ends the run like Ctrl-C: through the finally blocks that remove the hosts."""
+    raise KeyboardInterrupt
+
+
+def up(args: Any) -> int:
+    if not 1 <= args.hosts <= MAX_ENGINES:
+        print(f"radix-global cluster: --hosts must be 1..{MAX_ENGINES} (2 cores, one engine "
+              "each)", file=sys.stderr)
+        return 2
+    from benchmarks.bench import ensure_model
+
+    ensure_model(args.model)
+    workers = [f"w{i + 1}" for i in range(args.hosts)]
+    names = [*workers, "r", *(["i"] if args.index else [])]
+    signal.signal(signal.SIGTERM, _interrupt)
+    try:
+        with HostSet(names, Path(args.run_dir)) as hosts:
+            c = HostCluster(hosts, str(Path(args.model).resolve()), client_host="r")
+            try:
+                procs: list[HostProc] = []
+                options: list[str] = []
+                if args.index:
+                    procs.append(c.start_index("i"))
+                    options = ["--index", f"{hosts['i'].address}:{INDEX_PORT}"]
+                router = c.start_router("r", options=options)
+                procs.insert(0, router)
+                started = [c.start_worker(h, router, cores={n}) for n, h in enumerate(workers)]
+                procs += started
+                if args.link_mbit:
+                    for h in workers:
+                        hosts.shape(h, args.link_mbit)
+                c.wait_http(started)
+                c.wait_workers(router, {f"w-{h}" for h in workers})
+                _print_hosts(hosts, procs, c)
+                if args.check:
+                    return 0 if _conversation_check(c, router) else 1
+                print(f"\nrunning; Ctrl-C stops it (at most {args.duration:.0f} s)", flush=True)
+                deadline = time.monotonic() + args.duration
+                while time.monotonic() < deadline:
+                    dead = [p for p in c.procs if p.popen.poll() is not None]
+                    if dead:
+                        raise ClusterError(f"{dead[0].host}/{dead[0].name} exited:\n"
+                                           f"{dead[0].log_tail()}")
+                    time.sleep(1.0)
+                return 0
+            finally:
+                c.close()
+    except KeyboardInterrupt:
+        print("\nstopped; hosts removed", flush=True)
+        return 0
+    except (ClusterError, HostError) as exc:
+        print(f"radix-global cluster: {exc}", file=sys.stderr)
+        return 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(sys.argv[1:] if argv is None else argv)
+    if args.command == "down":
+        removed = remove_stale()
+        print("removed: " + (", ".join(removed) if removed else "nothing"))
+        return 0
+    return up(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

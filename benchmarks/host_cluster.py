@@ -1,0 +1,200 @@
+"""radix-global across test hosts: workers, a router and an index service, each on a host of its
+own (``benchmarks/hosts.py``), that reach each other only over the hosts' links.
+
+    with HostSet(["a", "b", "r"], run_dir) as hosts:
+        cluster = HostCluster(hosts, model_dir, client_host="r")
+        router = cluster.start_router("r")
+        workers = [cluster.start_worker(h, router, cores={i}) for i, h in enumerate("ab")]
+        cluster.wait_workers(router, 2)
+        cluster.request("POST", router.url + "/v1/chat/completions", json={...})
+        cluster.close()
+
+What it starts, per host, all inside the host's namespace (``ip netns exec``):
+- workers: ``radix-global sglang`` on real SGLang CPU engines, ``--host`` = the host's address
+  (so the advertised address is the one other hosts reach), registered with the router under
+  the cluster's admin token (cross-host admin needs it), each with its host's own pool root and
+  pool id, heartbeats every second;
+- the router: ``radix-global router --host ADDR --admin-token T`` (conductor policy by default);
+- the index service: ``radix-global index serve --host ADDR --admin-token T``.
+Every HTTP call of the caller goes through :meth:`HostCluster.request`, which sends it from the
+client host's namespace (``benchmarks/netns_thread.py``). Waits are bounded; a process that
+exits or does not answer in time raises :class:`benchmarks.cluster.ClusterError` with its log.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple, TypeVar
+
+import httpx
+
+from benchmarks.cluster import CPU_FLAGS, MAX_ENGINES, ClusterError, cpu_env
+from benchmarks.hosts import HostSet
+from benchmarks.netns_thread import netns_executor
+
+ROUTER_PORT = 30080
+WORKER_PORT = 30000
+INDEX_PORT = 50051
+T = TypeVar("T")
+
+
+class HostProc(NamedTuple):
+    host: str
+    name: str
+    popen: subprocess.Popen[bytes]
+    url: str  # http://ADDR:PORT (the index service: ADDR:PORT)
+    log_path: Path
+
+    def log_tail(self, chars: int = 4000) -> str:
+        try:
+            return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
+        except OSError:
+            return "<no log>"
+
+
+class HostCluster:
+    """Owns the processes it starts on ``hosts`` (not the hosts themselves)."""
+
+    def __init__(self, hosts: HostSet, model_dir: str | Path, client_host: str,
+                 admin_token: str | None = None, page_size: int = 16,
+                 stop_timeout_s: float = 20.0) -> None:
+        self.hosts, self.model_dir, self.page_size = hosts, str(model_dir), page_size
+        self.admin_token = admin_token or secrets.token_hex(16)
+        self.stop_timeout_s = stop_timeout_s
+        self.procs: list[HostProc] = []
+        self._client_pool = netns_executor(hosts[client_host].netns)
+        self._http = httpx.Client(timeout=300.0)  # its connections open in the pool's threads
+
+    # --- calls from the client host -----------------------------------------------------------
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """``fn(*args, **kwargs)`` in a thread inside the client host's namespace."""
+        return self._client_pool.submit(fn, *args, **kwargs).result()
+
+    def request(self, method: str, url: str, admin: bool = False, **kwargs: Any
+                ) -> httpx.Response:
+        """One HTTP request from the client host; ``admin`` adds the admin token."""
+        if admin:
+            kwargs["headers"] = {**kwargs.get("headers", {}),
+                                 "Authorization": f"Bearer {self.admin_token}"}
+        return self.call(self._http.request, method, url, **kwargs)
+
+    # --- processes ------------------------------------------------------------------------------
+    def _spawn(self, host: str, name: str, argv: list[str], url: str,
+               cores: set[int] | None = None) -> HostProc:
+        popen = self.hosts.spawn(host, name, argv, env=cpu_env(), cores=cores)
+        proc = HostProc(host, name, popen, url, self.hosts.log_path(host, name))
+        self.procs.append(proc)
+        return proc
+
+    def start_router(self, host: str, policy: str = "conductor",
+                     options: Sequence[str] = ()) -> HostProc:
+        address = self.hosts[host].address
+        argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", address,
+                "--port", str(ROUTER_PORT), "--policy", policy, "--model-path", self.model_dir,
+                "--admin-token", self.admin_token, "--log-level", "warning", *options]
+        proc = self._spawn(host, "router", argv, self.hosts.url(host, ROUTER_PORT))
+        # our router answers 503 on /health until a worker registers: up is enough
+        self.wait_http([proc], "/health", accept=(200, 503), timeout_s=120.0)
+        return proc
+
+    def start_index(self, host: str, heartbeat_timeout_s: float = 20.0) -> HostProc:
+        address = self.hosts[host].address
+        argv = [sys.executable, "-m", "radix_global_cli", "index", "serve", "--host", address,
+                "--port", str(INDEX_PORT), "--admin-token", self.admin_token,
+                "--heartbeat-timeout", str(heartbeat_timeout_s)]
+        return self._spawn(host, "index", argv, f"{address}:{INDEX_PORT}")
+
+    def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = ()) -> list[str]:
+        return [sys.executable, "-m", "radix_global_cli", "sglang",
+                "--model-path", self.model_dir, "--served-model-name", "tiny",
+                "--host", self.hosts[host].address, "--port", str(WORKER_PORT), *CPU_FLAGS,
+                "--page-size", str(self.page_size), "--max-total-tokens", "16384",
+                "--log-level", "warning", "--enable-cache-report",
+                "--radix-global", router.url, "--admin-token", self.admin_token,
+                "--worker-id", f"w-{host}", "--heartbeat-interval", "1",
+                *self.hosts.pool_args(host), "--pool-capacity-gb", "0.25", "--hicache-ratio", "2",
+                "--hicache-storage-prefetch-policy", "wait_complete", *extra]
+
+    def start_worker(self, host: str, router: HostProc, cores: set[int] | None = None,
+                     extra: Sequence[str] = ()) -> HostProc:
+        """Start a worker on ``host`` (not waited for: see :meth:`wait_http`)."""
+        if sum(p.name == "worker" for p in self.procs) >= MAX_ENGINES:
+            raise ClusterError(f"at most {MAX_ENGINES} engines on this machine")
+        return self._spawn(host, "worker", self.worker_argv(host, router, extra),
+                           self.hosts.url(host, WORKER_PORT), cores)
+
+    def wait_http(self, procs: Sequence[HostProc], path: str = "/health",
+                  accept: tuple[int, ...] = (200,), timeout_s: float = 600.0) -> None:
+        """Until every process answers ``path`` with a status in ``accept``, bounded."""
+        deadline = time.monotonic() + timeout_s
+        waiting = list(procs)
+        while waiting:
+            for p in list(waiting):
+                if p.popen.poll() is not None:
+                    raise ClusterError(f"{p.host}/{p.name} exited with {p.popen.returncode}; "
+                                       f"log {p.log_path}:\n{p.log_tail()}")
+                with contextlib.suppress(httpx.HTTPError):
+                    if self.request("GET", p.url + path, timeout=5.0).status_code in accept:
+                        waiting.remove(p)
+            if waiting and time.monotonic() > deadline:
+                p = waiting[0]
+                raise ClusterError(f"{p.host}/{p.name} not answering {path} after {timeout_s} s;"
+                                   f" log {p.log_path}:\n{p.log_tail()}")
+            if waiting:
+                time.sleep(0.5)
+
+    def workers(self, router: HostProc) -> list[dict[str, Any]]:
+        """The router's ``/admin/workers`` list."""
+        resp = self.request("GET", router.url + "/admin/workers", admin=True, timeout=10.0)
+        resp.raise_for_status()
+        return list(resp.json()["workers"])
+
+    def wait_workers(self, router: HostProc, ids: set[str], timeout_s: float = 300.0) -> None:
+        """Until the router lists exactly the worker ids ``ids`` and profiled them, bounded."""
+        deadline = time.monotonic() + timeout_s
+        listed: set[str] = set()
+        while time.monotonic() < deadline:
+            if router.popen.poll() is not None:
+                raise ClusterError(f"router exited:\n{router.log_tail()}")
+            with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                listed = {w["worker_id"] for w in self.workers(router)}
+                stats = self.request("GET", router.url + "/admin/stats", admin=True).json()
+                if listed == ids and not stats.get("profiling_pending"):
+                    return
+            time.sleep(0.5)
+        raise ClusterError(f"router lists {sorted(listed)}, not {sorted(ids)}, after "
+                           f"{timeout_s} s:\n{router.log_tail()}")
+
+    def stop(self, proc: HostProc) -> None:
+        """SIGTERM the process group, SIGKILL after ``stop_timeout_s``."""
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.popen.pid, sig)
+            try:
+                proc.popen.wait(timeout=self.stop_timeout_s)
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def forget(self, host: str) -> None:
+        """The processes of a host that failed (``HostSet.fail`` killed them): reap, forget."""
+        for proc in [p for p in self.procs if p.host == host]:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.popen.wait(timeout=10)
+            self.procs.remove(proc)
+
+    def close(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc)
+        self._client_pool.submit(self._http.close).result()
+        self._client_pool.shutdown()

@@ -1,0 +1,363 @@
+"""Test hosts on one machine, each a Linux network namespace, joined by a bridge.
+
+    with HostSet(["a", "b", "r"], run_dir) as hosts:
+        hosts.spawn("a", "engine", [..., *hosts.pool_args("a")])
+        hosts.fail("a")                          # the host dies: processes killed, cable out
+
+Host ``x`` is namespace ``rgh<pid>-x``; its ``eth0`` (``<subnet>.<i+2>/24``) is the far end of
+veth ``v-x``, enslaved to ``br0`` in namespace ``rgh<pid>-br``: the root namespace gets no
+address, link or listener, hosts reach each other only through the bridge (where cables are
+pulled and shaped). Namespaces share the filesystem, so each host has its own pool root and id
+(``check_pool_args``). Spawned processes run in their own session, logs in ``run_dir``; waits
+are bounded. ``close`` (also at exit, and by a failed or interrupted ``up``) kills everything in
+the set's namespaces, deletes them and the pool roots; ``remove_stale`` (run by ``up``) sweeps
+sets of dead owners. One HostSet per process at a time (the names carry the owner's pid).
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import signal
+import subprocess
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NamedTuple
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "rgh"
+POOL_BASE = Path("/dev/shm/radix-global-hosts")
+BRIDGE = "br0"
+PORT_RANGE = (30100, 32000)  # below the kernel's ephemeral ports (32768+): no clash with clients
+_NAME = re.compile(r"[a-z0-9]{1,10}")
+_WRAPPERS = ("radix_global_cli", "radix-global")
+
+
+class HostError(RuntimeError):
+    """A host set that cannot be made or a request it refuses (message says why)."""
+
+
+class LinkBytes(NamedTuple):
+    """Bytes counted on the host's own interface (eth0) since the set came up."""
+
+    rx: int
+    tx: int
+
+
+@dataclass(frozen=True)
+class Host:
+    name: str  # "a", "b", "r" ... (<= 10 chars, [a-z0-9])
+    netns: str  # f"{PREFIX}{owner_pid}-{name}"
+    address: str  # <subnet>.<i+2>, /24 on the host's eth0
+    pool_root: str  # f"{POOL_BASE}/{owner_pid}/{name}": this host's own pool root
+    pool_id: str  # f"shm-{name}-{owner_pid}"
+
+
+class HostSet:
+    """N hosts: one namespace each, joined by veth pairs to a bridge in a namespace of its own.
+
+    Names: unique, ``[a-z0-9]{1,10}``, not ``br``; ``subnet``: ``10.x.y`` (hosts get ``.2`` up).
+    Bad arguments raise ValueError; what the system or a check here refuses raises HostError."""
+
+    def __init__(self, names: Sequence[str], run_dir: str | Path, subnet: str = "10.77.0",
+                 stop_timeout_s: float = 5.0) -> None:
+        names = list(names)
+        if (any(not _NAME.fullmatch(n) or n == "br" for n in names)
+                or not 0 < len(set(names)) == len(names) <= 253):
+            raise ValueError(f"host names {names}: 1..253 unique, [a-z0-9]{{1,10}}, not 'br'")
+        m = re.fullmatch(r"10\.(\d{1,3})\.(\d{1,3})", subnet)
+        if not m or any(int(octet) > 255 for octet in m.groups()):
+            raise ValueError(f"subnet {subnet!r}: 10.x.y")
+        pid = self.owner_pid = os.getpid()
+        self.run_dir = Path(run_dir)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        self.stop_timeout_s = stop_timeout_s
+        self.bridge_netns = f"{PREFIX}{pid}-br"
+        self.pool_base = POOL_BASE / str(pid)
+        self.hosts: dict[str, Host] = {
+            n: Host(n, f"{PREFIX}{pid}-{n}", f"{subnet}.{i + 2}", str(self.pool_base / n),
+                    f"shm-{n}-{pid}") for i, n in enumerate(names)}
+        # Only what this instance made is torn down: a refused up() must not delete the
+        # namespaces of another set that has the same names.
+        self._made: list[str] = []
+        self._pools: list[Path] = []
+        self._spawned: list[tuple[str, subprocess.Popen[bytes]]] = []  # (host, process)
+        self._given: dict[str, set[int]] = {n: set() for n in names}  # ports handed out
+
+    def __enter__(self) -> HostSet:
+        return self.up()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __getitem__(self, name: str) -> Host:
+        try:
+            return self.hosts[name]
+        except KeyError:
+            raise HostError(f"no host {name!r} in this set ({', '.join(self.hosts)})") from None
+
+    def up(self) -> HostSet:
+        """Create the bridge and the hosts (sets of dead owners are swept first). On a failure
+        or an interrupt what was made is torn down; failures raise HostError."""
+        remove_stale(PREFIX)
+        taken = set(_netns_list()) & {self.bridge_netns, *(h.netns for h in self.hosts.values())}
+        if taken:
+            raise HostError(f"namespaces {sorted(taken)} exist: this set or another of this "
+                            "process is up")
+        atexit.register(self.close)
+        try:
+            br = self.bridge_netns
+            self._add_netns(br)
+            # No multicast snooping: the bridge would send IGMP reports to every host.
+            _ip("-n", br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
+            _ip("-n", br, "link", "set", BRIDGE, "up")
+            for h in self.hosts.values():
+                self._add_netns(h.netns)
+                # Made inside the bridge namespace: no end ever appears in the root one.
+                _ip("-n", br, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name",
+                    "eth0", "netns", h.netns)
+                _ip("-n", br, "link", "set", f"v-{h.name}", "master", BRIDGE, "up")
+                _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+                _ip("-n", h.netns, "link", "set", "eth0", "up")
+                self._pools.append(Path(h.pool_root))
+                shutil.rmtree(h.pool_root, ignore_errors=True)  # a leftover: no live set has it
+                Path(h.pool_root).mkdir(parents=True)
+        except BaseException as e:
+            self.close()
+            if isinstance(e, HostError) or not isinstance(e, Exception):
+                raise  # KeyboardInterrupt/SystemExit go on, after the teardown
+            raise HostError(f"cannot make the host set: {e}") from e
+        return self
+
+    def _add_netns(self, ns: str) -> None:
+        self._made.append(ns)  # before creating: an interrupt in between still tears it down
+        _ip("netns", "add", ns)
+        _ip("-n", ns, "link", "set", "lo", "up")
+        # No IPv6 on interfaces made from now on (lo keeps it): its multicast chatter would
+        # add to every host's byte counts.
+        _run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])
+
+    def close(self) -> None:
+        """Kill every process of the set, delete its namespaces and pool roots. Idempotent, and
+        safe in a ``finally`` after Ctrl-C: SIGINT/SIGTERM wait until it is done."""
+        with _signals_held():
+            for _, popen in self._spawned:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(popen.pid, signal.SIGKILL)
+            for ns in self._made:
+                _kill_netns(ns, self.stop_timeout_s)
+            for _, popen in self._spawned:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    popen.wait(timeout=self.stop_timeout_s)
+            existing = set(_netns_list())
+            for ns in reversed(self._made):  # hosts first, the bridge last
+                if ns in existing:
+                    with contextlib.suppress(HostError):
+                        _ip("netns", "del", ns)
+            for root in self._pools:
+                shutil.rmtree(root, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                self.pool_base.rmdir()  # if empty
+            self._made, self._pools, self._spawned = [], [], []
+            atexit.unregister(self.close)
+
+    def argv(self, host: str, argv: Sequence[str]) -> list[str]:
+        """``argv`` run in ``host`` (``ip netns exec`` execs it: same pid, same process group)."""
+        return ["ip", "netns", "exec", self[host].netns, *argv]
+
+    def log_path(self, host: str, name: str) -> Path:
+        return self.run_dir / f"{host}-{name}.log"
+
+    def spawn(self, host: str, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
+              cores: set[int] | None = None) -> subprocess.Popen[bytes]:
+        """Start ``argv`` in ``host`` after ``check_pool_args``: own session, output to
+        ``log_path`` (command line first), pinned to ``cores`` if given; ``close`` kills it."""
+        self.check_pool_args(host, argv)
+        if self[host].netns not in self._made:
+            raise HostError(f"host {host!r} is not up")
+        full = self.argv(host, argv)
+        with open(self.log_path(host, name), "ab") as out:
+            out.write(("$ " + shlex.join(full) + "\n").encode())
+            out.flush()
+            popen = subprocess.Popen(
+                full, stdout=out, stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+                env=env or dict(os.environ), start_new_session=True,
+                preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
+        self._spawned.append((host, popen))
+        return popen
+
+    def pool_args(self, host: str) -> list[str]:
+        return ["--pool-root", self[host].pool_root, "--pool-id", self[host].pool_id]
+
+    def check_pool_args(self, host: str, argv: Sequence[str]) -> None:
+        """A launch-wrapper command line (``sglang_patch.launch_server``, ``radix_global_cli
+        sglang``, ``radix-global sglang``) must carry this host's ``--pool-root`` and
+        ``--pool-id`` (``--flag v`` or ``--flag=v``, every occurrence): a shared pool would let KV
+        cross hosts without the network. Other command lines pass. Refusals raise HostError."""
+        me = self[host]
+        if not _is_launch_wrapper(argv):
+            return
+        for flag, want in (("--pool-root", me.pool_root), ("--pool-id", me.pool_id)):
+            values = _flag_values(argv, flag)
+            if not values:
+                raise HostError(f"host {host}: launch wrapper without {flag} (the default is "
+                                f"shared by all hosts; pass {shlex.join(self.pool_args(host))})")
+            for v in values:
+                if (os.path.normpath(v) if flag == "--pool-root" else v) == want:
+                    continue
+                owner = next((h.name for h in self.hosts.values() if h is not me and (
+                    v == h.pool_id if flag == "--pool-id"
+                    else Path(os.path.normpath(v)).is_relative_to(h.pool_root))), None)
+                whose = f"host {owner}'s" if owner else "not this host's"
+                raise HostError(f"host {host}: {flag} {v} is {whose} (want {want})")
+
+    def link(self, host: str, up: bool) -> None:
+        """Plug (``up``) or pull the host's cable: its veth end on the bridge."""
+        _ip("-n", self.bridge_netns, "link", "set", f"v-{self[host].name}",
+            "up" if up else "down")
+
+    def shape(self, host: str, rate_mbit: float | None) -> None:
+        """Limit the host's cable to ``rate_mbit`` each way (tbf: bandwidth only, no delay;
+        netem is not in this kernel); None lifts the limit."""
+        h = self[host]
+        if rate_mbit is not None and not rate_mbit > 0:
+            raise ValueError(f"rate {rate_mbit} Mbit/s: must be > 0")
+        # The bridge side shapes what the host receives, eth0 what it sends.
+        for ns, dev in ((self.bridge_netns, f"v-{h.name}"), (h.netns, "eth0")):
+            if rate_mbit is not None:
+                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                      f"{max(1, round(rate_mbit * 1000))}kbit", "burst", "64kb",
+                      "latency", "400ms"])
+                continue
+            shown = json.loads(_run(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
+            if any(q.get("kind") == "tbf" for q in shown):  # del refuses the default qdisc
+                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
+
+    def bytes(self, host: str) -> LinkBytes:
+        stats = json.loads(_ip("-n", self[host].netns, "-s", "-j", "link", "show", "eth0"))
+        s64 = stats[0]["stats64"]
+        return LinkBytes(int(s64["rx"]["bytes"]), int(s64["tx"]["bytes"]))
+
+    def pids(self, host: str) -> list[int]:
+        return [int(p) for p in _ip("netns", "pids", self[host].netns).split()]
+
+    def fail(self, host: str) -> None:
+        """The host dies: everything in it SIGKILLed and reaped (bounded), then its cable pulled.
+        Processes still there after ``stop_timeout_s`` raise HostError."""
+        left = _kill_netns(self[host].netns, self.stop_timeout_s)
+        for _, popen in (s for s in self._spawned if s[0] == host):
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                popen.wait(timeout=self.stop_timeout_s)
+        self._spawned = [s for s in self._spawned if s[0] != host]
+        self.link(host, False)
+        if left:
+            raise HostError(f"host {host}: pids {left} survived SIGKILL")
+
+    def restore(self, host: str) -> None:
+        """The cable back in; the host's processes are the caller's to restart."""
+        self.link(host, True)
+
+    def url(self, host: str, port: int) -> str:
+        return f"http://{self[host].address}:{port}"
+
+    def free_port(self, host: str) -> int:
+        """A port in ``PORT_RANGE`` no TCP/UDP socket listens on inside ``host``, never handed
+        out before by this set (processes started together get different ones)."""
+        out = _run(["ss", "-N", self[host].netns, "-Hltun"])  # lines end "local:port peer"
+        used = {int(p) for p in re.findall(r":(\d+)\s+\S+\s*$", out, re.MULTILINE)}
+        free = sorted(set(range(*PORT_RANGE)) - used - self._given[host])
+        if not free:
+            raise HostError(f"host {host}: no free port in {PORT_RANGE}")
+        port = random.choice(free)
+        self._given[host].add(port)
+        return port
+
+
+def remove_stale(prefix: str = PREFIX) -> list[str]:
+    """Namespaces ``{prefix}<pid>-*`` whose owner pid is no longer alive (a crashed earlier run):
+    kill their processes, delete them and ``/dev/shm/radix-global-hosts/<pid>``; returns the
+    removed names. Sets of live owners are left alone (so is one whose pid was reused)."""
+    removed = []
+    for ns in _netns_list():
+        m = re.fullmatch(rf"{re.escape(prefix)}(\d+)-[a-z0-9]+", ns)
+        if m and not _alive(int(m[1])):
+            _kill_netns(ns, 5.0)
+            with contextlib.suppress(HostError):
+                _ip("netns", "del", ns)
+                removed.append(ns)
+    with contextlib.suppress(OSError):  # also pools whose namespaces went already
+        for d in POOL_BASE.iterdir():
+            if d.name.isdigit() and not _alive(int(d.name)):
+                shutil.rmtree(d, ignore_errors=True)
+    return removed
+
+
+def _run(argv: Sequence[str], timeout_s: float = 10.0) -> str:
+    try:
+        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise HostError(f"{shlex.join(argv)}: {e}") from e
+    if r.returncode != 0:
+        raise HostError(f"{shlex.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def _ip(*args: str) -> str:
+    return _run(["ip", *args])
+
+
+def _netns_list() -> list[str]:
+    return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
+
+
+def _alive(pid: int) -> bool:
+    return Path(f"/proc/{pid}").exists()
+
+
+def _kill_netns(ns: str, timeout_s: float) -> list[int]:
+    """SIGKILL everything in ``ns`` until it is empty (a process may fork meanwhile); returns
+    the pids still there at the deadline. A missing namespace is empty."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            pids = [int(p) for p in _ip("netns", "pids", ns).split()]
+        except HostError:
+            return []
+        pids = [p for p in pids if p not in (1, os.getpid())]
+        if not pids or time.monotonic() > deadline:
+            return pids
+        for p in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(p, signal.SIGKILL)
+        time.sleep(0.02)
+
+
+def _is_launch_wrapper(argv: Sequence[str]) -> bool:
+    return any("sglang_patch.launch_server" in a
+               or (os.path.basename(a) in _WRAPPERS and list(argv[i + 1:i + 2]) == ["sglang"])
+               for i, a in enumerate(argv))
+
+
+def _flag_values(argv: Sequence[str], flag: str) -> list[str]:
+    """Every value of ``flag`` in ``argv``, as ``flag v`` or ``flag=v``."""
+    return [argv[i + 1] if a == flag and i + 1 < len(argv) else a.partition("=")[2]
+            for i, a in enumerate(argv) if a == flag or a.startswith(flag + "=")]
+
+
+@contextlib.contextmanager
+def _signals_held() -> Iterator[None]:
+    # A second Ctrl-C during a teardown would strand namespaces: SIGINT/SIGTERM stay pending
+    # until it is done, then act as usual.
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
