@@ -24,6 +24,7 @@ exits or does not answer in time raises :class:`benchmarks.cluster.ClusterError`
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import signal
@@ -94,13 +95,13 @@ class HostCluster:
         self.procs.append(proc)
         return proc
 
-    def start_router(self, host: str, policy: str = "conductor",
-                     options: Sequence[str] = ()) -> HostProc:
+    def start_router(self, host: str, policy: str = "conductor", options: Sequence[str] = (),
+                     port: int = ROUTER_PORT) -> HostProc:
         address = self.hosts[host].address
         argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", address,
-                "--port", str(ROUTER_PORT), "--policy", policy, "--model-path", self.model_dir,
+                "--port", str(port), "--policy", policy, "--model-path", self.model_dir,
                 "--admin-token", self.admin_token, "--log-level", "warning", *options]
-        proc = self._spawn(host, "router", argv, self.hosts.url(host, ROUTER_PORT))
+        proc = self._spawn(host, f"router{port}", argv, self.hosts.url(host, port))
         # our router answers 503 on /health until a worker registers: up is enough
         self.wait_http([proc], "/health", accept=(200, 503), timeout_s=120.0)
         return proc
@@ -126,10 +127,25 @@ class HostCluster:
     def start_worker(self, host: str, router: HostProc, cores: set[int] | None = None,
                      extra: Sequence[str] = ()) -> HostProc:
         """Start a worker on ``host`` (not waited for: see :meth:`wait_http`)."""
-        if sum(p.name == "worker" for p in self.procs) >= MAX_ENGINES:
+        return self._start_engine(host, "worker", self.worker_argv(host, router, extra), cores)
+
+    def start_stock_worker(self, host: str, cores: set[int] | None = None) -> HostProc:
+        """Plain SGLang on ``host`` (no wrapper, no registration), publishing its KV events on
+        SGLang's own ``tcp://*:5557``: what a router-only deployment sits in front of."""
+        events = {"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}
+        argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--",
+                "--model-path", self.model_dir, "--served-model-name", "tiny",
+                "--host", self.hosts[host].address, "--port", str(WORKER_PORT), *CPU_FLAGS,
+                "--page-size", str(self.page_size), "--max-total-tokens", "16384",
+                "--log-level", "warning", "--enable-cache-report",
+                "--kv-events-config", json.dumps(events)]
+        return self._start_engine(host, "stock", argv, cores)
+
+    def _start_engine(self, host: str, name: str, argv: list[str], cores: set[int] | None
+                      ) -> HostProc:
+        if sum(p.name in ("worker", "stock") for p in self.procs) >= MAX_ENGINES:
             raise ClusterError(f"at most {MAX_ENGINES} engines on this machine")
-        return self._spawn(host, "worker", self.worker_argv(host, router, extra),
-                           self.hosts.url(host, WORKER_PORT), cores)
+        return self._spawn(host, name, argv, self.hosts.url(host, WORKER_PORT), cores)
 
     def wait_http(self, procs: Sequence[HostProc], path: str = "/health",
                   accept: tuple[int, ...] = (200,), timeout_s: float = 600.0) -> None:

@@ -12,8 +12,12 @@ byte between the parts crosses a veth link; nothing listens on the root namespac
    is answered by the other host and equals a cold run there, the failed worker leaves within
    the heartbeat timeout; when the host comes back its worker rejoins and its events are
    indexed again.
-One engine start-up per host for both tests (the module fixture); the second test fails the
-host, so they run in this order.
+3. A router-only deployment: a second router on R with a plain SGLang worker on host ``s``
+   on its command line (``--workers``): it finds the worker's KV events from ``/server_info``
+   (SGLang's ``tcp://*:5557``, made ``tcp://<s's address>:5557``) and routes a conversation's
+   second turn to its cached history.
+One engine start-up per host for the first two tests (the module fixture); the second test fails
+a host, so they run in this order.
 """
 
 from __future__ import annotations
@@ -111,7 +115,7 @@ def index_probe(hosts: HostSet, host: str, target: str, token: str, op: dict[str
 
 @pytest.fixture(scope="module")
 def up(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    with HostSet(["a", "b", "r", "i"], tmp_path_factory.mktemp("hosts")) as hosts:
+    with HostSet(["a", "b", "r", "i", "s"], tmp_path_factory.mktemp("hosts")) as hosts:
         c = HostCluster(hosts, tiny_model_dir, client_host="r", page_size=PAGE)
         try:
             router = c.start_router("r", options=[
@@ -165,6 +169,12 @@ def test_conversation_is_routed_across_hosts_to_its_history(up: Cluster) -> None
     assert view["gpu_pages"][home[1]] * PAGE >= 200, view
     other = next(w for w in ("w-a", "w-b") if w != home[1])
     assert view["gpu_pages"].get(other, 0) < view["gpu_pages"][home[1]], view
+    # every event stream followed over the network; a gap (the engines' warm-up published
+    # before R subscribed) is replayed from the worker's replay socket on its host
+    sub = index_stats(c, router)["subscriber"]
+    assert sub["workers"] == 2 and sub["subscribe_failures"] == 0 and not sub["refused"], sub
+    assert sub["replay_failures"] == 0 and sub["replays"] >= (1 if sub["gaps"] else 0), sub
+    print(f"R's subscriber: {sub}")
 
 
 def test_a_failed_host_leaves_and_rejoins_and_no_request_hangs(up: Cluster) -> None:
@@ -232,3 +242,27 @@ def test_a_failed_host_leaves_and_rejoins_and_no_request_hangs(up: Cluster) -> N
     print(f"left after {left_after:.1f} s (heartbeat timeout {HEARTBEAT_TIMEOUT_S} s)")
     with contextlib.suppress(Exception):
         print(json.dumps(index_stats(c, router).get("subscriber")))
+
+
+def test_router_only_in_front_of_stock_sglang_on_another_host(up: Cluster) -> None:
+    hosts, c = up.hosts, up.cluster
+    stock = c.start_stock_worker("s", cores={1})
+    c.wait_http([stock])
+    r2 = c.start_router("r", port=30081, options=[
+        "--workers", stock.url, "--profile-max-tokens", "0", "--health-check-interval-s", "0.5"])
+    deadline = time.monotonic() + 60
+    while not (listed := c.workers(r2)):
+        assert time.monotonic() < deadline, "the router did not discover the stock worker"
+        time.sleep(0.5)
+    assert listed[0]["kv_events_endpoint"] == f"tcp://{hosts['s'].address}:5557", listed
+    messages = [{"role": "system", "content": text(21, 200)},
+                {"role": "user", "content": text(22, 30)}]
+    stored = int(index_stats(c, r2)["pages_stored"])
+    first = chat(c, r2, messages)
+    assert first.status_code == 200, first.text
+    wait_stored(c, r2, stored, 200 // PAGE)
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    second = chat(c, r2, messages)
+    assert second.status_code == 200, second.text
+    assert int(second.headers["x-radix-prefix-tokens"]) >= 200
+    assert cached_tokens(second) >= int(second.headers["x-radix-prefix-tokens"]) - PAGE
