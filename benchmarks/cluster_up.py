@@ -9,13 +9,19 @@ inside host ``r``: ``ip netns exec <r's namespace> curl ...``), then waits for C
 ``--duration``); on exit, error or signal it stops every process and removes the namespaces.
 ``--check`` sends a two-turn conversation through the router instead of waiting and prints where
 it landed and what the engine had cached (exit 1 when the second turn missed its history).
+``--replay TRACE`` runs ``radix-global replay`` from host ``r`` against the router (a trace
+replay across hosts, ``--link-mbit`` for a slow network) and prints and records the bytes every
+host's link carried: what the cluster puts on the network per request.
 ``radix-global cluster down`` removes the namespaces a crashed earlier run left behind.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import shlex
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -41,6 +47,12 @@ def parser() -> argparse.ArgumentParser:
                     help="shape every worker host's link to this bandwidth (tc tbf)")
     up.add_argument("--run-dir", default="build/cluster", help="logs go here")
     up.add_argument("--check", action="store_true", help="send one conversation, then exit")
+    up.add_argument("--replay", default=None, metavar="TRACE",
+                    help="replay a trace from host r (radix-global replay), print the link "
+                         "bytes per host, write --out, then exit")
+    up.add_argument("--replay-args", default="--conversations 4 --min-turns 3",
+                    help="more radix-global replay arguments (one string)")
+    up.add_argument("--out", default="benchmarks/results/hosts_replay.json")
     up.add_argument("--duration", type=float, default=3600.0, help="stop after this many s")
     sub.add_parser("down", help="remove the hosts of crashed earlier runs")
     return p
@@ -63,6 +75,34 @@ def _conversation_check(c: HostCluster, router: HostProc) -> bool:
         messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
         time.sleep(1.0)  # the turn's KV events reach the index
     return landed[1][0] == landed[0][0] and landed[1][2] > 0
+
+
+def _replay(hosts: HostSet, c: HostCluster, router: HostProc, args: Any) -> int:
+    """``radix-global replay`` in host r; the bytes each host's link carried meanwhile."""
+    before = {h: hosts.bytes(h) for h in hosts.hosts}
+    trace_out = Path(args.out).with_suffix(".requests.json")
+    argv = hosts.argv("r", [sys.executable, "-m", "radix_global_cli", "replay", args.replay,
+                            "--router", router.url, "--model-path", c.model_dir,
+                            "--no-progress", "--out", str(trace_out),
+                            *shlex.split(args.replay_args)])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=1800, check=False)
+    print(done.stdout, done.stderr[-2000:] if done.returncode else "", sep="", flush=True)
+    after = {h: hosts.bytes(h) for h in hosts.hosts}
+    summary = json.loads(trace_out.read_text())["summary"] if trace_out.exists() else {}
+    n = max(1, int(summary.get("requests") or 0))
+    links = {h: {"rx": after[h].rx - before[h].rx, "tx": after[h].tx - before[h].tx}
+             for h in hosts.hosts}
+    print(f"{'host':<6}{'rx KiB':>10}{'tx KiB':>10}{'KiB/request':>13}")
+    for h, b in links.items():
+        print(f"{h:<6}{b['rx'] / 1024:>10.1f}{b['tx'] / 1024:>10.1f}"
+              f"{(b['rx'] + b['tx']) / 1024 / n:>13.1f}")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({
+        "config": {"hosts": args.hosts, "link_mbit": args.link_mbit, "index": args.index,
+                   "trace": args.replay, "replay_args": args.replay_args},
+        "summary": summary, "link_bytes": links}, indent=1))
+    print(f"wrote {args.out}")
+    return done.returncode
 
 
 def _print_hosts(hosts: HostSet, procs: list[HostProc], c: HostCluster) -> None:
@@ -114,6 +154,8 @@ def up(args: Any) -> int:
                 _print_hosts(hosts, procs, c)
                 if args.check:
                     return 0 if _conversation_check(c, router) else 1
+                if args.replay:
+                    return _replay(hosts, c, router, args)
                 print(f"\nrunning; Ctrl-C stops it (at most {args.duration:.0f} s)", flush=True)
                 deadline = time.monotonic() + args.duration
                 while time.monotonic() < deadline:
