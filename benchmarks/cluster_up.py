@@ -50,7 +50,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--replay", default=None, metavar="TRACE",
                     help="replay a trace from host r (radix-global replay), print the link "
                          "bytes per host, write --out, then exit")
-    up.add_argument("--replay-args", default="--conversations 4 --min-turns 3",
+    up.add_argument("--replay-args", default="--conversations 4 --min-turns 3 --duration-s 40 "
+                    "--target-mean-prompt 1024 --output-scale 0.05 --max-output-tokens 32",
                     help="more radix-global replay arguments (one string)")
     up.add_argument("--out", default="benchmarks/results/hosts_replay.json")
     up.add_argument("--duration", type=float, default=3600.0, help="stop after this many s")
@@ -106,10 +107,10 @@ def _replay(hosts: HostSet, c: HostCluster, router: HostProc, args: Any) -> int:
 
 
 def _print_hosts(hosts: HostSet, procs: list[HostProc], c: HostCluster) -> None:
-    print(f"{'host':<6}{'namespace':<18}{'address':<14}{'runs':<8}{'url':<28}log")
+    print(f"{'host':<6}{'namespace':<18}{'address':<14}{'runs':<13}{'url':<28}log")
     for p in procs:
         h = hosts[p.host]
-        print(f"{p.host:<6}{h.netns:<18}{h.address:<14}{p.name:<8}{p.url:<28}{p.log_path}")
+        print(f"{p.host:<6}{h.netns:<18}{h.address:<14}{p.name:<13}{p.url:<28}{p.log_path}")
     r = hosts["r"]
     print(f"\nadmin token: {c.admin_token}\ntry: ip netns exec {r.netns} curl -s "
           f"{procs[0].url}/v1/chat/completions -H 'content-type: application/json' "

@@ -47,3 +47,25 @@ def test_namespace_version_rule(tmp_path: Path) -> None:
     before = model_version(path)
     (tmp_path / "config.json").write_text('{"model_type": "qwen"}')
     assert model_version(path) != before  # another model version: another tree
+
+
+def test_the_version_is_the_models_identity_weights_and_tokenizer_included(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Same config.json, other weights (a retrained checkpoint): another version, so its pages
+    never load for the other model (docs/interfaces.md s. 13). A byte-identical copy elsewhere
+    is the same model: the same version."""
+    import dataclasses
+    import shutil
+
+    from sglang_patch.make_model import DEFAULT_RECIPE, make_model
+
+    copy = shutil.copytree(tiny_model_dir, tmp_path / "copy")
+    assert model_version(str(copy)) == model_version(str(tiny_model_dir))
+    retrained = make_model(tmp_path / "retrained",
+                           dataclasses.replace(DEFAULT_RECIPE, seed=DEFAULT_RECIPE.seed + 1))
+    assert (retrained / "config.json").read_bytes() == (copy / "config.json").read_bytes()
+    assert model_version(str(retrained)) != model_version(str(copy))
+    tok = copy / "tokenizer_config.json"
+    before = model_version(str(copy))
+    tok.write_text(tok.read_text().replace("}", ', "x": 1}', 1))
+    assert model_version(str(copy)) != before
