@@ -29,7 +29,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -41,6 +40,7 @@ from typing import NamedTuple
 
 import httpx
 
+from benchmarks.procs import ClusterError, Proc, stop_group, wait_answering
 from sglang_patch import cpu_compat
 from sglang_patch.launch_plan import free_port
 from sglang_patch.launch_server import cpu_compute_domain
@@ -48,10 +48,6 @@ from sglang_patch.launch_server import cpu_compute_domain
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
 MAX_ENGINES = 3
-
-
-class ClusterError(RuntimeError):
-    """A process of the cluster did not start (the message holds its log tail)."""
 
 
 @dataclass(frozen=True)
@@ -91,19 +87,6 @@ class RouterSpec:
     options: dict[str, str] = field(default_factory=dict)  # extra --flag value pairs
 
 
-class Proc(NamedTuple):
-    name: str
-    popen: subprocess.Popen[bytes]
-    url: str
-    log_path: Path
-
-    def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
-        except OSError:
-            return "<no log>"
-
-
 class Engines(NamedTuple):
     spec: EngineSet
     procs: list[Proc]
@@ -119,8 +102,11 @@ def cpu_env() -> dict[str, str]:
 
 
 def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
-                pool_id: str | None) -> list[str]:
-    common = ["--model-path", spec.model_dir, "--host", "127.0.0.1", "--port", str(port),
+                pool_id: str | None, host: str = "127.0.0.1", worker_id: str | None = None,
+                events_endpoint: str | None = None) -> list[str]:
+    """One engine's command line; ``events_endpoint``: a stock engine's KV-event PUB (default
+    a free loopback port)."""
+    common = ["--model-path", spec.model_dir, "--host", host, "--port", str(port),
               *CPU_FLAGS, "--page-size", str(spec.page_size),
               "--max-total-tokens", str(spec.max_total_tokens), "--log-level", "warning",
               *spec.extra_args]
@@ -128,13 +114,13 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
         argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--", *common]
         if spec.kv_events:
             argv += ["--kv-events-config", json.dumps({
-                "publisher": "zmq", "endpoint": f"tcp://127.0.0.1:{free_port()}",
-                "topic": "kv-events"})]
+                "publisher": "zmq", "topic": "kv-events",
+                "endpoint": events_endpoint or f"tcp://127.0.0.1:{free_port()}"})]
         return argv
     if router_url is None or pool_id is None:
         raise ValueError("ours engines need the router URL and a pool id")
     return [sys.executable, "-m", "radix_global_cli", "sglang", *common,
-            "--radix-global", router_url, "--worker-id", f"eng-{index}-{port}",
+            "--radix-global", router_url, "--worker-id", worker_id or f"eng-{index}-{port}",
             "--pool-id", pool_id, "--pool-root", spec.pool_root,
             "--pool-capacity-gb", str(spec.pool_capacity_gb), "--hicache-ratio", "2",
             "--hicache-storage-prefetch-policy", "wait_complete", "--heartbeat-interval", "1"]
@@ -188,23 +174,9 @@ class LocalCluster:
 
     def wait_healthy(self, procs: Sequence[Proc], timeout_s: float | None = None,
                      path: str = "/health", accept: tuple[int, ...] = (200,)) -> None:
-        deadline = time.monotonic() + (timeout_s or self.startup_timeout_s)
-        waiting = list(procs)
         with httpx.Client(timeout=3.0) as client:
-            while waiting:
-                for p in list(waiting):
-                    if p.popen.poll() is not None:
-                        raise ClusterError(f"{p.name} exited with {p.popen.returncode}; log "
-                                           f"{p.log_path}:\n{p.log_tail()}")
-                    with contextlib.suppress(httpx.HTTPError):
-                        if client.get(p.url + path).status_code in accept:
-                            waiting.remove(p)
-                if waiting and time.monotonic() > deadline:
-                    p = waiting[0]
-                    raise ClusterError(f"{p.name} not healthy after {timeout_s} s; log "
-                                       f"{p.log_path}:\n{p.log_tail()}")
-                if waiting:
-                    time.sleep(0.5)
+            wait_answering(procs, lambda url: client.get(url).status_code, path, accept,
+                           timeout_s or self.startup_timeout_s)
 
     def start_engines(self, spec: EngineSet, router_url: str | None = None,
                       tag: str = "") -> Engines:
@@ -264,16 +236,7 @@ class LocalCluster:
                            f"{router.log_tail()}")
 
     def stop(self, proc: Proc) -> None:
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, sig)
-            try:
-                proc.popen.wait(timeout=self.stop_timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
-        with contextlib.suppress(ProcessLookupError):  # stragglers of the group
-            os.killpg(proc.popen.pid, signal.SIGKILL)
+        stop_group(proc.popen, self.stop_timeout_s)
         if proc in self.procs:
             self.procs.remove(proc)
 

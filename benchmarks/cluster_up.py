@@ -29,7 +29,8 @@ from typing import Any
 
 from benchmarks.cluster import MAX_ENGINES, ClusterError
 from benchmarks.host_cluster import INDEX_PORT, HostCluster, HostProc
-from benchmarks.hosts import HostError, HostSet, remove_stale
+from benchmarks.hosts import HostSet
+from benchmarks.netns import HostError, remove_stale
 from radix_global.trace import synthetic_word
 
 DEFAULT_MODEL = "build/tiny-llama"
@@ -125,8 +126,8 @@ def _interrupt(signum: int, frame: object) -> None:
 
 def up(args: Any) -> int:
     if not 1 <= args.hosts <= MAX_ENGINES:
-        print(f"radix-global cluster: --hosts must be 1..{MAX_ENGINES} (2 cores, one engine "
-              "each)", file=sys.stderr)
+        print(f"radix-global cluster: --hosts must be 1..{MAX_ENGINES} (one engine each: at "
+              "most that many on this machine)", file=sys.stderr)
         return 2
     from benchmarks.bench import ensure_model
 

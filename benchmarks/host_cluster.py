@@ -5,7 +5,7 @@ own (``benchmarks/hosts.py``), that reach each other only over the hosts' links.
         cluster = HostCluster(hosts, model_dir, client_host="r")
         router = cluster.start_router("r")
         workers = [cluster.start_worker(h, router, cores={i}) for i, h in enumerate("ab")]
-        cluster.wait_workers(router, 2)
+        cluster.wait_workers(router, {"w-a", "w-b"})
         cluster.request("POST", router.url + "/v1/chat/completions", json={...})
         cluster.close()
 
@@ -18,16 +18,13 @@ What it starts, per host, all inside the host's namespace (``ip netns exec``):
 - the index service: ``radix-global index serve --host ADDR --admin-token T``.
 Every HTTP call of the caller goes through :meth:`HostCluster.request`, which sends it from the
 client host's namespace (``benchmarks/netns_thread.py``). Waits are bounded; a process that
-exits or does not answer in time raises :class:`benchmarks.cluster.ClusterError` with its log.
+exits or does not answer in time raises :class:`benchmarks.procs.ClusterError` with its log.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import os
 import secrets
-import signal
 import subprocess
 import sys
 import time
@@ -37,9 +34,10 @@ from typing import Any, NamedTuple, TypeVar
 
 import httpx
 
-from benchmarks.cluster import CPU_FLAGS, MAX_ENGINES, ClusterError, cpu_env
+from benchmarks.cluster import MAX_ENGINES, EngineSet, cpu_env, engine_argv
 from benchmarks.hosts import HostSet
-from benchmarks.netns_thread import netns_executor
+from benchmarks.netns import netns_executor
+from benchmarks.procs import ClusterError, log_tail, stop_group, wait_answering
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -55,10 +53,7 @@ class HostProc(NamedTuple):
     log_path: Path
 
     def log_tail(self, chars: int = 4000) -> str:
-        try:
-            return self.log_path.read_bytes()[-chars:].decode("utf-8", "replace")
-        except OSError:
-            return "<no log>"
+        return log_tail(self.log_path, chars)
 
 
 class HostCluster:
@@ -113,16 +108,18 @@ class HostCluster:
                 "--heartbeat-timeout", str(heartbeat_timeout_s)]
         return self._spawn(host, "index", argv, f"{address}:{INDEX_PORT}")
 
+    def _engines(self, host: str, extra: Sequence[str], kind: str = "ours") -> EngineSet:
+        return EngineSet(kind, self.model_dir, n=1, page_size=self.page_size,
+                         max_total_tokens=16384, pool_capacity_gb=0.25,
+                         pool_root=self.hosts[host].pool_root, extra_args=(
+                             "--served-model-name", "tiny", "--enable-cache-report", *extra))
+
     def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = ()) -> list[str]:
-        return [sys.executable, "-m", "radix_global_cli", "sglang",
-                "--model-path", self.model_dir, "--served-model-name", "tiny",
-                "--host", self.hosts[host].address, "--port", str(WORKER_PORT), *CPU_FLAGS,
-                "--page-size", str(self.page_size), "--max-total-tokens", "16384",
-                "--log-level", "warning", "--enable-cache-report",
-                "--radix-global", router.url, "--admin-token", self.admin_token,
-                "--worker-id", f"w-{host}", "--heartbeat-interval", "1",
-                *self.hosts.pool_args(host), "--pool-capacity-gb", "0.25", "--hicache-ratio", "2",
-                "--hicache-storage-prefetch-policy", "wait_complete", *extra]
+        """``radix-global sglang`` on ``host``'s address, with the cluster's admin token and the
+        host's own pool (``benchmarks.cluster.engine_argv``)."""
+        spec = self._engines(host, ["--admin-token", self.admin_token, *extra])
+        return engine_argv(spec, WORKER_PORT, 0, router.url, self.hosts[host].pool_id,
+                           host=self.hosts[host].address, worker_id=f"w-{host}")
 
     def start_worker(self, host: str, router: HostProc, cores: set[int] | None = None,
                      extra: Sequence[str] = ()) -> HostProc:
@@ -132,13 +129,8 @@ class HostCluster:
     def start_stock_worker(self, host: str, cores: set[int] | None = None) -> HostProc:
         """Plain SGLang on ``host`` (no wrapper, no registration), publishing its KV events on
         SGLang's own ``tcp://*:5557``: what a router-only deployment sits in front of."""
-        events = {"publisher": "zmq", "endpoint": "tcp://*:5557", "topic": "kv-events"}
-        argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--",
-                "--model-path", self.model_dir, "--served-model-name", "tiny",
-                "--host", self.hosts[host].address, "--port", str(WORKER_PORT), *CPU_FLAGS,
-                "--page-size", str(self.page_size), "--max-total-tokens", "16384",
-                "--log-level", "warning", "--enable-cache-report",
-                "--kv-events-config", json.dumps(events)]
+        argv = engine_argv(self._engines(host, (), "stock"), WORKER_PORT, 0, None, None,
+                           host=self.hosts[host].address, events_endpoint="tcp://*:5557")
         return self._start_engine(host, "stock", argv, cores)
 
     def _start_engine(self, host: str, name: str, argv: list[str], cores: set[int] | None
@@ -150,22 +142,8 @@ class HostCluster:
     def wait_http(self, procs: Sequence[HostProc], path: str = "/health",
                   accept: tuple[int, ...] = (200,), timeout_s: float = 600.0) -> None:
         """Until every process answers ``path`` with a status in ``accept``, bounded."""
-        deadline = time.monotonic() + timeout_s
-        waiting = list(procs)
-        while waiting:
-            for p in list(waiting):
-                if p.popen.poll() is not None:
-                    raise ClusterError(f"{p.host}/{p.name} exited with {p.popen.returncode}; "
-                                       f"log {p.log_path}:\n{p.log_tail()}")
-                with contextlib.suppress(httpx.HTTPError):
-                    if self.request("GET", p.url + path, timeout=5.0).status_code in accept:
-                        waiting.remove(p)
-            if waiting and time.monotonic() > deadline:
-                p = waiting[0]
-                raise ClusterError(f"{p.host}/{p.name} not answering {path} after {timeout_s} s;"
-                                   f" log {p.log_path}:\n{p.log_tail()}")
-            if waiting:
-                time.sleep(0.5)
+        wait_answering(procs, lambda url: self.request("GET", url, timeout=5.0).status_code,
+                       path, accept, timeout_s)
 
     def workers(self, router: HostProc) -> list[dict[str, Any]]:
         """The router's ``/admin/workers`` list."""
@@ -190,15 +168,7 @@ class HostCluster:
                            f"{timeout_s} s:\n{router.log_tail()}")
 
     def stop(self, proc: HostProc) -> None:
-        """SIGTERM the process group, SIGKILL after ``stop_timeout_s``."""
-        for sig in (signal.SIGTERM, signal.SIGKILL):
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(proc.popen.pid, sig)
-            try:
-                proc.popen.wait(timeout=self.stop_timeout_s)
-                break
-            except subprocess.TimeoutExpired:
-                continue
+        stop_group(proc.popen, self.stop_timeout_s)
         if proc in self.procs:
             self.procs.remove(proc)
 

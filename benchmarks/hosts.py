@@ -26,23 +26,19 @@ import shlex
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
+from benchmarks import netns
+from benchmarks.netns import POOL_BASE, PREFIX, HostError
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-PREFIX = "rgh"
-POOL_BASE = Path("/dev/shm/radix-global-hosts")
 BRIDGE = "br0"
 PORT_RANGE = (30100, 32000)  # below the kernel's ephemeral ports (32768+): no clash with clients
 _NAME = re.compile(r"[a-z0-9]{1,10}")
 _WRAPPERS = ("radix_global_cli", "radix-global")
-
-
-class HostError(RuntimeError):
-    """A host set that cannot be made or a request it refuses (message says why)."""
 
 
 class LinkBytes(NamedTuple):
@@ -107,8 +103,9 @@ class HostSet:
     def up(self) -> HostSet:
         """Create the bridge and the hosts (sets of dead owners are swept first). On a failure
         or an interrupt what was made is torn down; failures raise HostError."""
-        remove_stale(PREFIX)
-        taken = set(_netns_list()) & {self.bridge_netns, *(h.netns for h in self.hosts.values())}
+        netns.remove_stale(PREFIX)
+        mine = {self.bridge_netns, *(h.netns for h in self.hosts.values())}
+        taken = set(netns.netns_list()) & mine
         if taken:
             raise HostError(f"namespaces {sorted(taken)} exist: this set or another of this "
                             "process is up")
@@ -117,16 +114,16 @@ class HostSet:
             br = self.bridge_netns
             self._add_netns(br)
             # No multicast snooping: the bridge would send IGMP reports to every host.
-            _ip("-n", br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
-            _ip("-n", br, "link", "set", BRIDGE, "up")
+            netns.ip("-n", br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
+            netns.ip("-n", br, "link", "set", BRIDGE, "up")
             for h in self.hosts.values():
                 self._add_netns(h.netns)
                 # Made inside the bridge namespace: no end ever appears in the root one.
-                _ip("-n", br, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name",
+                netns.ip("-n", br, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name",
                     "eth0", "netns", h.netns)
-                _ip("-n", br, "link", "set", f"v-{h.name}", "master", BRIDGE, "up")
-                _ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
-                _ip("-n", h.netns, "link", "set", "eth0", "up")
+                netns.ip("-n", br, "link", "set", f"v-{h.name}", "master", BRIDGE, "up")
+                netns.ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
+                netns.ip("-n", h.netns, "link", "set", "eth0", "up")
                 self._pools.append(Path(h.pool_root))
                 shutil.rmtree(h.pool_root, ignore_errors=True)  # a leftover: no live set has it
                 Path(h.pool_root).mkdir(parents=True)
@@ -139,11 +136,12 @@ class HostSet:
 
     def _add_netns(self, ns: str) -> None:
         self._made.append(ns)  # before creating: an interrupt in between still tears it down
-        _ip("netns", "add", ns)
-        _ip("-n", ns, "link", "set", "lo", "up")
+        netns.ip("netns", "add", ns)
+        netns.ip("-n", ns, "link", "set", "lo", "up")
         # No IPv6 on interfaces made from now on (lo keeps it): its multicast chatter would
         # add to every host's byte counts.
-        _run(["ip", "netns", "exec", ns, "sysctl", "-qw", "net.ipv6.conf.default.disable_ipv6=1"])
+        netns.run(["ip", "netns", "exec", ns, "sysctl", "-qw",
+                   "net.ipv6.conf.default.disable_ipv6=1"])
 
     def close(self) -> None:
         """Kill every process of the set, delete its namespaces and pool roots. Idempotent, and
@@ -153,15 +151,15 @@ class HostSet:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(popen.pid, signal.SIGKILL)
             for ns in self._made:
-                _kill_netns(ns, self.stop_timeout_s)
+                netns.kill_netns(ns, self.stop_timeout_s)
             for _, popen in self._spawned:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     popen.wait(timeout=self.stop_timeout_s)
-            existing = set(_netns_list())
+            existing = set(netns.netns_list())
             for ns in reversed(self._made):  # hosts first, the bridge last
                 if ns in existing:
                     with contextlib.suppress(HostError):
-                        _ip("netns", "del", ns)
+                        netns.ip("netns", "del", ns)
             for root in self._pools:
                 shutil.rmtree(root, ignore_errors=True)
             with contextlib.suppress(OSError):
@@ -221,7 +219,7 @@ class HostSet:
 
     def link(self, host: str, up: bool) -> None:
         """Plug (``up``) or pull the host's cable: its veth end on the bridge."""
-        _ip("-n", self.bridge_netns, "link", "set", f"v-{self[host].name}",
+        netns.ip("-n", self.bridge_netns, "link", "set", f"v-{self[host].name}",
             "up" if up else "down")
 
     def shape(self, host: str, rate_mbit: float | None) -> None:
@@ -233,31 +231,32 @@ class HostSet:
         # The bridge side shapes what the host receives, eth0 what it sends.
         for ns, dev in ((self.bridge_netns, f"v-{h.name}"), (h.netns, "eth0")):
             if rate_mbit is not None:
-                _run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                netns.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
                       f"{max(1, round(rate_mbit * 1000))}kbit", "burst", "64kb",
                       "latency", "400ms"])
                 continue
-            shown = json.loads(_run(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
+            shown = json.loads(netns.run(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
             if any(q.get("kind") == "tbf" for q in shown):  # del refuses the default qdisc
-                _run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
+                netns.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
 
     def bytes(self, host: str) -> LinkBytes:
-        stats = json.loads(_ip("-n", self[host].netns, "-s", "-j", "link", "show", "eth0"))
+        stats = json.loads(netns.ip("-n", self[host].netns, "-s", "-j", "link", "show", "eth0"))
         s64 = stats[0]["stats64"]
         return LinkBytes(int(s64["rx"]["bytes"]), int(s64["tx"]["bytes"]))
 
     def pids(self, host: str) -> list[int]:
-        return [int(p) for p in _ip("netns", "pids", self[host].netns).split()]
+        return [int(p) for p in netns.ip("netns", "pids", self[host].netns).split()]
 
     def fail(self, host: str) -> None:
-        """The host dies: everything in it SIGKILLed and reaped (bounded), then its cable pulled.
-        Processes still there after ``stop_timeout_s`` raise HostError."""
-        left = _kill_netns(self[host].netns, self.stop_timeout_s)
+        """The host dies: its cable pulled first (so no FIN or RST of its dying processes
+        reaches anyone, as with a power loss), then everything in it SIGKILLed and reaped
+        (bounded). Processes still there after ``stop_timeout_s`` raise HostError."""
+        self.link(host, False)
+        left = netns.kill_netns(self[host].netns, self.stop_timeout_s)
         for _, popen in (s for s in self._spawned if s[0] == host):
             with contextlib.suppress(subprocess.TimeoutExpired):
                 popen.wait(timeout=self.stop_timeout_s)
         self._spawned = [s for s in self._spawned if s[0] != host]
-        self.link(host, False)
         if left:
             raise HostError(f"host {host}: pids {left} survived SIGKILL")
 
@@ -271,7 +270,7 @@ class HostSet:
     def free_port(self, host: str) -> int:
         """A port in ``PORT_RANGE`` no TCP/UDP socket listens on inside ``host``, never handed
         out before by this set (processes started together get different ones)."""
-        out = _run(["ss", "-N", self[host].netns, "-Hltun"])  # lines end "local:port peer"
+        out = netns.run(["ss", "-N", self[host].netns, "-Hltun"])  # lines end "local:port peer"
         used = {int(p) for p in re.findall(r":(\d+)\s+\S+\s*$", out, re.MULTILINE)}
         free = sorted(set(range(*PORT_RANGE)) - used - self._given[host])
         if not free:
@@ -279,65 +278,6 @@ class HostSet:
         port = random.choice(free)
         self._given[host].add(port)
         return port
-
-
-def remove_stale(prefix: str = PREFIX) -> list[str]:
-    """Namespaces ``{prefix}<pid>-*`` whose owner pid is no longer alive (a crashed earlier run):
-    kill their processes, delete them and ``/dev/shm/radix-global-hosts/<pid>``; returns the
-    removed names. Sets of live owners are left alone (so is one whose pid was reused)."""
-    removed = []
-    for ns in _netns_list():
-        m = re.fullmatch(rf"{re.escape(prefix)}(\d+)-[a-z0-9]+", ns)
-        if m and not _alive(int(m[1])):
-            _kill_netns(ns, 5.0)
-            with contextlib.suppress(HostError):
-                _ip("netns", "del", ns)
-                removed.append(ns)
-    with contextlib.suppress(OSError):  # also pools whose namespaces went already
-        for d in POOL_BASE.iterdir():
-            if d.name.isdigit() and not _alive(int(d.name)):
-                shutil.rmtree(d, ignore_errors=True)
-    return removed
-
-
-def _run(argv: Sequence[str], timeout_s: float = 10.0) -> str:
-    try:
-        r = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout_s)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        raise HostError(f"{shlex.join(argv)}: {e}") from e
-    if r.returncode != 0:
-        raise HostError(f"{shlex.join(argv)} failed ({r.returncode}): {r.stderr.strip()}")
-    return r.stdout
-
-
-def _ip(*args: str) -> str:
-    return _run(["ip", *args])
-
-
-def _netns_list() -> list[str]:
-    return [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
-
-
-def _alive(pid: int) -> bool:
-    return Path(f"/proc/{pid}").exists()
-
-
-def _kill_netns(ns: str, timeout_s: float) -> list[int]:
-    """SIGKILL everything in ``ns`` until it is empty (a process may fork meanwhile); returns
-    the pids still there at the deadline. A missing namespace is empty."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            pids = [int(p) for p in _ip("netns", "pids", ns).split()]
-        except HostError:
-            return []
-        pids = [p for p in pids if p not in (1, os.getpid())]
-        if not pids or time.monotonic() > deadline:
-            return pids
-        for p in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(p, signal.SIGKILL)
-        time.sleep(0.02)
 
 
 def _is_launch_wrapper(argv: Sequence[str]) -> bool:

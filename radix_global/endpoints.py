@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from urllib.parse import urlsplit
 
 # A host to connect to: a name, an IPv4 address or an IPv6 one (bracketed or not). Not "*": that
@@ -44,26 +45,39 @@ def endpoint_problem(endpoint: str, ranks: int = 1) -> str | None:
     return "must be tcp://HOST:PORT, ipc://PATH or inproc://NAME"
 
 
-_HOST_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "*"})
+_HOST_LOCAL_NAMES = frozenset({"localhost", "localhost.localdomain", "localhost6",
+                               "localhost6.localdomain6", "ip6-localhost", "ip6-loopback", "*"})
+
+
+def is_loopback_address(host: str) -> bool:
+    """Whether ``host`` (an address or a name) means this host itself: a loopback or wildcard
+    address in any spelling the C resolver accepts (``127.1``, ``0``, ``2130706433``,
+    ``0x7f000001``, ``::ffff:127.0.0.1``, a trailing dot) or a loopback name. Names are not
+    resolved: one that resolves to loopback only on some host is taken as a remote name."""
+    host = host.strip("[]").rstrip(".").lower()
+    if host in _HOST_LOCAL_NAMES or host.endswith(".localhost"):
+        return True
+    try:
+        ip: ipaddress.IPv4Address | ipaddress.IPv6Address = ipaddress.ip_address(host)
+    except ValueError:
+        try:  # the shorthand IPv4 forms inet_aton (and so connect()) accepts
+            ip = ipaddress.IPv4Address(socket.inet_aton(host))
+        except OSError:
+            return False
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return ip.is_loopback or ip.is_unspecified
 
 
 def is_host_local(address: str) -> bool:
     """Whether ``address`` (an ``http(s)://`` URL or a ZMQ endpoint) can be reached only from the
-    host that names it: a loopback or wildcard host, or an ``ipc://`` / ``inproc://`` socket.
-    Such an address is fine from a worker on the router's own host, and useless from any other
-    (``docs/interfaces.md`` section 12)."""
+    host that names it: a loopback or wildcard host (:func:`is_loopback_address`), or an
+    ``ipc://`` / ``inproc://`` socket. Such an address is fine from a worker on the router's
+    own host, and useless from any other (``docs/interfaces.md`` section 12)."""
     if address.startswith(("ipc://", "inproc://")):
         return True
     try:
         host = urlsplit(address).hostname
     except ValueError:
         return False  # unparseable: endpoint_problem / the URL check say why
-    if host is None:
-        return False
-    if host.lower() in _HOST_LOCAL_NAMES or host.lower().endswith(".localhost"):
-        return True
-    try:
-        ip = ipaddress.ip_address(host)
-    except ValueError:
-        return False  # a name: only its resolver knows, and it may well be remote
-    return ip.is_loopback or ip.is_unspecified
+    return host is not None and is_loopback_address(host)

@@ -93,7 +93,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 raise RegistrationError(f"{name} {endpoint!r}: {problem}")
 
 
-def check_reachable_from_afar(info: WorkerInfo) -> None:
+def refuse_host_local(info: WorkerInfo) -> None:
     """For a registration that came from another host: refuse a URL or endpoint only the
     worker's own host can reach (loopback, wildcard, ipc), which the receiver would try on its
     own host instead (``docs/interfaces.md`` section 12)."""

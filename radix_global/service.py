@@ -24,6 +24,7 @@ from typing import Any, NoReturn
 import grpc
 import msgspec
 
+from radix_global.endpoints import is_loopback_address
 from radix_global.ops import (
     IndexRefusal,
     PageSizeMismatchError,
@@ -33,8 +34,8 @@ from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import (
     RegistrationError,
-    check_reachable_from_afar,
     decode_worker_info,
+    refuse_host_local,
 )
 from radix_global.service_state import ServiceState, new_index, restore_index
 from radix_global.shards import stats_dict
@@ -86,7 +87,12 @@ class ServiceConfig(msgspec.Struct, frozen=True):
 def is_loopback_peer(peer: str) -> bool:
     """A gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) that
     can only be this machine."""
-    return peer.startswith(("ipv4:127.", "ipv6:[::1]", "ipv6:[::ffff:127.", "unix:"))
+    if peer.startswith("unix:"):
+        return True
+    kind, _, rest = peer.partition(":")
+    if kind not in ("ipv4", "ipv6"):
+        return False
+    return is_loopback_address(rest.rsplit(":", 1)[0])
 
 
 async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str,
@@ -136,7 +142,7 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
         async def register() -> pb.RegisterReply:
             info = decode_worker_info(request.worker_info_json)
             if not is_loopback_peer(context.peer()):
-                check_reachable_from_afar(info)
+                refuse_host_local(info)
             return pb.RegisterReply(worker_id=info.worker_id,
                                     subscribed=await self._state.register(info))
         return await self._call(context, register, admin=True)

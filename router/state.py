@@ -198,9 +198,13 @@ class RouterState:
 
     def _worker_dead(self, entry: WorkerEntry) -> None:
         """A worker removed as dead: its host may be gone without closing a connection, so the
-        requests it carries would wait for the read timeout; they end now, with an error."""
+        requests it carries would wait for the read timeout; they end now (retried elsewhere
+        when nothing was answered yet). Not while another entry serves the same URL."""
+        if any(e.info.url == entry.info.url for e in self.registry.all()):
+            return
         broken = self.proxy.break_worker(entry.info.url, f"worker {entry.worker_id} left the "
-                                         "cluster (no heartbeat or failed health checks)")
+                                         "cluster (no heartbeat, failed health checks or "
+                                         "refused connections)")
         if broken:
             log.warning("ended %d connections to dead worker %s", broken, entry.worker_id)
 

@@ -148,10 +148,14 @@ def advertised_host(host: str | None, advertise: str | None) -> str:
             raise LaunchError(f"--host {bind} listens on every interface but names none to "
                               "register: add --advertise-host ADDR (the address other hosts "
                               "reach this one at)")
-        return bind
+        advertise = bind
     if not advertise or advertise in WILDCARD_HOSTS or not advertise.isprintable():
         raise LaunchError(f"--advertise-host {advertise!r} is not an address to connect to")
-    if bind not in WILDCARD_HOSTS and bind.strip("[]") != advertise.strip("[]"):
+    if ":" in advertise:
+        raise LaunchError(f"{advertise}: IPv6 is not supported (SGLang's KV-event publisher "
+                          "does not enable ZMQ's IPv6 sockets); advertise an IPv4 address or a "
+                          "name")
+    if bind not in WILDCARD_HOSTS and bind != advertise:
         raise LaunchError(f"--advertise-host {advertise} but --host {bind}: the server would "
                           f"not listen at the advertised address; use --host {advertise} or "
                           "--host 0.0.0.0")
@@ -297,10 +301,16 @@ def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tupl
     (the subscriber connects rank ``r`` at port + ``r``), else free ports on ``bind``."""
     if base is None:
         return free_port(bind), free_port(bind), free_port(bind)
-    dp = int(flag_value(sglang_argv, "--dp-size") or flag_value(sglang_argv, "--dp") or 1)
+    # events carry the attention-DP rank when DP attention is on, the DP rank otherwise
+    dp = max(int(flag_value(sglang_argv, name) or 1)
+             for name in ("--dp-size", "--dp", "--attn-dp-size"))
     if not 1 <= base <= 65535 - 2 * dp:
         raise LaunchError(f"--event-port-base {base}: needs ports {base}..{base + 2 * dp}, "
                           "within 1..65535")
+    http = int(flag_value(sglang_argv, "--port") or 30000)
+    if base <= http <= base + 2 * dp:
+        raise LaunchError(f"--event-port-base {base}: ports {base}..{base + 2 * dp} include "
+                          f"the server's --port {http}")
     return base, base + dp, base + 2 * dp
 
 

@@ -184,7 +184,9 @@ class HealthMonitor:
         log.warning("connect to worker %s failed (%s, %d in a row): %s", worker_id, kind, streak,
                     "removed" if evict else "kept")
         if evict:
-            self.mark_dead(worker_id)
+            # Refused: the process is gone. Timeouts: maybe a full accept queue of a busy
+            # engine, whose established streams are fine: those are left to finish.
+            self.mark_dead(worker_id, gone=kind == CONNECT_REFUSED)
             if self.on_change is not None:
                 self.on_change()
         return evict
@@ -193,10 +195,13 @@ class HealthMonitor:
         """A request reached ``worker_id``: its connect-failure streak ends."""
         self.connect_failures.succeeded(worker_id)
 
-    def mark_dead(self, worker_id: str) -> None:
-        """Remove a worker now (failed checks, or refused connections on the request path)."""
+    def mark_dead(self, worker_id: str, gone: bool = True) -> None:
+        """Remove a worker now (failed checks, or failed connects on the request path); ``gone``:
+        it is known dead, and what it still carries is ended (``on_dead``)."""
         if self.registry.find(worker_id) is not None:
-            self._dead(self.registry.remove(worker_id))
+            entry = self.registry.remove(worker_id)
+            if gone:
+                self._dead(entry)
         self._failures[worker_id] = 0
         self.connect_failures.forget(worker_id)
 

@@ -13,17 +13,17 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radix_global.endpoints import is_loopback_address
 from radix_global.registration import (
     RegistrationError,
-    check_reachable_from_afar,
     decode_worker_info,
+    refuse_host_local,
 )
 from router.cluster.registry import RegistryError, Source, WorkerEntry
 from router.request.handler import read_body
 from router.state import RouterState, key_mismatch
 from router.transport.errors import ErrorType, error_response
 
-_LOOPBACK = {"127.0.0.1", "::1", "localhost"}
 # Headers by which some proxy says who the client was: their presence means the loopback peer
 # may be a proxy speaking for anyone (the server never rewrites the peer from them).
 _FORWARDING = frozenset({"forwarded", "via", "x-real-ip", "true-client-ip", "x-client-ip",
@@ -36,8 +36,8 @@ def _proxied(request: Request) -> bool:
     return any(k in _FORWARDING or k.startswith("x-forwarded-") for k in request.headers)
 
 
-def _from_this_host(request: Request) -> bool:
-    return request.client is not None and request.client.host in _LOOPBACK
+def _loopback_peer(request: Request) -> bool:
+    return request.client is not None and is_loopback_address(request.client.host)
 
 
 def _authorized(state: RouterState, request: Request) -> bool:
@@ -45,7 +45,7 @@ def _authorized(state: RouterState, request: Request) -> bool:
     if token is None:
         # Without a token: loopback peers only, and not through a reverse proxy on this host
         # (the server does not rewrite the peer from forwarding headers: it would be loopback).
-        return _from_this_host(request) and not _proxied(request)
+        return _loopback_peer(request) and not _proxied(request)
     given = request.headers.get("authorization", "")
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
@@ -116,8 +116,8 @@ def admin_routes(state: RouterState) -> list[Route]:
             return error_response(413, f"registration larger than {ADMIN_BODY_MAX_BYTES} bytes")
         try:
             info = decode_worker_info(body)
-            if not _from_this_host(request):
-                check_reachable_from_afar(info)
+            if not _loopback_peer(request) or _proxied(request):  # from another host
+                refuse_host_local(info)
         except RegistrationError as exc:
             return error_response(400, f"bad registration: {exc}")
         entry = state.registry.add(info, Source.REGISTERED, state.clock())

@@ -30,6 +30,7 @@ from router.transport.errors import ErrorType, send_error, send_failure, sse_err
 from router.transport.proxy import (
     ClientGone,
     UpstreamFailed,
+    UpstreamGone,
     UpstreamResponse,
     UpstreamUnavailable,
     until_disconnect,
@@ -191,7 +192,8 @@ class Forward:
                 log.warning("worker %s refused the request: %s", wid, exc)
                 st.metrics.upstream_errors.labels(wid, "unavailable").inc()
                 self._finish(False)
-                st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
+                if not isinstance(exc, UpstreamGone):  # gone: removed already
+                    st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
                 excluded.add(wid)
                 attempts += 1
                 nxt = route(st, self.inbound, excluded) if attempts <= st.config.max_retries \

@@ -298,24 +298,31 @@ class HttpPool:
             await waiter
         self._open += 1
         loop = asyncio.get_running_loop()
+        made: list[_Conn] = []
+
+        def protocol() -> _Conn:
+            made.append(_Conn(loop, self, key))
+            return made[-1]
+
         try:
             async with asyncio.timeout(self.connect_timeout_s):
-                _, conn = await loop.create_connection(lambda: _Conn(loop, self, key), key[0],
-                                                       key[1])
-        except (OSError, TimeoutError) as exc:
-            self._closed_one(None)
-            raise ConnectFailed(f"{key[0]}:{key[1]}: {exc!r}") from exc
-        except BaseException:
-            self._closed_one(None)
+                _, conn = await loop.create_connection(protocol, key[0], key[1])
+        except BaseException as exc:
+            # A connection that was made reports its loss (and frees its slot) itself.
+            if not (made and made[0].transport is not None):
+                self._closed_one(None)
+            if isinstance(exc, (OSError, TimeoutError)):
+                raise ConnectFailed(f"{key[0]}:{key[1]}: {exc!r}") from exc
             raise
         self._live.setdefault(key, set()).add(conn)
         return conn
 
-    def break_connections(self, host: str, port: int, reason: str) -> int:
-        """Close every connection to ``host:port`` now, failing the exchanges they carry with
-        :class:`WorkerGone` (``reason``): for a server known to be gone, whose connections
-        would otherwise wait for a FIN that a dead host never sends. Returns how many."""
-        conns = list(self._live.get((host, port), ()))
+    def break_connections(self, url: str, reason: str) -> int:
+        """Close every connection to ``url``'s server now (idle ones too), failing the
+        exchanges they carry with :class:`WorkerGone` (``reason``): for a server known to be
+        gone, whose connections would otherwise wait for a FIN that a dead host never sends.
+        Returns how many."""
+        conns = list(self._live.get(self._target(url)[0], ()))
         for conn in conns:
             if conn.answer is not None:
                 conn.answer._fail(WorkerGone(reason))

@@ -20,7 +20,6 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
 from typing import Any, NamedTuple, TypeVar
-from urllib.parse import urlsplit
 
 import httpx
 from starlette.types import Receive, Scope
@@ -52,6 +51,11 @@ class ProxyConfig(NamedTuple):
 
 class UpstreamUnavailable(Exception):
     """The worker did not take the request (connect error): retry elsewhere is safe."""
+
+
+class UpstreamGone(UpstreamUnavailable):
+    """The worker left the cluster before it answered (:meth:`Proxy.break_worker`): retry
+    elsewhere, and do not count it as a refused connect (it is not the worker's new fault)."""
 
 
 class UpstreamFailed(Exception):
@@ -108,7 +112,9 @@ class Proxy:
     async def _send(self, url: str, body: bytes, headers: dict[str, str]) -> HttpAnswer:
         try:
             return await self._pool.post(url, body, headers.items())
-        except (ConnectFailed, WorkerGone) as exc:  # a gone worker's unanswered ones: retryable
+        except WorkerGone as exc:
+            raise UpstreamGone(f"{url}: {exc}") from exc
+        except ConnectFailed as exc:
             raise UpstreamUnavailable(f"{url}: {exc}") from exc
         except RequestFailed as exc:
             raise UpstreamFailed(f"{url}: {exc}") from exc
@@ -136,10 +142,10 @@ class Proxy:
         retries it elsewhere: no byte of it reached the client, and its worker is gone); one
         that was streaming is :class:`UpstreamFailed` (the relay ends it with an error event).
         Returns how many."""
-        parts = urlsplit(base_url)
-        if parts.hostname is None:
+        try:
+            return self._pool.break_connections(base_url, reason)
+        except ConnectFailed:  # not an http:// URL: the pool never connected to it
             return 0
-        return self._pool.break_connections(parts.hostname, parts.port or 80, reason)
 
     async def abort(self, base_url: str, rid: str) -> None:
         """Ask an SGLang worker to abort ``rid``; best effort (the worker may be gone)."""

@@ -14,9 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import hosts as hosts_module
-from benchmarks.hosts import POOL_BASE, HostError, HostSet, LinkBytes, remove_stale
+from benchmarks import netns
+from benchmarks.hosts import HostSet, LinkBytes
+from benchmarks.netns import POOL_BASE, HostError, remove_stale
 
+# Real namespaces and processes (root, iproute2): with the end-to-end tests, not the unit ones.
+pytestmark = pytest.mark.e2e
 MIB = 1 << 20
 
 SERVER = r"""
@@ -258,7 +261,7 @@ def test_a_second_set_of_the_same_process_is_refused(hosts: HostSet, tmp_path: P
 @pytest.mark.parametrize("fault", [HostError, KeyboardInterrupt])
 def test_a_failed_or_interrupted_up_tears_down_what_it_made(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, fault: type[BaseException]) -> None:
-    real_ip = hosts_module._ip
+    real_ip = netns.ip
 
     def ip(*args: str) -> str:
         if "v-b" in args and "master" in args:
@@ -267,7 +270,7 @@ def test_a_failed_or_interrupted_up_tears_down_what_it_made(
             return real_ip(*args[:-1], "nosuchmode")  # a real refusal, with its stderr
         return real_ip(*args)
 
-    monkeypatch.setattr(hosts_module, "_ip", ip)
+    monkeypatch.setattr(netns, "ip", ip)
     hs = HostSet(["a", "b"], tmp_path)
     with pytest.raises(fault) as caught:
         hs.up()

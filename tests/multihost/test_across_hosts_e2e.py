@@ -7,7 +7,8 @@ byte between the parts crosses a veth link; nothing listens on the root namespac
 1. A conversation is routed by R to the host holding its history, from the index R built out of
    A's and B's KV events over the network, and the engine's cached tokens confirm the
    prediction; the index service on I, fed by the same events, serves the same view.
-2. The host holding it fails (every process SIGKILLed, its link down) while it streams an
+2. The host holding it fails (its link down, then every process SIGKILLed: no FIN reaches
+   anyone, as with a power loss) while it streams an
    answer: that stream ends with an error event, the conversation's next turn (not started yet)
    is answered by the other host and equals a cold run there, the failed worker leaves within
    the heartbeat timeout; when the host comes back its worker rejoins and its events are
@@ -217,7 +218,9 @@ def test_a_failed_host_leaves_and_rejoins_and_no_request_hangs(up: Cluster) -> N
     assert r.json()["output_ids"] == reference
     assert r.json()["meta_info"]["cached_tokens"] == 0  # the survivor never saw it
 
-    streamed_on, body = streaming.result(timeout=HEARTBEAT_TIMEOUT_S + 30)
+    # no FIN reached R (the cable went first): the stream ends when R removes the worker
+    streamed_on, body = streaming.result(timeout=HEARTBEAT_TIMEOUT_S + 15)
+    assert time.monotonic() - t_fail <= HEARTBEAT_TIMEOUT_S + 5
     assert streamed_on == victim
     # the router's error event, then [DONE] (router/transport/errors.py sse_error)
     assert b'"error"' in body[-1000:] and body.rstrip().endswith(b"[DONE]"), body[-500:]

@@ -219,14 +219,11 @@ def test_advertised_host_is_bound_and_registered():
     assert "SGLANG_HOST_IP" not in server_env(build_plan(BASE, ports=(1, 2, 3)))
 
 
-def test_specific_host_is_advertised_by_default_and_ipv6_is_bracketed():
+def test_specific_host_is_advertised_by_default():
     plan = build_plan([*BASE, "--host", "10.77.0.3", "--radix-global", "http://r:1"],
                       ports=(5001, 5002, 5003))
     assert plan.url == "http://10.77.0.3:31000"
     assert plan.kv_events_endpoint == "tcp://10.77.0.3:5001"
-    v6 = build_plan([*BASE, "--host", "::", "--advertise-host", "fd00::2",
-                     "--radix-global", "http://r:1"], ports=(5001, 5002, 5003))
-    assert v6.url == "http://[fd00::2]:31000" and v6.kv_events_endpoint == "tcp://[fd00::2]:5001"
 
 
 @pytest.mark.parametrize("argv, match", [
@@ -235,6 +232,8 @@ def test_specific_host_is_advertised_by_default_and_ipv6_is_bracketed():
     (["--host", "127.0.0.1", "--advertise-host", "10.77.0.2"], "would not listen"),
     (["--host", "0.0.0.0", "--advertise-host", "0.0.0.0"], "not an address"),
     (["--advertise-host", "10.77.0.2"], "would not listen"),  # --host defaults to 127.0.0.1
+    (["--host", "::", "--advertise-host", "fd00::2"], "IPv6 is not supported"),
+    (["--host", "::1"], "IPv6 is not supported"),
 ])
 def test_unreachable_advertisements_are_refused(argv, match):
     with pytest.raises(LaunchError, match=match):
@@ -256,3 +255,8 @@ def test_fixed_event_ports_leave_room_for_every_dp_rank():
     assert plan.pool_events_endpoint == "tcp://10.77.0.2:5504"
     with pytest.raises(LaunchError, match=r"within 1\.\.65535"):
         build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "65534"])
+    attn = build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "5500",
+                       "--attn-dp-size", "4"])
+    assert attn.pool_events_endpoint == "tcp://127.0.0.1:5508"
+    with pytest.raises(LaunchError, match="include the server's --port 31000"):
+        build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "30999"])

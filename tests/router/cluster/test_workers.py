@@ -166,21 +166,60 @@ def test_router_with_standalone_index_service(upstreams, router_factory):
         thread.join(10)
 
 
-def test_a_request_on_a_worker_that_stops_heartbeating_ends_with_an_error_not_a_wait(
+def test_a_request_on_a_worker_that_stops_heartbeating_is_retried_when_it_is_removed(
         upstreams, router_factory):
     """A worker whose host vanished keeps its connections open (no FIN): when it is removed for
-    silence, the request it carries is retried at once instead of waiting for its answer (or
-    the 600 s read timeout); with no other worker that is a 503."""
-    router = router_factory(admin_token="t", heartbeat_timeout_s=0.5,
+    silence, the request it carries (no answer begun) goes to another worker at once, instead
+    of waiting for an answer that never comes (or the 600 s read timeout)."""
+    import threading
+
+    router = router_factory(admin_token="t", heartbeat_timeout_s=0.8,
                             health_check_interval_s=0.1)
-    peer, server = upstreams()
-    peer.mode = "slow"  # answers after 5 s
-    info = WorkerInfo(worker_id="sgl-0", url=server.url, model="tiny", namespace="tiny@1",
-                      page_size=4)
+    silent, silent_server = upstreams()
+    silent.mode = "slow"  # would answer after 5 s
+    _, live_server = upstreams()
+    infos = [WorkerInfo(worker_id=f"sgl-{i}", url=server.url, model="tiny", namespace="tiny@1",
+                        page_size=4) for i, server in enumerate((silent_server, live_server))]
+    stop = threading.Event()
     with router.client() as c:
-        assert _register(c, info).status_code == 201
+        assert _register(c, infos[0]).status_code == 201
         t0 = time.monotonic()
-        r = c.post("/generate", json={"input_ids": [1, 2, 3]}, timeout=30)
-        elapsed = time.monotonic() - t0
-    assert r.status_code == 503 and "no healthy worker" in r.text, r.text
+        reply: list[httpx.Response] = []
+        sender = threading.Thread(target=lambda: reply.append(c.post(
+            "/generate", json={"input_ids": [1, 2, 3]}, timeout=30)))
+        sender.start()
+        deadline = time.monotonic() + 5
+        while not silent.requests:  # the silent worker has it
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert _register(c, infos[1]).status_code == 201
+
+        def beat() -> None:  # sgl-1 stays alive; sgl-0 sends none
+            while not stop.wait(0.1):
+                c.post("/admin/workers/sgl-1/heartbeat", headers={"Authorization": "Bearer t"})
+
+        beater = threading.Thread(target=beat)
+        beater.start()
+        sender.join(timeout=30)
+        stop.set()
+        beater.join()
+    elapsed = time.monotonic() - t0
+    assert reply[0].status_code == 200, reply[0].text
+    assert reply[0].headers["x-radix-worker"] == "sgl-1"
     assert elapsed < 3.0, elapsed
+
+
+def test_only_a_worker_known_dead_has_its_streams_ended():
+    """Refused connects mean the process is gone: its streams are ended (on_dead). Connect
+    timeouts may be a busy engine's full accept queue: it is removed, its streams go on."""
+    from router.cluster.health import HealthConfig, HealthMonitor
+
+    reg = WorkerRegistry()
+    dead: list[str] = []
+    monitor = HealthMonitor(reg, HealthConfig(connect_timeouts_to_remove=1), client=None,
+                            on_dead=lambda e: dead.append(e.worker_id))
+    for wid in ("busy", "gone"):
+        reg.add(_info(wid), Source.REGISTERED, 0.0)
+    assert monitor.connect_failed("busy", TimeoutError("connect timed out"))
+    assert monitor.connect_failed("gone", ConnectionRefusedError("refused"))
+    assert reg.all() == [] and dead == ["gone"]

@@ -367,10 +367,22 @@ def test_registration_from_another_host_must_name_addresses_reachable_from_here(
 
     remote = "10.77.0.9"
     for host, events in [("127.0.0.1", f"tcp://{remote}:5557"), (remote, "tcp://127.0.0.1:5557"),
-                         (remote, "ipc:///tmp/ev"), (remote, "tcp://localhost:5557")]:
+                         (remote, "ipc:///tmp/ev"), (remote, "tcp://localhost:5557"),
+                         ("127.1", f"tcp://{remote}:5557"), (remote, "tcp://0:5557")]:
         r = asyncio.run(post(remote, record(host, events)))
         assert r.status_code == 400 and "--advertise-host" in r.text, (host, events, r.text)
     assert asyncio.run(post(remote, record(remote, f"tcp://{remote}:5557"))).status_code == 201
-    # the single-host deployment: loopback addresses from a loopback peer
-    assert asyncio.run(post("127.0.0.1", record("127.0.0.1", "tcp://127.0.0.1:5557"))
-                       ).status_code == 201
+    # the single-host deployment: loopback addresses from a loopback peer (also IPv4-mapped,
+    # a router listening on ::)
+    for peer in ("127.0.0.1", "::ffff:127.0.0.1"):
+        assert asyncio.run(post(peer, record("127.0.0.1", "tcp://127.0.0.1:5557"))
+                           ).status_code == 201
+    # ... but not when a proxy on this host relays a request from elsewhere
+    async def proxied() -> httpx.Response:
+        state = RouterState(RouterConfig(admin_token="t", model_path=tokenizer_dir))
+        transport = httpx.ASGITransport(build_app(state), client=("127.0.0.1", 40000))
+        async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
+            return await c.post("/admin/workers", content=record("127.0.0.1", "ipc:///tmp/e"),
+                                headers={"Authorization": "Bearer t",
+                                         "X-Forwarded-For": remote})
+    assert asyncio.run(proxied()).status_code == 400

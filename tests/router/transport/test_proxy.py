@@ -261,7 +261,9 @@ def test_connection_limit_an_idle_connection_gives_way():
 def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
     """A host that vanished sends no FIN: without break_worker its exchanges would wait for the
     read timeout (600 s by default); with it they fail now: one still waiting for its answer as
-    retryable (its worker is gone), one streaming as failed; other servers' are untouched."""
+    retryable (its worker is gone), one streaming as failed; an idle pooled connection is
+    closed too; other servers' are untouched; the pool's accounting comes back to zero."""
+    from router.transport.proxy import UpstreamGone
 
     async def hangs_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                                ) -> None:
@@ -280,6 +282,7 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
     async def go() -> None:
         dead, url = await _raw_server(hangs_mid_stream)
         alive, alive_url = await _raw_server(answers)
+        url = url.replace("127.0.0.1", "LOCALHOST")  # one key for the pool and break_worker
         proxy = Proxy(ProxyConfig(request_timeout_s=60))
         try:
             stream = await proxy.open_stream(f"{url}/generate", b'{"stream": true}', {})
@@ -287,7 +290,7 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
             other = asyncio.create_task(proxy.post(f"{alive_url}/generate", b"{}", {}))
             await asyncio.sleep(0.2)
             assert proxy.break_worker(url, "worker w left the cluster") == 2
-            with pytest.raises(UpstreamUnavailable, match="left the cluster"):
+            with pytest.raises(UpstreamGone, match="left the cluster"):
                 await asyncio.wait_for(whole, 2)
             got = []
             with pytest.raises(UpstreamFailed, match="left the cluster"):
@@ -297,6 +300,9 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
             assert got == [b"data: "]
             assert (await asyncio.wait_for(other, 5)).content == b"ok"
             assert proxy.break_worker(url, "again") == 0
+            assert proxy.break_worker(alive_url, "idle one") == 1  # its pooled connection
+            await asyncio.sleep(0.1)
+            assert proxy._pool._open == 0 and not proxy._pool._live
         finally:
             await proxy.close()
             dead.close()
