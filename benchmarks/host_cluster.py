@@ -114,17 +114,33 @@ class HostCluster:
                          pool_root=self.hosts[host].pool_root, extra_args=(
                              "--served-model-name", "tiny", "--enable-cache-report", *extra))
 
-    def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = ()) -> list[str]:
+    def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = (),
+                    mooncake: str | None = None) -> list[str]:
         """``radix-global sglang`` on ``host``'s address, with the cluster's admin token and the
-        host's own pool (``benchmarks.cluster.engine_argv``)."""
-        spec = self._engines(host, ["--admin-token", self.admin_token, *extra])
-        return engine_argv(spec, WORKER_PORT, 0, router.url, self.hosts[host].pool_id,
+        host's own shm pool, or the Mooncake Store at ``mooncake`` (``HOST:PORT``) that every
+        host shares (``benchmarks.cluster.engine_argv``)."""
+        pool = ["--pool", f"mooncake://{mooncake}"] if mooncake else []
+        spec = self._engines(host, ["--admin-token", self.admin_token, *pool, *extra])
+        pool_id = ("mooncake-" + mooncake.replace(":", "-") if mooncake
+                   else self.hosts[host].pool_id)
+        return engine_argv(spec, WORKER_PORT, 0, router.url, pool_id,
                            host=self.hosts[host].address, worker_id=f"w-{host}")
 
     def start_worker(self, host: str, router: HostProc, cores: set[int] | None = None,
-                     extra: Sequence[str] = ()) -> HostProc:
+                     extra: Sequence[str] = (), mooncake: str | None = None) -> HostProc:
         """Start a worker on ``host`` (not waited for: see :meth:`wait_http`)."""
-        return self._start_engine(host, "worker", self.worker_argv(host, router, extra), cores)
+        return self._start_engine(host, "worker",
+                                  self.worker_argv(host, router, extra, mooncake), cores)
+
+    def start_mooncake_master(self, host: str, port: int = 50051) -> str:
+        """``mooncake_master`` on ``host`` (its listeners bind every interface: only ever in a
+        test host); its ``HOST:PORT``, once it accepts connections."""
+        binary = str(Path(sys.executable).parent / "mooncake_master")
+        proc = self._spawn(host, "mooncake", [binary, f"--rpc_port={port}",
+                                              "--metrics_port=9003"],
+                           self.hosts.url(host, 9003))
+        self.wait_http([proc], "/metrics", timeout_s=60.0)
+        return f"{self.hosts[host].address}:{port}"
 
     def start_stock_worker(self, host: str, cores: set[int] | None = None) -> HostProc:
         """Plain SGLang on ``host`` (no wrapper, no registration), publishing its KV events on

@@ -201,8 +201,9 @@ class HostSet:
         ``--pool-id`` (``--flag v`` or ``--flag=v``, every occurrence): a shared pool would let KV
         cross hosts without the network. Other command lines pass. Refusals raise HostError."""
         me = self[host]
-        if not _is_launch_wrapper(argv):
-            return
+        if not _is_launch_wrapper(argv) or any(v.startswith("mooncake://")
+                                               for v in _flag_values(argv, "--pool")):
+            return  # a Mooncake pool is shared over the network by design
         for flag, want in (("--pool-root", me.pool_root), ("--pool-id", me.pool_id)):
             values = _flag_values(argv, flag)
             if not values:

@@ -18,7 +18,12 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
                              ``--hicache-storage-prefetch-policy wait_complete`` and a one-page
                              L3 ``prefetch_threshold`` unless the user set them
 ``--namespace NS``           default ``<served model>@<config.json hash>``
-``--pool-id ID``             default ``shm-<hostname>``; ``--pool-capacity-gb``, ``--pool-root``
+``--pool shm|mooncake://MASTER:PORT``  the L3 pool: this machine's shared memory (default), or
+                             a Mooncake Store shared by every host (``sglang_patch/pool/
+                             mooncake_pool.py``; this worker contributes ``--pool-capacity-gb``
+                             of its memory as a segment)
+``--pool-id ID``             default ``shm-<hostname>``, ``mooncake-<master host>-<port>`` for a
+                             Mooncake pool; ``--pool-capacity-gb``, ``--pool-root`` (shm only)
 ``--heartbeat-interval S``   default 5
 
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
@@ -63,6 +68,7 @@ class OurFlags:
     admin_token: str | None
     role: Role | None
     namespace: str | None
+    pool: str
     pool_id: str
     pool_capacity_gb: float
     pool_root: str | None
@@ -110,8 +116,10 @@ def parser() -> argparse.ArgumentParser:
                         "without it, prefill/decode = pool hand-off worker (docs/pd.md)")
     p.add_argument("--namespace", default=None,
                    help="default <served model>@<config.json hash>")
-    p.add_argument("--pool-id", default=f"shm-{socket.gethostname()}",
-                   help="L3 pool shared by the workers of this machine")
+    p.add_argument("--pool", default="shm", metavar="shm|mooncake://MASTER:PORT",
+                   help="L3 pool: this machine's shared memory, or a Mooncake Store")
+    p.add_argument("--pool-id", default=None,
+                   help="L3 pool id (default shm-<hostname>; mooncake-<master>-<port>)")
     p.add_argument("--pool-capacity-gb", type=float, default=1.0,
                    help="pool size (the first process to open it decides)")
     p.add_argument("--pool-root", default=None, help="default /dev/shm/radix-global")
@@ -226,7 +234,8 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                     ours_ns.worker_id,
                     ours_ns.admin_token,
                     Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
-                    ours_ns.pool_id, ours_ns.pool_capacity_gb, ours_ns.pool_root,
+                    ours_ns.pool, ours_ns.pool_id or default_pool_id(ours_ns.pool),
+                    ours_ns.pool_capacity_gb, ours_ns.pool_root,
                     ours_ns.heartbeat_interval)
     model_path = flag_value(rest, "--model-path") or flag_value(rest, "--model")
     if not model_path:
@@ -264,6 +273,10 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         args = _without(args, "--hicache-storage-backend-extra-config")
     backend.update({"pool_id": ours.pool_id,
                     "pool_capacity_bytes": int(ours.pool_capacity_gb * (1 << 30))})
+    master = mooncake_master(ours.pool)
+    if master is not None:
+        backend.update({"pool": "mooncake", "mooncake_master": master,
+                        "mooncake_local_hostname": advertise})
     if ours.pool_root:
         backend["pool_root"] = ours.pool_root
     if ours.namespace or default_namespace:
@@ -294,6 +307,27 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
     return LaunchPlan(args, ours, device, host, advertise,
                       int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
                       replay_ep, pool_ep, backend)
+
+
+MOONCAKE_SCHEME = "mooncake://"
+
+
+def mooncake_master(pool: str) -> str | None:
+    """``HOST:PORT`` of a ``mooncake://HOST:PORT`` pool; None for ``shm``; else LaunchError."""
+    if pool == "shm":
+        return None
+    master = pool.removeprefix(MOONCAKE_SCHEME)
+    host, sep, port = master.rpartition(":")
+    if not pool.startswith(MOONCAKE_SCHEME) or not sep or not host or not port.isdigit():
+        raise LaunchError(f"--pool {pool!r}: shm or mooncake://MASTER_HOST:PORT")
+    return master
+
+
+def default_pool_id(pool: str) -> str:
+    master = mooncake_master(pool)
+    if master is None:
+        return f"shm-{socket.gethostname()}"
+    return "mooncake-" + master.replace(":", "-")
 
 
 def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tuple[int, int, int]:
@@ -329,6 +363,12 @@ def registered_role(role: Role | None, mode: str | None) -> Role:
 
 def _refuse_conflicts(rest: Sequence[str]) -> None:
     backend = flag_value(rest, "--hicache-storage-backend")
+    if backend == "mooncake":
+        # SGLang's own Mooncake backend refuses the layer_first host layout (the only CPU one)
+        # and publishes no events: the index could never see its pages, on CPU or GPU.
+        raise LaunchError("--hicache-storage-backend mooncake: use --pool mooncake://MASTER:PORT "
+                          "(radix-global's backend over Mooncake Store: SGLang's own does not run "
+                          "on CPU and tells the index nothing)")
     if backend is not None and backend != "dynamic":
         raise LaunchError(f"--hicache-storage-backend {backend}: radix-global provides the L3 "
                           "backend (its shared pool); remove the flag")

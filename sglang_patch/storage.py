@@ -73,10 +73,18 @@ def page_views(host_pool: Any, index: int) -> list[np.ndarray] | None:
 
 
 def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
-    """The pool named by the extra config (``pool``: ``shm`` is the only kind so far)."""
+    """The pool named by the extra config: ``pool`` ``shm`` (default) or ``mooncake`` (with
+    ``mooncake_master`` and ``mooncake_local_hostname``; the segment is the pool capacity)."""
     kind = config.get("pool", "shm")
+    if kind == "mooncake":
+        from sglang_patch.pool.mooncake_pool import MooncakePagePool
+
+        return MooncakePagePool(str(config.get("pool_id") or "mooncake"), page_bytes,
+                                str(config["mooncake_master"]),
+                                str(config.get("mooncake_local_hostname") or socket.gethostname()),
+                                int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)))
     if kind != "shm":
-        raise PoolError(f"unknown pool kind {kind!r} (known: shm)")
+        raise PoolError(f"unknown pool kind {kind!r} (known: shm, mooncake)")
     return ShmPagePool(
         str(config.get("pool_id") or f"shm-{socket.gethostname()}"),
         page_bytes,

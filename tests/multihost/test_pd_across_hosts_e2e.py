@@ -37,7 +37,7 @@ def test_native_pd_across_hosts_equals_colocated_and_kv_crossed_the_link(
         reference = hf.generate(torch.tensor([ids]), max_new_tokens=8, do_sample=False,
                                 pad_token_id=0)[0, len(ids):].tolist()
     del hf
-    kv_bytes = kv_size.for_worker(str(tiny_model_dir), {})
+    kv_bytes = kv_size.for_worker(str(tiny_model_dir), {"dtype": "float32"})  # as run
     assert kv_bytes, "the tiny model's KV size per token"
 
     with HostSet(["a", "b", "r"], tmp_path) as hosts:

@@ -260,3 +260,18 @@ def test_fixed_event_ports_leave_room_for_every_dp_rank():
     assert attn.pool_events_endpoint == "tcp://127.0.0.1:5508"
     with pytest.raises(LaunchError, match="include the server's --port 31000"):
         build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "30999"])
+
+
+def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
+    plan = build_plan([*BASE, "--host", "10.77.0.2", "--radix-global", "http://r:1",
+                       "--pool", "mooncake://10.77.0.5:50051"], ports=(1, 2, 3))
+    cfg = extra_config(plan)
+    assert cfg["pool"] == "mooncake" and cfg["mooncake_master"] == "10.77.0.5:50051"
+    assert cfg["mooncake_local_hostname"] == "10.77.0.2"  # its segment, reachable from afar
+    assert cfg["pool_id"] == plan.flags.pool_id == "mooncake-10.77.0.5-50051"
+    assert extra_config(build_plan(BASE, ports=(1, 2, 3))).get("pool") is None  # shm default
+    for bad in ("mooncake://nohost", "redis://h:1", "mooncake://:5"):
+        with pytest.raises(LaunchError, match="shm or mooncake://"):
+            build_plan([*BASE, "--pool", bad], ports=(1, 2, 3))
+    with pytest.raises(LaunchError, match="--pool mooncake://"):
+        build_plan([*BASE, "--hicache-storage-backend", "mooncake"], ports=(1, 2, 3))

@@ -1,0 +1,178 @@
+"""An L3 pool over a Mooncake Store (``mooncake.store.MooncakeDistributedStore``, TCP): pages
+that any worker host of the cluster can fetch, not only the host that computed them.
+
+Each process that opens the pool is a Mooncake client. It contributes a segment of
+``segment_bytes`` of its host's memory to the store, and it writes its pages into that segment
+(``ReplicateConfig.preferred_segment`` = its own segment, one replica). A page computed on host A
+therefore lives on A, and a worker on host B fetches it over the network. The master
+(``mooncake_master``) runs somewhere reachable (``docs/deploy.md``). Clients find each other
+through it, with P2P handshakes and no etcd.
+
+Where this pool keeps the :class:`~sglang_patch.pool.base.PagePool` contract:
+- Keys are stored as given.
+- A page is the concatenation of its buffers plus an 8-byte xxh3 checksum of it. ``get_into``
+  verifies it, and a page whose bytes do not match is removed (``force``, past Mooncake's read
+  lease) and is a miss. A put of an existing key does not overwrite in Mooncake, so a corrupt
+  page would stay corrupt; removing it lets the next put write it anew.
+- ``get_into`` is True only for the exact bytes of a put.
+
+Where it cannot keep it, the contract is loosened (Mooncake does not tell its clients):
+- ``put`` never reports evictions. Mooncake evicts silently at its high watermark, so
+  ``evicted`` is always ``()``.
+- ``new`` means the key was absent just before this put. Another host may write it in between.
+- ``capacity_pages`` is this client's own segment in pages, not the store's.
+- ``clear`` empties the whole store and cannot name what it dropped, so it returns ``[]``.
+- ``stats().pages`` is ``-1`` (unknown).
+- A dead client's pages vanish after Mooncake's ``client_ttl`` (about 10 s). Until then
+  ``exists`` says yes and ``get_into`` misses.
+
+Buffers: one registered staging buffer per process (page + checksum) under a lock. A page is
+copied once between it and the caller's buffers (SGLang's host pool), which keeps the host
+pool's memory out of Mooncake's registration. The zero-copy multi-buffer calls are a later step.
+``RADIX_GLOBAL_POOL_NO_VERIFY=1`` turns verification off, for the negative-control test only.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from radix_global.types import PoolId
+from sglang_patch.pool.base import PagePool, PoolError, PoolStats, PutResult
+
+NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
+CHECKSUM_BYTES = 8
+DEFAULT_SEGMENT_BYTES = 256 << 20
+log = logging.getLogger(__name__)
+_MISS = PutResult(False, False, ())
+
+
+def _flat(buf: object) -> memoryview:
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def mooncake_store() -> Any:
+    """A new Mooncake client (the import is deferred: the shm pool never needs it)."""
+    from mooncake.store import MooncakeDistributedStore
+
+    return MooncakeDistributedStore()
+
+
+def _replicate_config(segment: str) -> Any:
+    from mooncake.store import ReplicateConfig
+
+    config = ReplicateConfig()
+    config.replica_num = 1
+    config.preferred_segment = segment
+    return config
+
+
+class MooncakePagePool(PagePool):
+    """Pages in a Mooncake Store, one client per process (see module contract)."""
+
+    def __init__(self, pool_id: str, page_bytes: int, master: str, local_hostname: str,
+                 segment_bytes: int = DEFAULT_SEGMENT_BYTES,
+                 store_factory: Callable[[], Any] = mooncake_store) -> None:
+        if page_bytes <= 0 or segment_bytes < page_bytes + CHECKSUM_BYTES:
+            raise PoolError(f"a segment of {segment_bytes} bytes cannot hold a page of "
+                            f"{page_bytes} bytes")
+        self.pool_id = PoolId(pool_id)
+        self.page_bytes = page_bytes
+        self.capacity_pages = segment_bytes // (page_bytes + CHECKSUM_BYTES)
+        self.verify = os.environ.get(NO_VERIFY_ENV) != "1"
+        self._store = store_factory()
+        # The local buffer is where Mooncake stages transfers; one page plus slack is enough
+        # for our one-page calls.
+        local_buffer = max(16 << 20, 4 * (page_bytes + CHECKSUM_BYTES))
+        rc = self._store.setup(local_hostname, "P2PHANDSHAKE", segment_bytes, local_buffer,
+                               "tcp", "", master)
+        if rc != 0:
+            raise PoolError(f"Mooncake Store at {master}: setup as {local_hostname} failed "
+                            f"({rc}): is mooncake_master running and reachable?")
+        self._segment = str(self._store.get_hostname())
+        self._config = _replicate_config(self._segment)
+        self._staging = np.zeros(page_bytes + CHECKSUM_BYTES, dtype=np.uint8)
+        self._ptr = int(self._staging.ctypes.data)
+        if self._store.register_buffer(self._ptr, self._staging.nbytes) != 0:
+            self._store.close()
+            raise PoolError("Mooncake Store: registering the staging buffer failed")
+        self._lock = threading.Lock()
+        self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0}
+
+    # --- PagePool ---------------------------------------------------------------------------------
+    def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
+        views = [_flat(c) for c in chunks]
+        size = sum(v.nbytes for v in views)
+        if size > self.page_bytes:
+            return _MISS
+        with self._lock:
+            if self._store.is_exist(key) == 1:
+                return PutResult(True, False, ())
+            staged, h, at = self._staging, xxhash.xxh3_64(), 0
+            for v in views:
+                staged[at:at + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
+                h.update(v)
+                at += v.nbytes
+            staged[size:size + CHECKSUM_BYTES] = np.frombuffer(h.digest(), dtype=np.uint8)
+            rc = self._store.put_from(key, self._ptr, size + CHECKSUM_BYTES, self._config)
+        if rc != 0:
+            log.warning("Mooncake put of %s failed (%d)", key, rc)
+            return _MISS
+        self._counts["stores"] += 1
+        return PutResult(True, True, ())
+
+    def get_into(self, key: str, chunks: Sequence[object]) -> bool:
+        views = [_flat(c) for c in chunks]
+        size = sum(v.nbytes for v in views)
+        if size > self.page_bytes:
+            return self._miss()
+        with self._lock:
+            if self._store.get_size(key) != size + CHECKSUM_BYTES:
+                return self._miss()
+            got = self._store.get_into(key, self._ptr, size + CHECKSUM_BYTES)
+            if got != size + CHECKSUM_BYTES:
+                return self._miss()
+            staged = self._staging
+            if self.verify and xxhash.xxh3_64(staged[:size].data).digest() != \
+                    staged[size:size + CHECKSUM_BYTES].tobytes():
+                self._counts["checksum_failures"] += 1
+                self._store.remove(key, True)  # force: past the read lease we just took
+                log.warning("Mooncake page %s failed its checksum: removed", key)
+                return self._miss()
+            at = 0
+            for v in views:
+                v[:] = staged[at:at + v.nbytes].data
+                at += v.nbytes
+        self._counts["hits"] += 1
+        return True
+
+    def exists(self, key: str) -> bool:
+        return bool(self._store.is_exist(key) == 1)
+
+    def remove(self, key: str) -> bool:
+        return bool(self._store.remove(key, True) == 0)
+
+    def clear(self) -> list[int]:
+        self._store.remove_all(True)
+        return []
+
+    def stats(self) -> PoolStats:
+        c = self._counts
+        return PoolStats(self.pool_id, -1, self.capacity_pages, self.page_bytes, c["stores"],
+                         c["hits"], c["misses"], 0, c["checksum_failures"], 0)
+
+    def close(self) -> None:
+        """Leave the store: this client's segment (and the pages in it) goes with it."""
+        self._store.unregister_buffer(self._ptr)
+        self._store.close()
+
+    def _miss(self) -> bool:
+        self._counts["misses"] += 1
+        return False

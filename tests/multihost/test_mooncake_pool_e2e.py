@@ -1,0 +1,109 @@
+"""Mooncake Store as the cluster's L3 pool: a prefix computed on one host is fetched on another.
+
+Hosts ``a`` and ``b`` run one real SGLang CPU worker each (``radix-global sglang --pool
+mooncake://M:50051``: each contributes a segment and writes its pages there), ``m`` the Mooncake
+master, ``r`` the router. A conversation's first turn is computed where the router sends it;
+that worker is then drained, so the second turn must go to the other host. There the engine
+loads the history from Mooncake Store: it reports storage tokens, its greedy output equals a
+cold run (HF transformers), the router predicted the fetch (``x-radix-prefix-tokens``, from the
+pool pages the first worker published), and the receiving host's link carried at least the
+history's KV bytes (the pages lived in the first host's segment).
+
+Negative control, in the same file: per-host shm pools (``shm``). The second host then has no
+storage tokens, because nothing crosses the hosts but the network.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from benchmarks.host_cluster import HostCluster
+from benchmarks.hosts import HostSet
+from radix_global import kv_size
+from radix_global.trace import synthetic_word
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
+PAGE = 16
+
+
+def greedy(model_dir: str, ids: list[int]) -> list[int]:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    with torch.no_grad():
+        return hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
+                           pad_token_id=0)[0, len(ids):].tolist()
+
+
+def stored(c: HostCluster, router_url: str) -> int:
+    stats = c.request("GET", router_url + "/admin/stats", admin=True).json()
+    return int(stats["index"]["pages_stored"])
+
+
+def storage(answer: dict) -> int:
+    return int((answer["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
+
+
+@pytest.mark.parametrize("pool", ["mooncake", "shm"])
+def test_a_prefix_computed_on_one_host_is_fetched_on_another(
+        pool: str, tiny_model_dir: Path, tmp_path: Path) -> None:
+    from router.keying.tokenize import TokenizerCache
+
+    tok = TokenizerCache().get(str(tiny_model_dir))
+    history = [{"role": "system", "content": " ".join(synthetic_word(i * 13) for i in range(400))},
+               {"role": "user", "content": "first"}]
+    turn1 = tok.encode_chat(history)
+    turn2 = tok.encode_chat([*history, {"role": "assistant", "content": "ok"},
+                             {"role": "user", "content": "second"}])
+    reference = greedy(str(tiny_model_dir), turn2)
+    kv_bytes = kv_size.for_worker(str(tiny_model_dir), {"dtype": "float32"})  # as run
+    assert kv_bytes
+
+    with HostSet(["a", "b", "r", "m"], tmp_path) as hosts:
+        c = HostCluster(hosts, tiny_model_dir, client_host="r", page_size=PAGE)
+        try:
+            master = c.start_mooncake_master("m") if pool == "mooncake" else None
+            router = c.start_router("r", options=["--profile-max-tokens", "0"])
+            workers = [c.start_worker(h, router, cores={n}, mooncake=master)
+                       for n, h in enumerate("ab")]
+            c.wait_http(workers)
+            c.wait_workers(router, {"w-a", "w-b"})
+
+            def generate(ids: list[int]) -> tuple[str, int, dict]:
+                r = c.request("POST", router.url + "/generate", timeout=240.0, json={
+                    "input_ids": ids, "sampling_params": {"max_new_tokens": 4,
+                                                          "temperature": 0}})
+                assert r.status_code == 200, r.text
+                return r.headers["x-radix-worker"], int(r.headers["x-radix-prefix-tokens"]), \
+                    r.json()
+
+            home, _, _ = generate(turn1)
+            other = "w-b" if home == "w-a" else "w-a"
+            # the first turn's pages reach the store (write-through) and R's index, on the
+            # GPU tier and the pool's
+            want, deadline = 2 * (len(turn1) // PAGE - 1), time.monotonic() + 30
+            while stored(c, router.url) < want and time.monotonic() < deadline:
+                time.sleep(0.5)
+            assert c.request("POST", f"{router.url}/admin/workers/{home}/drain",
+                             admin=True).status_code == 200
+
+            before = hosts.bytes(other[2:])
+            worker, predicted, answer = generate(turn2)
+            received = hosts.bytes(other[2:]).rx - before.rx
+            assert worker == other
+            assert answer["output_ids"] == reference  # equal to a cold run
+            history_kv = (len(turn1) // PAGE - 1) * PAGE * kv_bytes
+            print(f"{pool}: predicted {predicted}, storage {storage(answer)} of {len(turn2)}, "
+                  f"{other} received {received} B (history KV {history_kv} B)")
+            if pool == "mooncake":
+                assert storage(answer) >= len(turn1) - 2 * PAGE, answer["meta_info"]
+                assert predicted >= len(turn1) - 2 * PAGE  # the router knew it was fetchable
+                assert received >= history_kv, (received, history_kv)
+            else:  # the negative control: nothing of A's pool is visible on B
+                assert storage(answer) == 0, answer["meta_info"]
+        finally:
+            c.close()

@@ -1,0 +1,76 @@
+"""One Mooncake pool client in a test host (``test_mooncake_pool.py`` runs it in a namespace:
+Mooncake's listeners bind every interface, so never outside one).
+
+    python mooncake_driver.py MASTER HOSTNAME write N   # put N pages, then serve stdin commands
+    python mooncake_driver.py MASTER HOSTNAME read N    # get N pages, print a JSON verdict
+
+Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
+filled from seed ``i``. The writer prints ``{"ready": ...}`` and then answers stdin lines:
+``corrupt I`` (replace page ``i`` in the store by same-sized bytes with a wrong checksum, through
+the raw client) and ``quit``. Its segment holds its pages: it stays alive until told to quit or
+killed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import numpy as np
+
+from sglang_patch.pool.mooncake_pool import CHECKSUM_BYTES, MooncakePagePool
+
+PAGE = 64 * 1024
+CHUNKS = 4
+SEGMENT = 64 << 20
+
+
+def key(i: int) -> str:
+    return f"tiny@test/{i:064x}"
+
+
+def page(i: int) -> list[np.ndarray]:
+    data = np.random.default_rng(i).integers(0, 256, PAGE, dtype=np.uint8)
+    return list(np.split(data, CHUNKS))
+
+
+def write(pool: MooncakePagePool, n: int) -> None:
+    results = [pool.put(key(i), page(i), tag=i) for i in range(n)]
+    print(json.dumps({"ready": True, "stored": [r.stored for r in results],
+                      "new": [r.new for r in results],
+                      "again_new": pool.put(key(0), page(0)).new}), flush=True)
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "corrupt":
+            i = int(args[0])
+            store = pool._store
+            store.remove(key(i), True)
+            bad = np.full(PAGE + CHECKSUM_BYTES, 7, dtype=np.uint8)  # wrong checksum
+            print(json.dumps({"corrupted": store.put(key(i), bad.tobytes()) == 0}), flush=True)
+        elif cmd == "quit":
+            return
+
+
+def read(pool: MooncakePagePool, n: int) -> None:
+    got, equal = [], []
+    for i in range(n):
+        dest = [np.zeros(PAGE // CHUNKS, dtype=np.uint8) for _ in range(CHUNKS)]
+        ok = pool.get_into(key(i), dest)
+        got.append(ok)
+        equal.append(bool(ok and all((d == p).all() for d, p in zip(dest, page(i),
+                                                                      strict=True))))
+    print(json.dumps({"got": got, "equal": equal,
+                      "exists": [pool.exists(key(i)) for i in range(n)],
+                      "checksum_failures": pool.stats().checksum_failures}), flush=True)
+
+
+def main(master: str, hostname: str, mode: str, n: int) -> None:
+    pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, SEGMENT)
+    try:
+        (write if mode == "write" else read)(pool, n)
+    finally:
+        pool.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))

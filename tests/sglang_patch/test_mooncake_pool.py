@@ -1,0 +1,93 @@
+"""``MooncakePagePool`` on a real Mooncake Store across test hosts (``benchmarks/hosts.py``):
+the master on host ``m``, a writer client on host ``a``, readers on host ``b``. No engines.
+
+- Pages put on A are read intact on B, and B's link carried them (veth counters).
+- A page corrupted in the store fails its checksum on B: a miss, and it is removed. With
+  verification off (the test-only switch) the same corruption reaches the reader: the negative
+  control.
+- The writer's host dies: its pages become misses on B (never wrong bytes, never a hang) and
+  leave the store within Mooncake's client_ttl.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.hosts import HostSet
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+DRIVER = Path(__file__).with_name("mooncake_driver.py")
+REPO = Path(__file__).resolve().parents[2]
+N = 8
+PAGE = 64 * 1024
+
+
+def _env(**extra: str) -> dict[str, str]:
+    return {**os.environ, "PYTHONPATH": str(REPO), **extra}
+
+
+def _read(hosts: HostSet, master: str, **env: str) -> dict[str, Any]:
+    argv = hosts.argv("b", [sys.executable, str(DRIVER), master, hosts["b"].address, "read",
+                            str(N)])
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(**env),
+                          check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: Path) -> None:
+    bin_dir = Path(sys.executable).parent
+    with HostSet(["m", "a", "b"], tmp_path) as hosts:
+        master = f"{hosts['m'].address}:50051"
+        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
+                                    "--metrics_port=9003"])
+        time.sleep(2.0)
+        writer = subprocess.Popen(
+            hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address, "write",
+                             str(N)]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env())
+        try:
+            assert writer.stdout is not None and writer.stdin is not None
+            ready = json.loads(writer.stdout.readline() or "{}")
+            assert ready.get("ready"), writer.stderr.read() if writer.poll() is not None else ""
+            assert all(ready["stored"]) and all(ready["new"]) and ready["again_new"] is False
+
+            before = hosts.bytes("b")
+            first = _read(hosts, master)
+            moved = hosts.bytes("b").rx - before.rx
+            assert first["got"] == [True] * N and first["equal"] == [True] * N, first
+            assert moved >= N * PAGE, moved  # the pages live in A's segment
+
+            writer.stdin.write("corrupt 0\n")
+            writer.stdin.flush()
+            assert json.loads(writer.stdout.readline())["corrupted"]
+            blind = _read(hosts, master, RADIX_GLOBAL_POOL_NO_VERIFY="1")
+            assert blind["got"][0] and not blind["equal"][0], blind  # negative control
+            checked = _read(hosts, master)
+            assert checked["got"] == [False] + [True] * (N - 1), checked
+            assert checked["checksum_failures"] == 1 and checked["exists"][0] is False, checked
+
+            hosts.fail("a")  # the writer's host: its segment and pages are gone
+            deadline = time.monotonic() + 40
+            while True:
+                after = _read(hosts, master)
+                assert not any(g and not e for g, e in zip(after["got"], after["equal"],
+                                                           strict=True)), after
+                if not any(after["exists"]):
+                    break
+                assert time.monotonic() < deadline, after
+                time.sleep(2.0)
+            assert not any(after["got"])
+        finally:
+            if writer.poll() is None:
+                writer.kill()
+            writer.wait(timeout=10)
