@@ -38,6 +38,7 @@ from benchmarks.cluster import MAX_ENGINES, EngineSet, cpu_env, engine_argv
 from benchmarks.hosts import HostSet
 from benchmarks.netns import netns_executor
 from benchmarks.procs import ClusterError, log_tail, stop_group, wait_answering
+from radix_global.pool_ids import segment_pool_id
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -121,7 +122,8 @@ class HostCluster:
         host shares (``benchmarks.cluster.engine_argv``)."""
         pool = ["--pool", f"mooncake://{mooncake}"] if mooncake else []
         spec = self._engines(host, ["--admin-token", self.admin_token, *pool, *extra])
-        pool_id = ("mooncake-" + mooncake.replace(":", "-") if mooncake
+        pool_id = (segment_pool_id("mooncake-" + mooncake.replace(":", "-"),
+                                   self.hosts[host].address) if mooncake
                    else self.hosts[host].pool_id)
         return engine_argv(spec, WORKER_PORT, 0, router.url, pool_id,
                            host=self.hosts[host].address, worker_id=f"w-{host}")

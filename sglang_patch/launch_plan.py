@@ -22,8 +22,9 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
                              a Mooncake Store shared by every host (``sglang_patch/pool/
                              mooncake_pool.py``; this worker contributes ``--pool-capacity-gb``
                              of its memory as a segment)
-``--pool-id ID``             default ``shm-<hostname>``, ``mooncake-<master host>-<port>`` for a
-                             Mooncake pool; ``--pool-capacity-gb``, ``--pool-root`` (shm only)
+``--pool-id ID``             default ``shm-<hostname>``; for a Mooncake pool this worker's
+                             segment ``mooncake-<master host>-<port>@<advertised address>``;
+                             ``--pool-capacity-gb``, ``--pool-root`` (shm only)
 ``--heartbeat-interval S``   default 5
 
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
@@ -43,9 +44,10 @@ import json
 import random
 import socket
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from radix_global.pool_ids import segment_pool_id
 from radix_global.types import Role
 
 BACKEND = {"backend_name": "radix_global_pool", "module_path": "sglang_patch.storage",
@@ -69,7 +71,7 @@ class OurFlags:
     role: Role | None
     namespace: str | None
     pool: str
-    pool_id: str
+    pool_id: str | None  # None: default_pool_id (it needs the advertised address)
     pool_capacity_gb: float
     pool_root: str | None
     heartbeat_interval: float
@@ -234,7 +236,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                     ours_ns.worker_id,
                     ours_ns.admin_token,
                     Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
-                    ours_ns.pool, ours_ns.pool_id or default_pool_id(ours_ns.pool),
+                    ours_ns.pool, ours_ns.pool_id,
                     ours_ns.pool_capacity_gb, ours_ns.pool_root,
                     ours_ns.heartbeat_interval)
     model_path = flag_value(rest, "--model-path") or flag_value(rest, "--model")
@@ -271,6 +273,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         except json.JSONDecodeError as exc:
             raise LaunchError(f"--hicache-storage-backend-extra-config is not JSON: {exc}") from exc
         args = _without(args, "--hicache-storage-backend-extra-config")
+    ours = replace(ours, pool_id=ours.pool_id or default_pool_id(ours.pool, advertise))
     backend.update({"pool_id": ours.pool_id,
                     "pool_capacity_bytes": int(ours.pool_capacity_gb * (1 << 30))})
     master = mooncake_master(ours.pool)
@@ -323,11 +326,13 @@ def mooncake_master(pool: str) -> str | None:
     return master
 
 
-def default_pool_id(pool: str) -> str:
+def default_pool_id(pool: str, advertise: str) -> str:
+    """``shm-<hostname>``; for a Mooncake Store, this worker's segment of it,
+    ``mooncake-<master host>-<port>@<advertised address>`` (``radix_global/pool_ids.py``)."""
     master = mooncake_master(pool)
     if master is None:
         return f"shm-{socket.gethostname()}"
-    return "mooncake-" + master.replace(":", "-")
+    return segment_pool_id("mooncake-" + master.replace(":", "-"), advertise)
 
 
 def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tuple[int, int, int]:

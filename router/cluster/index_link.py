@@ -24,7 +24,8 @@ from prometheus_client import CollectorRegistry
 
 from radix_global.index import GlobalIndex
 from radix_global.ops import HotPrefix, IndexRefusal
-from radix_global.types import Namespace, PageKey, WorkerId
+from radix_global.pool_ids import is_segment
+from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.registry import ConflictError, WorkerEntry
 from router.cluster.remote_index import RemoteIndex
 from router.routing.contract import IndexView
@@ -99,6 +100,9 @@ class EmbeddedIndex:
         if self._subscriber is not None:
             self._spawn(self._subscriber.remove_worker(WorkerId(entry.info.worker_id)))
         self.index.remove_holder(WorkerId(entry.info.worker_id))
+        pool = entry.info.pool_id
+        if pool is not None and is_segment(pool):  # its segment left the store with it
+            self.index.remove_holder(PoolId(pool))
 
     def heartbeat(self, worker_id: str) -> None:
         return None  # liveness is tracked by the registry; the subscriber's timeout is unused

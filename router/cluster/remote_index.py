@@ -24,7 +24,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.ops import HotPrefix, IndexRefusal, MatchResult
-from radix_global.types import Namespace, PageKey, WorkerId
+from radix_global.pool_ids import is_segment
+from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.registry import ConflictError, WorkerEntry
 from router.routing.contract import IndexView
 
@@ -204,6 +205,9 @@ class RemoteIndex:
     def worker_removed(self, entry: WorkerEntry) -> None:
         try:
             self.client.deregister(WorkerId(entry.info.worker_id))
+            pool = entry.info.pool_id
+            if pool is not None and is_segment(pool):  # its segment left the store with it
+                self.client.remove_holder(PoolId(pool))
         except Exception as exc:  # unknown there already, or the service is down: logged only
             log.warning("index service deregister of %s failed: %r", entry.info.worker_id, exc)
 

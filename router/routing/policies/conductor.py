@@ -36,7 +36,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radix_global.ops import IndexRefusal, MatchResult
-from radix_global.types import HolderId, WorkerId
+from radix_global.pool_ids import is_segment, store_of
+from radix_global.types import HolderId, PoolId, WorkerId
 from router.routing.admission import TTFT_SLO, SloConfig, check_ttft, reject
 from router.routing.contract import (
     CandidateEstimate,
@@ -142,7 +143,7 @@ class ConductorPolicy(RoutingPolicy):
         the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages."""
         if pools is None:
             pools = _pool_pages(match)
-        local_pages, pool_pages = _reachable_pages(worker, match, pools)
+        local_pages, pool_pages, pool = _reachable_pages(worker, match, pools)
         if routed is None:
             routed = self._routed_pages(worker, req, now)
         local_pages = max(local_pages, routed)
@@ -157,15 +158,15 @@ class ConductorPolicy(RoutingPolicy):
             worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
             queue + prefill, load,
         )
-        if worker.pool_id is None or not self._worth_fetching(local_pages, pool_pages):
+        if pool is None or not self._worth_fetching(local_pages, pool_pages):
             return recompute
         fetch_tokens = min(n, pool_pages * ps) - local_tokens
         if fetch_tokens <= 0:
             return recompute
-        transfer = view.cost.transfer_s(worker.pool_id, worker, fetch_tokens)
+        transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
         prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
         fetch = CandidateEstimate(
-            worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, worker.pool_id,
+            worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
             queue, prefill_f, transfer, queue + transfer + prefill_f, load,
         )
         if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
@@ -250,11 +251,19 @@ def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
 
 def _reachable_pages(
     worker: WorkerState, match: MatchResult | None, pools: dict[HolderId, int]
-) -> tuple[int, int]:
-    """(local pages on this slot's GPU/host, pages in the pool this slot reads)."""
-    if match is None:
-        return 0, 0
-    own = match.matched.get((worker.worker_id, worker.dp_rank))
+) -> tuple[int, int, PoolId | None]:
+    """(local pages on this slot's GPU/host, pages in the pool this slot reads, and the pool
+    holder that has them). A slot reads every segment of its pool's store
+    (``radix_global/pool_ids.py``); a prefix split over segments counts as its longest run in
+    one of them: an underestimate, never a promise the store cannot keep."""
+    own = match.matched.get((worker.worker_id, worker.dp_rank)) if match is not None else None
     local = own.host if own is not None else 0
-    pool = pools.get(worker.pool_id, 0) if worker.pool_id is not None else 0
-    return local, pool
+    if match is None or worker.pool_id is None:
+        return local, 0, worker.pool_id
+    best, best_pages = worker.pool_id, pools.get(worker.pool_id, 0)
+    if is_segment(worker.pool_id):
+        store = store_of(worker.pool_id)
+        for holder, pages in pools.items():
+            if pages > best_pages and is_segment(holder) and store_of(holder) == store:
+                best, best_pages = PoolId(holder), pages
+    return local, best_pages, best

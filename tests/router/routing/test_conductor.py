@@ -161,3 +161,41 @@ def test_a_busy_holder_keeps_the_turn_when_its_peer_shares_its_compute() -> None
 
     assert second_turn(shared=False) == "w1"  # independent servers: the idle peer wins
     assert second_turn(shared=True) == "w0"
+
+
+def test_a_worker_reads_every_segment_of_its_store_and_nothing_else() -> None:
+    """A Mooncake Store's pages live in the segment of the host that wrote them
+    (radix_global/pool_ids.py): a worker on another host of the same store fetches them; a
+    worker of another store, or of a pool of its own, does not."""
+    seg_a, seg_b = PoolId("mooncake-m-1@10.0.0.2"), PoolId("mooncake-m-1@10.0.0.3")
+    d = driver(index_with((seg_a, 0, Tier.POOL, 64)))
+    reader = [WorkerState(WorkerId("w1"), NS, pool_id=seg_b)]
+    dec = d.route(request(0), reader, 0.0)
+    assert dec.fetch_from == seg_a and dec.fetch_tokens == 64 * PS
+    for pool in (PoolId("mooncake-other@10.0.0.3"), PoolId("mooncake-m-1")):
+        ws = [WorkerState(WorkerId("w1"), NS, pool_id=pool)]
+        assert d.route(request(0), ws, 0.0).fetch_tokens == 0, pool
+    # split over two segments: the longest run in one of them, never their union
+    d = driver(index_with((seg_a, 0, Tier.POOL, 40), (seg_b, 0, Tier.POOL, 20)))
+    dec = d.route(request(0), reader, 0.0)
+    assert dec.fetch_from == seg_a and dec.fetch_tokens == 40 * PS
+
+
+def test_a_segment_leaves_the_index_with_its_worker() -> None:
+    """A segment dies with the Mooncake client that contributed it: the worker's removal drops
+    the segment's pages; a pool of its own (shm) stays, it lives on without the worker."""
+    from radix_global.registration import WorkerInfo
+    from router.cluster.index_link import EmbeddedIndex
+    from router.cluster.registry import Source, WorkerEntry
+
+    link = EmbeddedIndex()
+    link.index.register_namespace(NS, PS)
+    seg, shm = PoolId("mooncake-m-1@10.0.0.2"), PoolId("shm-host")
+    for pool in (seg, shm):
+        link.index.apply(StorePages(NS, Location(pool, 0, Tier.POOL), None, KEYS[:8]))
+    for wid, pool in (("wa", seg), ("wb", shm)):
+        info = WorkerInfo(worker_id=wid, url="http://10.0.0.2:1", model="m", namespace=NS,
+                          page_size=PS, pool_id=pool)
+        link.worker_removed(WorkerEntry(info, Source.REGISTERED, 0.0))
+    held = link.index.match(NS, KEYS[:8], 0.0).matched
+    assert (seg, 0) not in held and held[(shm, 0)].pool == 8

@@ -1,0 +1,32 @@
+"""Pool ids of stores that span hosts (``docs/interfaces.md`` s. 14). Pure.
+
+A pool id ``<store>@<segment>`` names one segment of a store that several hosts share (a
+Mooncake Store: each worker's client contributes a segment of its host's memory and writes its
+pages there). Workers read every segment of their store, and a segment dies with the client that
+contributed it, so the index keeps one holder per segment: losing a host drops exactly its
+pages. A pool id without ``@`` is a pool of its own (the shm pool of one machine).
+"""
+
+from __future__ import annotations
+
+from radix_global.types import PoolId
+
+SEGMENT_SEP = "@"
+
+
+def segment_pool_id(store: str, segment: str) -> PoolId:
+    """The pool id of ``segment`` (a host or client name) of the shared store ``store``."""
+    if SEGMENT_SEP in store or not store or not segment:
+        raise ValueError(f"store {store!r} / segment {segment!r}: non-empty, store without "
+                         f"{SEGMENT_SEP!r}")
+    return PoolId(f"{store}{SEGMENT_SEP}{segment}")
+
+
+def store_of(pool_id: str) -> str:
+    """The store a pool id belongs to: itself, or the part before ``@`` for a segment."""
+    return pool_id.split(SEGMENT_SEP, 1)[0]
+
+
+def is_segment(pool_id: str) -> bool:
+    """Whether ``pool_id`` names one segment of a shared store (it dies with its writer)."""
+    return SEGMENT_SEP in pool_id
