@@ -26,6 +26,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import socket
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,8 @@ with contextlib.suppress(ImportError):  # registers the CPU host-pool patches (s
 
 log = logging.getLogger(__name__)
 DEFAULT_CAPACITY_BYTES = 1 << 30
+DEFAULT_RESYNC_S = 10.0  # a Mooncake read lease is 10 s: probing faster only delays evictions
+DEFAULT_RESYNC_PAGES = 256
 
 
 def page_key_of(hex_key: str) -> PageKey:
@@ -107,6 +110,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             shard += f"/pp{storage_config.pp_rank}of{storage_config.pp_size}"
         self._suffix = shard
         self.pool: PagePool | None = None
+        self._stop = threading.Event()
+        self._resync: threading.Thread | None = None
         self._page_size = 1
         self._publisher: PoolEventPublisher | None = None
         endpoint = self.config.get("pool_events_endpoint")
@@ -127,6 +132,14 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self.pool = open_pool(self.config, page_bytes)
         log.info("radix-global pool %s: %d pages of %d bytes, namespace %s",
                  self.pool.pool_id, self.pool.capacity_pages, page_bytes, self.namespace)
+        vanished = getattr(self.pool, "vanished", None)  # pools that evict without telling
+        interval = float(self.config.get("pool_resync_s", DEFAULT_RESYNC_S))
+        if vanished is not None and self._publisher is not None and interval > 0:
+            limit = int(self.config.get("pool_resync_pages", DEFAULT_RESYNC_PAGES))
+            self._resync = threading.Thread(target=self._resync_loop,
+                                            args=(vanished, interval, limit),
+                                            name="radix-global-pool-resync", daemon=True)
+            self._resync.start()
 
     def _pool(self) -> PagePool:
         if self.pool is None:
@@ -201,6 +214,19 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         prefix = getattr(extra_info, "prefix_keys", None)
         return page_key_of(prefix[-1]) if prefix else None
 
+    def _resync_loop(self, vanished: Any, interval_s: float, limit: int) -> None:
+        """Every ``interval_s``: the pages the pool lost silently (evicted by the store) leave
+        the index, at most ``limit`` probed per round (``docs/interfaces.md`` s. 14)."""
+        while not self._stop.wait(interval_s):
+            try:
+                gone = vanished(limit)
+            except Exception:  # the store is unreachable for now: try again next round
+                log.exception("radix-global: pool resync failed")
+                continue
+            if gone:
+                log.info("radix-global: %d pool pages were evicted by the store", len(gone))
+                self._publish([block_removed([PageKey(t) for t in gone])])
+
     def _publish(self, events: list[dict[str, Any]]) -> None:
         if self._publisher is not None and events:
             try:
@@ -249,6 +275,9 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         return None if self.pool is None else self.pool.stats()
 
     def close(self) -> None:
+        self._stop.set()
+        if self._resync is not None:
+            self._resync.join(timeout=5.0)
         if self._publisher is not None:
             self._publisher.close()
         if self.pool is not None:

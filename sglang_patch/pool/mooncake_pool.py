@@ -25,6 +25,12 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
 - ``stats().pages`` is ``-1`` (unknown).
 - A dead client's pages vanish after Mooncake's ``client_ttl`` (about 10 s). Until then
   ``exists`` says yes and ``get_into`` misses.
+- Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes, round-robin, the
+  pages this client wrote (at most ``capacity_pages`` are remembered) and returns the tags of
+  those the store no longer has. The storage backend publishes their removal
+  (``sglang_patch/storage.py``, every ``pool_resync_s``). A probe takes Mooncake's 10 s read
+  lease, which delays the eviction of what it probes, so a resync round is bounded
+  (``pool_resync_pages``).
 
 Buffers: one registered staging buffer per process (page + checksum) under a lock. A page is
 copied once between it and the caller's buffers (SGLang's host pool), which keeps the host
@@ -34,6 +40,8 @@ pool's memory out of Mooncake's registration. The zero-copy multi-buffer calls a
 
 from __future__ import annotations
 
+import collections
+import itertools
 import logging
 import os
 import threading
@@ -49,6 +57,7 @@ from sglang_patch.pool.base import PagePool, PoolError, PoolStats, PutResult
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 CHECKSUM_BYTES = 8
 DEFAULT_SEGMENT_BYTES = 256 << 20
+MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
 log = logging.getLogger(__name__)
 _MISS = PutResult(False, False, ())
 
@@ -80,9 +89,10 @@ class MooncakePagePool(PagePool):
     def __init__(self, pool_id: str, page_bytes: int, master: str, local_hostname: str,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  store_factory: Callable[[], Any] = mooncake_store) -> None:
-        if page_bytes <= 0 or segment_bytes < page_bytes + CHECKSUM_BYTES:
-            raise PoolError(f"a segment of {segment_bytes} bytes cannot hold a page of "
-                            f"{page_bytes} bytes")
+        if page_bytes <= 0 or segment_bytes < max(MIN_SEGMENT_BYTES,
+                                                  page_bytes + CHECKSUM_BYTES):
+            raise PoolError(f"a Mooncake segment of {segment_bytes} bytes: at least "
+                            f"{MIN_SEGMENT_BYTES >> 20} MiB and a page of {page_bytes} bytes")
         self.pool_id = PoolId(pool_id)
         self.page_bytes = page_bytes
         self.capacity_pages = segment_bytes // (page_bytes + CHECKSUM_BYTES)
@@ -104,7 +114,11 @@ class MooncakePagePool(PagePool):
             self._store.close()
             raise PoolError("Mooncake Store: registering the staging buffer failed")
         self._lock = threading.Lock()
-        self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0}
+        self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
+                        "vanished": 0}
+        # key -> tag of the pages this client wrote, in probing order (see vanished)
+        self._written: collections.OrderedDict[str, int] = collections.OrderedDict()
+        self._forgotten: list[int] = []  # tags dropped from _written, reported by vanished
 
     # --- PagePool ---------------------------------------------------------------------------------
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
@@ -122,11 +136,37 @@ class MooncakePagePool(PagePool):
                 at += v.nbytes
             staged[size:size + CHECKSUM_BYTES] = np.frombuffer(h.digest(), dtype=np.uint8)
             rc = self._store.put_from(key, self._ptr, size + CHECKSUM_BYTES, self._config)
+            if rc == 0:
+                self._written[key] = tag
+                self._written.move_to_end(key)
+                if len(self._written) > self.capacity_pages:
+                    # Older than a full segment: most likely evicted. Reported as gone (an
+                    # index that forgets a page only predicts less), not probed forever.
+                    self._forgotten.append(self._written.popitem(last=False)[1])
         if rc != 0:
             log.warning("Mooncake put of %s failed (%d)", key, rc)
             return _MISS
         self._counts["stores"] += 1
         return PutResult(True, True, ())
+
+    def vanished(self, limit: int) -> list[int]:
+        """Tags of the pages this client wrote that the store no longer holds (evicted or
+        removed), probing at most ``limit`` of them, the least recently probed first; the
+        vanished ones are forgotten, the others go to the back of the queue. Pages pushed out of
+        the remembered set (more than ``capacity_pages`` written since) are reported too."""
+        with self._lock:
+            gone, self._forgotten = self._forgotten, []
+            keys = list(itertools.islice(self._written, max(0, limit)))
+            if not keys:
+                return gone
+            found = self._store.batch_is_exist(keys)
+            for key, exists in zip(keys, found, strict=True):
+                if exists == 0:
+                    gone.append(self._written.pop(key))
+                else:  # 1, or an error (<0): kept, probed again next round
+                    self._written.move_to_end(key)
+            self._counts["vanished"] += len(gone)
+            return gone
 
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
         views = [_flat(c) for c in chunks]

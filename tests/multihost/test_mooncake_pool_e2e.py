@@ -9,6 +9,9 @@ cold run (HF transformers), the router predicted the fetch (``x-radix-prefix-tok
 pool pages the first worker published), and the receiving host's link carried at least the
 history's KV bytes (the pages lived in the first host's segment).
 
+Then the first host fails (cable, then processes): its worker and its segment leave the
+router's index together within the heartbeat timeout, and the other host still answers.
+
 Negative control, in the same file: per-host shm pools (``shm``). The second host then has no
 storage tokens, because nothing crosses the hosts but the network.
 """
@@ -39,9 +42,12 @@ def greedy(model_dir: str, ids: list[int]) -> list[int]:
                            pad_token_id=0)[0, len(ids):].tolist()
 
 
+def index_stats(c: HostCluster, router_url: str) -> dict:
+    return dict(c.request("GET", router_url + "/admin/stats", admin=True).json()["index"])
+
+
 def stored(c: HostCluster, router_url: str) -> int:
-    stats = c.request("GET", router_url + "/admin/stats", admin=True).json()
-    return int(stats["index"]["pages_stored"])
+    return int(index_stats(c, router_url)["pages_stored"])
 
 
 def storage(answer: dict) -> int:
@@ -67,7 +73,9 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
         c = HostCluster(hosts, tiny_model_dir, client_host="r", page_size=PAGE)
         try:
             master = c.start_mooncake_master("m") if pool == "mooncake" else None
-            router = c.start_router("r", options=["--profile-max-tokens", "0"])
+            router = c.start_router("r", options=[
+                "--profile-max-tokens", "0", "--heartbeat-timeout-s", "4",
+                "--health-check-interval-s", "0.5"])
             workers = [c.start_worker(h, router, cores={n}, mooncake=master)
                        for n, h in enumerate("ab")]
             c.wait_http(workers)
@@ -99,11 +107,25 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             history_kv = (len(turn1) // PAGE - 1) * PAGE * kv_bytes
             print(f"{pool}: predicted {predicted}, storage {storage(answer)} of {len(turn2)}, "
                   f"{other} received {received} B (history KV {history_kv} B)")
-            if pool == "mooncake":
-                assert storage(answer) >= len(turn1) - 2 * PAGE, answer["meta_info"]
-                assert predicted >= len(turn1) - 2 * PAGE  # the router knew it was fetchable
-                assert received >= history_kv, (received, history_kv)
-            else:  # the negative control: nothing of A's pool is visible on B
+            if pool == "shm":  # the negative control: nothing of A's pool is visible on B
                 assert storage(answer) == 0, answer["meta_info"]
+                return
+            assert storage(answer) >= len(turn1) - 2 * PAGE, answer["meta_info"]
+            assert predicted >= len(turn1) - 2 * PAGE  # the router knew it was fetchable
+            assert received >= history_kv, (received, history_kv)
+
+            # the home host dies: its worker and its segment (the history's pool pages) leave
+            # R's index together once the heartbeat timeout passed
+            holders = index_stats(c, router.url)["holders"]
+            hosts.fail(home[2:])
+            c.forget(home[2:])
+            deadline = time.monotonic() + 20
+            while {w["worker_id"] for w in c.workers(router)} != {other}:
+                assert time.monotonic() < deadline, c.workers(router)
+                time.sleep(0.3)
+            assert index_stats(c, router.url)["holders"] == holders - 2
+            # B still answers the conversation, from what it loaded, equal to the cold run
+            worker, _, again = generate(turn2)
+            assert worker == other and again["output_ids"] == reference
         finally:
             c.close()

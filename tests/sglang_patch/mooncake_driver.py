@@ -3,6 +3,8 @@ Mooncake's listeners bind every interface, so never outside one).
 
     python mooncake_driver.py MASTER HOSTNAME write N   # put N pages, then serve stdin commands
     python mooncake_driver.py MASTER HOSTNAME read N    # get N pages, print a JSON verdict
+    python mooncake_driver.py MASTER HOSTNAME fill N    # put N pages into a small segment,
+                                                        # then compare vanished() to the store
 
 Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
 filled from seed ``i``. The writer prints ``{"ready": ...}`` and then answers stdin lines:
@@ -64,10 +66,20 @@ def read(pool: MooncakePagePool, n: int) -> None:
                       "checksum_failures": pool.stats().checksum_failures}), flush=True)
 
 
+def fill(pool: MooncakePagePool, n: int) -> None:
+    """More pages than the segment holds: Mooncake evicts some, silently."""
+    stored = [i for i in range(n) if pool.put(key(i), page(i), tag=i).stored]
+    found = sorted(pool.vanished(limit=n))
+    missing = sorted(i for i in stored if not pool.exists(key(i)))
+    print(json.dumps({"stored": len(stored), "vanished": found, "missing": missing,
+                      "again": pool.vanished(limit=n)}), flush=True)
+
+
 def main(master: str, hostname: str, mode: str, n: int) -> None:
-    pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, SEGMENT)
+    segment = SEGMENT if mode != "fill" else 16 << 20  # Mooncake's smallest
+    pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment)
     try:
-        (write if mode == "write" else read)(pool, n)
+        {"write": write, "read": read, "fill": fill}[mode](pool, n)
     finally:
         pool.close()
 

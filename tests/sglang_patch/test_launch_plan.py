@@ -268,7 +268,8 @@ def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
     cfg = extra_config(plan)
     assert cfg["pool"] == "mooncake" and cfg["mooncake_master"] == "10.77.0.5:50051"
     assert cfg["mooncake_local_hostname"] == "10.77.0.2"  # its segment, reachable from afar
-    assert cfg["pool_id"] == plan.flags.pool_id == "mooncake-10.77.0.5-50051"
+    # this worker's segment of the store (radix_global/pool_ids.py)
+    assert cfg["pool_id"] == plan.flags.pool_id == "mooncake-10.77.0.5-50051@10.77.0.2"
     assert extra_config(build_plan(BASE, ports=(1, 2, 3))).get("pool") is None  # shm default
     for bad in ("mooncake://nohost", "redis://h:1", "mooncake://:5"):
         with pytest.raises(LaunchError, match="shm or mooncake://"):

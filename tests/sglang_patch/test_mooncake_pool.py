@@ -91,3 +91,23 @@ def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: P
             if writer.poll() is None:
                 writer.kill()
             writer.wait(timeout=10)
+
+
+def test_silent_evictions_are_found_by_the_resync_probe(tmp_path: Path) -> None:
+    """More pages than a segment holds: Mooncake evicts at its high watermark and tells no one.
+    ``vanished`` names exactly the pages gone from the store. Without it, an index fed only by
+    the store events would hold every page in ``missing`` (the negative control: non-empty)."""
+    bin_dir = Path(sys.executable).parent
+    with HostSet(["m", "a"], tmp_path) as hosts:
+        master = f"{hosts['m'].address}:50051"
+        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
+                                    "--metrics_port=9003"])
+        time.sleep(2.0)
+        argv = hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address,
+                                "fill", "400"])
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(),
+                              check=False)
+        assert done.returncode == 0, done.stderr[-3000:]
+        got = json.loads(done.stdout.strip().splitlines()[-1])
+    assert got["missing"], got  # evictions happened, silently
+    assert got["vanished"] == got["missing"] and got["again"] == [], got

@@ -143,6 +143,41 @@ def _check_corrupt_is_miss(pool_id: str) -> None:
     assert reader.batch_exists([key]) == 0
 
 
+def _check_resync_publishes_what_the_store_lost(pool_id: str, endpoint: str) -> None:
+    """A pool that loses pages silently (a Mooncake Store evicting at its watermark) reports
+    them through ``vanished``; the backend's resync thread tells the index (BlockRemoved)."""
+    import zmq
+
+    from radix_global.events import EventDecoder
+    from radix_global.ops import RemovePages
+    from radix_global.types import Namespace, PageKey, PoolId
+    from sglang_patch import storage
+
+    rounds = [[1234, -5], []]
+    real = storage.open_pool
+
+    def losing_pool(config, page_bytes):
+        pool = real(config, page_bytes)
+        pool.vanished = lambda limit: rounds.pop(0) if rounds else []
+        return pool
+
+    storage.open_pool = losing_pool
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    backend = _backend(pool_id, pool_events_endpoint=endpoint, pool_resync_s=0.2)
+    sub.connect(endpoint)
+    try:
+        backend.register_mem_pool_host(_HostPool())
+        assert sub.poll(5000), "no resync event"
+        _topic, _seq, payload = sub.recv_multipart()
+        ops = EventDecoder(PoolId(pool_id), Namespace("tiny@1"), PAGE_SIZE).decode(payload).ops
+        assert len(ops) == 1 and isinstance(ops[0], RemovePages)
+        assert ops[0].keys == [PageKey(1234), PageKey(-5)]
+    finally:
+        backend.close()
+        storage.open_pool = real
+
+
 def _check_cpu_hicache_patches() -> None:
     """The CPU patches (sglang_patch/hicache_cpu.py) are installed and do what SGLang needs."""
     import torch
@@ -167,13 +202,15 @@ def _all_checks(prefix: str, port: int) -> None:
     _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
     _check_roundtrip(f"{prefix}-pf", "page_first", f"tcp://127.0.0.1:{port + 1}")
     _check_corrupt_is_miss(f"{prefix}-bad")
+    _check_resync_publishes_what_the_store_lost(f"{prefix}-rs", f"tcp://127.0.0.1:{port + 2}")
 
 
 def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     """One spawned interpreter (importing SGLang costs ~30 s) runs: pages written by one backend
     are read bit-exactly by another (layer_first and page_first host layouts), another namespace
     sees none of them, the index decoder turns the published batch into a POOL StorePages with
-    the right PageKeys, and a corrupted page is a miss that disappears from batch_exists."""
+    the right PageKeys, a corrupted page is a miss that disappears from batch_exists, and what
+    a pool lost silently is published as removed by the resync thread."""
     import socket
 
     prefix = f"test-st-{uuid.uuid4().hex[:8]}"
@@ -185,5 +222,5 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     finally:
         from sglang_patch.pool.shm_pool import destroy_pool
 
-        for suffix in ("lf", "pf", "bad"):
+        for suffix in ("lf", "pf", "bad", "rs"):
             destroy_pool(f"{prefix}-{suffix}")
