@@ -56,6 +56,10 @@ class RouterMetrics:
             registry=r)
         self.fetch_tokens = Counter("router_fetch_tokens", "Tokens planned to fetch from a pool",
                                     ["worker"], registry=r)
+        self.fetch_shortfall = Counter(
+            "router_pool_fetch_shortfall_tokens", "Tokens planned to fetch from a pool that the "
+            "engine did not load from it (evicted, lost with a host, not yet written)",
+            ["worker"], registry=r)
         self.kv_bytes_moved = Counter("router_kv_bytes_moved", "KV bytes planned to move",
                                       ["worker"], registry=r)
         self.proxied_bytes = Counter("router_proxied_bytes", "Response bytes relayed", ["worker"],

@@ -91,6 +91,17 @@ def is_stream(payload: dict[str, Any]) -> bool:
     return payload.get("stream") is True
 
 
+def engine_storage_tokens(answer: Any) -> int | None:
+    """Prompt tokens the engine loaded from its L3 storage (SGLang ``meta_info``
+    ``cached_tokens_details.storage``); None when the answer does not say."""
+    if isinstance(answer, list) and answer:
+        answer = answer[0]
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    details = meta.get("cached_tokens_details") if isinstance(meta, dict) else None
+    value = details.get("storage") if isinstance(details, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def engine_cached_tokens(answer: Any) -> tuple[int | None, int | None]:
     """(cached prompt tokens, prompt tokens) from an engine answer or a final stream chunk:
     OpenAI ``usage.prompt_tokens_details.cached_tokens`` or SGLang ``meta_info``."""

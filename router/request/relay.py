@@ -18,7 +18,7 @@ import msgspec
 from starlette.types import Receive, Scope, Send
 
 from router.cluster.registry import WorkerEntry
-from router.keying.prompt import engine_cached_tokens
+from router.keying.prompt import engine_cached_tokens, engine_storage_tokens
 from router.pd.protocol import PdError, native_body, new_bootstrap_room
 from router.request.finish import Outcome, client_gone, finish
 from router.request.inbound import Inbound
@@ -112,11 +112,14 @@ class Forward:
                 entry.observed_hits += 1
         if not ok:
             entry.failures += 1
+        storage = engine_storage_tokens(answer)
+        if storage is not None and d.fetch_tokens > storage:  # predicted, not delivered
+            st.metrics.fetch_shortfall.labels(wid).inc(d.fetch_tokens - storage)
         record = {
             "worker_id": wid, "dp_rank": d.dp_rank, "input_tokens": self.inbound.req.input_tokens,
             "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
-            "engine_cached_tokens": cached}
+            "engine_cached_tokens": cached, "engine_storage_tokens": storage}
         if self.pd is not None:
             record["decode_worker_id"] = self.pd.decode.info.worker_id
         booked = finish(st, self.inbound, ok, Outcome.OK if ok else Outcome.FAILED, record)

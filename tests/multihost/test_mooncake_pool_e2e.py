@@ -113,6 +113,10 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             assert storage(answer) >= len(turn1) - 2 * PAGE, answer["meta_info"]
             assert predicted >= len(turn1) - 2 * PAGE  # the router knew it was fetchable
             assert received >= history_kv, (received, history_kv)
+            stats = c.request("GET", router.url + "/admin/stats", admin=True).json()
+            assert stats["recent"][-1]["engine_storage_tokens"] == storage(answer)
+            metrics = c.request("GET", router.url + "/metrics").text
+            assert f'router_pool_fetch_shortfall_tokens_total{{worker="{other}"}}' not in metrics
 
             # the home host dies: its worker and its segment (the history's pool pages) leave
             # R's index together once the heartbeat timeout passed
