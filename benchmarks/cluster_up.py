@@ -1,12 +1,14 @@
 """``radix-global cluster up --hosts N``: a radix-global cluster over N test hosts of this machine.
 
 Each worker host (``w1`` .. ``wN``) runs one real SGLang CPU worker through ``radix-global
-sglang`` with its own shm pool; host ``r`` runs the router; with ``--index`` host ``i`` runs the
-standalone index service and the router uses it. The hosts are network namespaces joined by a
-bridge (``benchmarks/hosts.py``), so everything between the parts crosses a link; nothing listens
-on this machine's own network. The command prints the hosts and how to reach the router (from
-inside host ``r``: ``ip netns exec <r's namespace> curl ...``), then waits for Ctrl-C (or
-``--duration``); on exit, error or signal it stops every process and removes the namespaces.
+sglang`` with its own shm pool (``--pool mooncake``: a Mooncake Store whose master runs on host
+``m``, every worker contributing a segment); host ``r`` runs the router; with ``--index`` host
+``i`` runs the standalone index service and the router uses it. The hosts are network
+namespaces joined by a bridge (``benchmarks/hosts.py``), so everything between the parts
+crosses a link; nothing listens on this machine's own network. The command prints the hosts
+and how to reach the router (from inside host ``r``: ``ip netns exec <r's namespace> curl
+...``), then waits for Ctrl-C (or ``--duration``); on exit, error or signal it stops every
+process and removes the namespaces.
 ``--check`` sends a two-turn conversation through the router instead of waiting and prints where
 it landed and what the engine had cached (exit 1 when the second turn missed its history).
 ``--replay TRACE`` runs ``radix-global replay`` from host ``r`` against the router (a trace
@@ -44,6 +46,8 @@ def parser() -> argparse.ArgumentParser:
     up.add_argument("--hosts", type=int, default=2, help=f"worker hosts, 1..{MAX_ENGINES}")
     up.add_argument("--model", default=DEFAULT_MODEL, help="model folder (built if missing)")
     up.add_argument("--index", action="store_true", help="standalone index service on host i")
+    up.add_argument("--pool", choices=["shm", "mooncake"], default="shm",
+                    help="L3 pool: each host's own shm, or a Mooncake Store (master on host m)")
     up.add_argument("--link-mbit", type=float, default=None,
                     help="shape every worker host's link to this bandwidth (tc tbf)")
     up.add_argument("--run-dir", default="build/cluster", help="logs go here")
@@ -133,7 +137,8 @@ def up(args: Any) -> int:
 
     ensure_model(args.model)
     workers = [f"w{i + 1}" for i in range(args.hosts)]
-    names = [*workers, "r", *(["i"] if args.index else [])]
+    names = [*workers, "r", *(["i"] if args.index else []),
+             *(["m"] if args.pool == "mooncake" else [])]
     signal.signal(signal.SIGTERM, _interrupt)
     try:
         with HostSet(names, Path(args.run_dir)) as hosts:
@@ -146,7 +151,9 @@ def up(args: Any) -> int:
                     options = ["--index", f"{hosts['i'].address}:{INDEX_PORT}"]
                 router = c.start_router("r", options=options)
                 procs.insert(0, router)
-                started = [c.start_worker(h, router, cores={n}) for n, h in enumerate(workers)]
+                master = c.start_mooncake_master("m") if args.pool == "mooncake" else None
+                started = [c.start_worker(h, router, cores={n}, mooncake=master)
+                           for n, h in enumerate(workers)]
                 procs += started
                 if args.link_mbit:
                     for h in workers:
