@@ -160,7 +160,7 @@ def up(args: Any) -> int:
                         hosts.shape(h, args.link_mbit)
                 c.wait_http(started)
                 c.wait_workers(router, {f"w-{h}" for h in workers})
-                _print_hosts(hosts, procs, c)
+                _print_hosts(hosts, [*procs, *(p for p in c.procs if p not in procs)], c)
                 if args.check:
                     return 0 if _conversation_check(c, router) else 1
                 if args.replay:
