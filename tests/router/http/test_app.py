@@ -254,6 +254,11 @@ def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory
         r = c.post("/generate", json={"input_ids": [[1, 2, 3], [4, 5, 6], [7, 8, 9]],
                                       "rid": ["a", "b", "c"]})
         assert r.status_code == 200, r.text
+    # The prefill half runs beside the decode half: the client's answer (the decode worker's)
+    # can come back before the prefill peer has recorded its request.
+    deadline = time.monotonic() + 5
+    while len(prefill.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
     (_, p_body), (_, d_body) = prefill.requests[-1], decode.requests[-1]
     rooms = p_body["bootstrap_room"]
     assert isinstance(rooms, list) and len(set(rooms)) == 3 and d_body["bootstrap_room"] == rooms
