@@ -121,7 +121,7 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
         raise ValueError("ours engines need the router URL and a pool id")
     return [sys.executable, "-m", "radix_global_cli", "sglang", *common,
             "--radix-global", router_url, "--worker-id", worker_id or f"eng-{index}-{port}",
-            "--pool-id", pool_id, "--pool-root", spec.pool_root,
+            "--pool-id", pool_id, *(["--pool-root", spec.pool_root] if spec.pool_root else []),
             "--pool-capacity-gb", str(spec.pool_capacity_gb), "--hicache-ratio", "2",
             "--hicache-storage-prefetch-policy", "wait_complete", "--heartbeat-interval", "1"]
 

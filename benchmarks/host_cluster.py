@@ -38,7 +38,7 @@ from benchmarks.cluster import MAX_ENGINES, EngineSet, cpu_env, engine_argv
 from benchmarks.hosts import HostSet
 from benchmarks.netns import netns_executor
 from benchmarks.procs import ClusterError, log_tail, stop_group, wait_answering
-from radix_global.pool_ids import segment_pool_id
+from sglang_patch.launch_plan import default_pool_id
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -109,10 +109,11 @@ class HostCluster:
                 "--heartbeat-timeout", str(heartbeat_timeout_s)]
         return self._spawn(host, "index", argv, f"{address}:{INDEX_PORT}")
 
-    def _engines(self, host: str, extra: Sequence[str], kind: str = "ours") -> EngineSet:
+    def _engines(self, host: str, extra: Sequence[str], kind: str = "ours",
+                 shm: bool = True) -> EngineSet:
         return EngineSet(kind, self.model_dir, n=1, page_size=self.page_size,
                          max_total_tokens=16384, pool_capacity_gb=0.25,
-                         pool_root=self.hosts[host].pool_root, extra_args=(
+                         pool_root=self.hosts[host].pool_root if shm else "", extra_args=(
                              "--served-model-name", "tiny", "--enable-cache-report", *extra))
 
     def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = (),
@@ -120,10 +121,11 @@ class HostCluster:
         """``radix-global sglang`` on ``host``'s address, with the cluster's admin token and the
         host's own shm pool, or the Mooncake Store at ``mooncake`` (``HOST:PORT``) that every
         host shares (``benchmarks.cluster.engine_argv``)."""
-        pool = ["--pool", f"mooncake://{mooncake}"] if mooncake else []
-        spec = self._engines(host, ["--admin-token", self.admin_token, *pool, *extra])
-        pool_id = (segment_pool_id("mooncake-" + mooncake.replace(":", "-"),
-                                   self.hosts[host].address) if mooncake
+        pool = f"mooncake://{mooncake}" if mooncake else "shm"
+        spec = self._engines(host, ["--admin-token", self.admin_token, "--pool", pool, *extra],
+                             shm=not mooncake)
+        address = self.hosts[host].address
+        pool_id = (default_pool_id(pool, address, WORKER_PORT) if mooncake
                    else self.hosts[host].pool_id)
         return engine_argv(spec, WORKER_PORT, 0, router.url, pool_id,
                            host=self.hosts[host].address, worker_id=f"w-{host}")

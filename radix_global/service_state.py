@@ -15,11 +15,12 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.index import GlobalIndex
+from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import IndexSnapshot, SnapshotError
 from radix_global.subscriber import KVEventSubscriber
-from radix_global.types import Namespace, WorkerId
+from radix_global.types import Namespace, PoolId, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
 
 log = logging.getLogger(__name__)
@@ -84,17 +85,26 @@ class ServiceState:
         return await self.subscriber.add_worker(info)  # a changed record: old entries dropped
 
     async def deregister(self, worker_id: WorkerId) -> None:
-        """Forget a worker and drop its index entries (a pool's entries stay: the pool lives on)."""
-        if self.workers.pop(worker_id, None) is None:
+        """Forget a worker and drop its index entries (a pool's entries stay: the pool lives on;
+        a segment of a shared store goes with its worker, ``radix_global/pool_ids.py``)."""
+        info = self.workers.pop(worker_id, None)
+        if info is None:
             raise UnknownWorkerError(f"worker {worker_id!r} is not registered")
         await self.subscriber.remove_worker(worker_id)
+        self._drop_segment(info)
 
     def heartbeat(self, worker_id: WorkerId) -> None:
         if not self.subscriber.heartbeat(worker_id):
             raise UnknownWorkerError(f"worker {worker_id!r} is not registered; register again")
 
     def _timed_out(self, worker_id: WorkerId) -> None:
-        self.workers.pop(worker_id, None)
+        info = self.workers.pop(worker_id, None)
+        if info is not None:
+            self._drop_segment(info)
+
+    def _drop_segment(self, info: WorkerInfo) -> None:
+        if info.pool_id is not None and is_segment(info.pool_id):
+            self.index.remove_holder(PoolId(info.pool_id))
 
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:

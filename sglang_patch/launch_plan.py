@@ -23,7 +23,7 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
                              mooncake_pool.py``; this worker contributes ``--pool-capacity-gb``
                              of its memory as a segment)
 ``--pool-id ID``             default ``shm-<hostname>``; for a Mooncake pool this worker's
-                             segment ``mooncake-<master host>-<port>@<advertised address>``;
+                             segment ``mooncake-<master>-<port>@<advertise host>:<port>``;
                              ``--pool-capacity-gb``, ``--pool-root`` (shm only)
 ``--heartbeat-interval S``   default 5
 
@@ -47,8 +47,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from radix_global.pool_ids import segment_pool_id
+from radix_global.pool_ids import is_segment, segment_pool_id
 from radix_global.types import Role
+from sglang_patch.pool.mooncake_pool import MIN_SEGMENT_BYTES
 
 BACKEND = {"backend_name": "radix_global_pool", "module_path": "sglang_patch.storage",
            "class_name": "RadixGlobalPoolStorage", "interface_v1": 1,
@@ -121,7 +122,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool", default="shm", metavar="shm|mooncake://MASTER:PORT",
                    help="L3 pool: this machine's shared memory, or a Mooncake Store")
     p.add_argument("--pool-id", default=None,
-                   help="L3 pool id (default shm-<hostname>; mooncake-<master>-<port>)")
+                   help="L3 pool id (default shm-<hostname>; for Mooncake this worker's segment "
+                        "mooncake-<master>-<port>@<advertised host>:<port>)")
     p.add_argument("--pool-capacity-gb", type=float, default=1.0,
                    help="pool size (the first process to open it decides)")
     p.add_argument("--pool-root", default=None, help="default /dev/shm/radix-global")
@@ -273,7 +275,9 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         except json.JSONDecodeError as exc:
             raise LaunchError(f"--hicache-storage-backend-extra-config is not JSON: {exc}") from exc
         args = _without(args, "--hicache-storage-backend-extra-config")
-    ours = replace(ours, pool_id=ours.pool_id or default_pool_id(ours.pool, advertise))
+    port = int(flag_value(rest, "--port") or 30000)
+    ours = replace(ours, pool_id=ours.pool_id or default_pool_id(ours.pool, advertise, port))
+    _check_pool(ours)
     backend.update({"pool_id": ours.pool_id,
                     "pool_capacity_bytes": int(ours.pool_capacity_gb * (1 << 30))})
     master = mooncake_master(ours.pool)
@@ -307,8 +311,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
             args += ["--hicache-mem-layout", "layer_first"]
     args += ["--hicache-storage-backend", "dynamic"]
     args += ["--hicache-storage-backend-extra-config", json.dumps(backend)]
-    return LaunchPlan(args, ours, device, host, advertise,
-                      int(flag_value(rest, "--port") or 30000), role, model_path, kv_ep,
+    return LaunchPlan(args, ours, device, host, advertise, port, role, model_path, kv_ep,
                       replay_ep, pool_ep, backend)
 
 
@@ -326,13 +329,14 @@ def mooncake_master(pool: str) -> str | None:
     return master
 
 
-def default_pool_id(pool: str, advertise: str) -> str:
+def default_pool_id(pool: str, advertise: str, port: int) -> str:
     """``shm-<hostname>``; for a Mooncake Store, this worker's segment of it,
-    ``mooncake-<master host>-<port>@<advertised address>`` (``radix_global/pool_ids.py``)."""
+    ``mooncake-<master host>-<port>@<advertised address>:<server port>`` (one per worker: two
+    workers of a host are two clients with two segments; ``radix_global/pool_ids.py``)."""
     master = mooncake_master(pool)
     if master is None:
         return f"shm-{socket.gethostname()}"
-    return segment_pool_id("mooncake-" + master.replace(":", "-"), advertise)
+    return segment_pool_id("mooncake-" + master.replace(":", "-"), f"{advertise}:{port}")
 
 
 def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tuple[int, int, int]:
@@ -351,6 +355,21 @@ def event_ports(base: int | None, sglang_argv: Sequence[str], bind: str) -> tupl
         raise LaunchError(f"--event-port-base {base}: ports {base}..{base + 2 * dp} include "
                           f"the server's --port {http}")
     return base, base + dp, base + 2 * dp
+
+
+def _check_pool(ours: OurFlags) -> None:
+    """A pool id names a segment of a shared store exactly when it has an ``@``: an shm pool's
+    must not (its entries would leave the index with the first worker); a Mooncake segment must
+    hold Mooncake's smallest segment."""
+    mooncake = mooncake_master(ours.pool) is not None
+    if not mooncake and ours.pool_id is not None and is_segment(ours.pool_id):
+        raise LaunchError(f"--pool-id {ours.pool_id}: '@' marks a segment of a shared store "
+                          "(--pool mooncake://...); an shm pool id may not contain it")
+    if mooncake and ours.pool_capacity_gb * (1 << 30) < MIN_SEGMENT_BYTES:
+        raise LaunchError(f"--pool-capacity-gb {ours.pool_capacity_gb}: a Mooncake segment "
+                          f"needs at least {MIN_SEGMENT_BYTES >> 20} MiB")
+    if mooncake and ours.pool_root is not None:
+        raise LaunchError("--pool-root is for the shm pool; a Mooncake pool has no root")
 
 
 def registered_role(role: Role | None, mode: str | None) -> Role:

@@ -82,6 +82,8 @@ def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
     if kind == "mooncake":
         from sglang_patch.pool.mooncake_pool import MooncakePagePool
 
+        if not config.get("mooncake_master"):
+            raise PoolError("pool mooncake without mooncake_master (HOST:PORT)")
         return MooncakePagePool(str(config.get("pool_id") or "mooncake"), page_bytes,
                                 str(config["mooncake_master"]),
                                 str(config.get("mooncake_local_hostname") or socket.gethostname()),

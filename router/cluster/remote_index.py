@@ -204,12 +204,15 @@ class RemoteIndex:
 
     def worker_removed(self, entry: WorkerEntry) -> None:
         try:
-            self.client.deregister(WorkerId(entry.info.worker_id))
-            pool = entry.info.pool_id
-            if pool is not None and is_segment(pool):  # its segment left the store with it
-                self.client.remove_holder(PoolId(pool))
+            self.client.deregister(WorkerId(entry.info.worker_id))  # drops its segment too
         except Exception as exc:  # unknown there already, or the service is down: logged only
             log.warning("index service deregister of %s failed: %r", entry.info.worker_id, exc)
+            pool = entry.info.pool_id
+            if pool is not None and is_segment(pool):  # timed out there: its segment may stay
+                try:
+                    self.client.remove_holder(PoolId(pool))
+                except Exception as again:
+                    log.warning("index service: dropping segment %s failed: %r", pool, again)
 
     def heartbeat(self, worker_id: str) -> None:
         try:

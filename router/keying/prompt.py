@@ -93,11 +93,16 @@ def is_stream(payload: dict[str, Any]) -> bool:
 
 def engine_storage_tokens(answer: Any) -> int | None:
     """Prompt tokens the engine loaded from its L3 storage (SGLang ``meta_info``
-    ``cached_tokens_details.storage``); None when the answer does not say."""
+    ``cached_tokens_details.storage``; SGLang sends no details when nothing was cached, which is
+    0 here); None when the answer does not say (OpenAI answers carry no such detail)."""
     if isinstance(answer, list) and answer:
         answer = answer[0]
     meta = answer.get("meta_info") if isinstance(answer, dict) else None
-    details = meta.get("cached_tokens_details") if isinstance(meta, dict) else None
+    if not isinstance(meta, dict):
+        return None
+    details = meta.get("cached_tokens_details")
+    if details is None and meta.get("cached_tokens") == 0:
+        return 0
     value = details.get("storage") if isinstance(details, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 

@@ -2,9 +2,13 @@
 that any worker host of the cluster can fetch, not only the host that computed them.
 
 Each process that opens the pool is a Mooncake client. It contributes a segment of
-``segment_bytes`` of its host's memory to the store, and it writes its pages into that segment
-(``ReplicateConfig.preferred_segment`` = its own segment, one replica). A page computed on host A
-therefore lives on A, and a worker on host B fetches it over the network. The master
+``segment_bytes`` of its host's memory to the store, and it asks for its pages to be written
+into that segment (``ReplicateConfig.preferred_segment`` = its own segment, one replica). A page
+computed on host A therefore lives on A, and a worker on host B fetches it over the network.
+Placement is preferred, not guaranteed: when A's segment is full, Mooncake may put a page in
+another host's segment. The index then names A's segment for a page that lives elsewhere. If
+that other host dies, the writer's resync (:meth:`MooncakePagePool.vanished`) finds the page
+gone. If A dies, the index drops a page that still exists, which is an underestimate. The master
 (``mooncake_master``) runs somewhere reachable (``docs/deploy.md``). Clients find each other
 through it, with P2P handshakes and no etcd.
 
@@ -21,8 +25,10 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   ``evicted`` is always ``()``.
 - ``new`` means the key was absent just before this put. Another host may write it in between.
 - ``capacity_pages`` is this client's own segment in pages, not the store's.
-- ``clear`` empties the whole store and cannot name what it dropped, so it returns ``[]``.
-- ``stats().pages`` is ``-1`` (unknown).
+- ``clear`` empties the whole store, every host's pages, and names only the pages this client
+  wrote.
+- ``stats().pages`` is ``-1`` (unknown); ``evictions`` counts the pages ``vanished`` found
+  gone.
 - A dead client's pages vanish after Mooncake's ``client_ttl`` (about 10 s). Until then
   ``exists`` says yes and ``get_into`` misses.
 - Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes, round-robin, the
@@ -32,9 +38,11 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   lease, which delays the eviction of what it probes, so a resync round is bounded
   (``pool_resync_pages``).
 
-Buffers: one registered staging buffer per process (page + checksum) under a lock. A page is
-copied once between it and the caller's buffers (SGLang's host pool), which keeps the host
-pool's memory out of Mooncake's registration. The zero-copy multi-buffer calls are a later step.
+Buffers: one registered staging buffer per process (page + checksum) under a lock, which is
+held across the store's network calls, so one process's pool I/O runs one call at a time. A
+page is copied once between it and the caller's buffers (SGLang's host pool), which keeps the
+host pool's memory out of Mooncake's registration. The zero-copy multi-buffer calls are a later
+step. After :meth:`MooncakePagePool.close` every call is a miss.
 ``RADIX_GLOBAL_POOL_NO_VERIFY=1`` turns verification off, for the negative-control test only.
 """
 
@@ -115,10 +123,13 @@ class MooncakePagePool(PagePool):
             raise PoolError("Mooncake Store: registering the staging buffer failed")
         self._lock = threading.Lock()
         self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
-                        "vanished": 0}
+                        "vanished": 0, "put_failures": 0}
         # key -> tag of the pages this client wrote, in probing order (see vanished)
         self._written: collections.OrderedDict[str, int] = collections.OrderedDict()
-        self._forgotten: list[int] = []  # tags dropped from _written, reported by vanished
+        # tags dropped from _written, reported by vanished (bounded: with no resync running,
+        # nobody drains it)
+        self._forgotten: collections.deque[int] = collections.deque(maxlen=self.capacity_pages)
+        self._closed = False
 
     # --- PagePool ---------------------------------------------------------------------------------
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
@@ -127,6 +138,8 @@ class MooncakePagePool(PagePool):
         if size > self.page_bytes:
             return _MISS
         with self._lock:
+            if self._closed:
+                return _MISS
             if self._store.is_exist(key) == 1:
                 return PutResult(True, False, ())
             staged, h, at = self._staging, xxhash.xxh3_64(), 0
@@ -136,17 +149,19 @@ class MooncakePagePool(PagePool):
                 at += v.nbytes
             staged[size:size + CHECKSUM_BYTES] = np.frombuffer(h.digest(), dtype=np.uint8)
             rc = self._store.put_from(key, self._ptr, size + CHECKSUM_BYTES, self._config)
-            if rc == 0:
-                self._written[key] = tag
-                self._written.move_to_end(key)
-                if len(self._written) > self.capacity_pages:
-                    # Older than a full segment: most likely evicted. Reported as gone (an
-                    # index that forgets a page only predicts less), not probed forever.
-                    self._forgotten.append(self._written.popitem(last=False)[1])
-        if rc != 0:
-            log.warning("Mooncake put of %s failed (%d)", key, rc)
-            return _MISS
-        self._counts["stores"] += 1
+            if rc != 0:
+                self._counts["put_failures"] += 1
+                if self._counts["put_failures"] % 100 == 1:  # a full store fails every put
+                    log.warning("Mooncake put failed (%d; %d failures so far): %s", rc,
+                                self._counts["put_failures"], key)
+                return _MISS
+            self._written[key] = tag
+            self._written.move_to_end(key)
+            if len(self._written) > self.capacity_pages:
+                # Older than a full segment: most likely evicted. Reported as gone (an index
+                # that forgets a page only predicts less), not probed forever.
+                self._forgotten.append(self._written.popitem(last=False)[1])
+            self._counts["stores"] += 1
         return PutResult(True, True, ())
 
     def vanished(self, limit: int) -> list[int]:
@@ -155,7 +170,10 @@ class MooncakePagePool(PagePool):
         vanished ones are forgotten, the others go to the back of the queue. Pages pushed out of
         the remembered set (more than ``capacity_pages`` written since) are reported too."""
         with self._lock:
-            gone, self._forgotten = self._forgotten, []
+            gone = list(self._forgotten)
+            self._forgotten.clear()
+            if self._closed:
+                return gone
             keys = list(itertools.islice(self._written, max(0, limit)))
             if not keys:
                 return gone
@@ -171,11 +189,11 @@ class MooncakePagePool(PagePool):
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
         views = [_flat(c) for c in chunks]
         size = sum(v.nbytes for v in views)
-        if size > self.page_bytes:
-            return self._miss()
         with self._lock:
-            if self._store.get_size(key) != size + CHECKSUM_BYTES:
+            if size > self.page_bytes or self._closed:
                 return self._miss()
+            # bytes read, or a negative error (missing key, a dead client's segment, an object
+            # of another size than this buffer)
             got = self._store.get_into(key, self._ptr, size + CHECKSUM_BYTES)
             if got != size + CHECKSUM_BYTES:
                 return self._miss()
@@ -190,29 +208,47 @@ class MooncakePagePool(PagePool):
             for v in views:
                 v[:] = staged[at:at + v.nbytes].data
                 at += v.nbytes
-        self._counts["hits"] += 1
+            self._counts["hits"] += 1
         return True
 
     def exists(self, key: str) -> bool:
-        return bool(self._store.is_exist(key) == 1)
+        with self._lock:
+            return not self._closed and bool(self._store.is_exist(key) == 1)
 
     def remove(self, key: str) -> bool:
-        return bool(self._store.remove(key, True) == 0)
+        with self._lock:
+            self._written.pop(key, None)
+            return not self._closed and bool(self._store.remove(key, True) == 0)
 
     def clear(self) -> list[int]:
-        self._store.remove_all(True)
-        return []
+        """Empty the whole store (every host's pages); the tags of the pages this client wrote
+        (what it can name)."""
+        with self._lock:
+            tags = [*self._written.values(), *self._forgotten]
+            self._written.clear()
+            self._forgotten.clear()
+            if not self._closed:
+                rc = self._store.remove_all(True)
+                if rc < 0:
+                    log.warning("Mooncake remove_all failed (%d)", rc)
+            return tags
 
     def stats(self) -> PoolStats:
-        c = self._counts
+        with self._lock:
+            c = dict(self._counts)
         return PoolStats(self.pool_id, -1, self.capacity_pages, self.page_bytes, c["stores"],
-                         c["hits"], c["misses"], 0, c["checksum_failures"], 0)
+                         c["hits"], c["misses"], c["vanished"], c["checksum_failures"], 0)
 
     def close(self) -> None:
-        """Leave the store: this client's segment (and the pages in it) goes with it."""
-        self._store.unregister_buffer(self._ptr)
-        self._store.close()
+        """Leave the store: this client's segment (and the pages in it) goes with it. Waits
+        for a call in progress; idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            self._store.unregister_buffer(self._ptr)
+            self._store.close()
 
-    def _miss(self) -> bool:
+    def _miss(self) -> bool:  # under the lock
         self._counts["misses"] += 1
         return False

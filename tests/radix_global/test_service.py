@@ -329,3 +329,18 @@ async def test_async_client(tmp_path: Path) -> None:
                 await client.hot_prefixes(Namespace("x@1"), 1)
     finally:
         await server.stop(0.1)
+
+
+def test_a_segment_of_a_shared_store_leaves_with_its_worker(served) -> None:
+    """A Mooncake segment dies with its client (radix_global/pool_ids.py): deregistering the
+    worker drops it; a pool of its own (pool-a above) stays."""
+    _, client = served
+    _fill(client)
+    segment = PoolId("mooncake-m-1@10.0.0.2:30000")
+    seg_worker = _worker(2, pool_id=segment)
+    client.register(seg_worker)
+    client.apply_many([StorePages(NS, Location(segment, 0, Tier.POOL), None, PROMPTS[0])])
+    assert (segment, 0) in client.match(NS, PROMPTS[0]).matched
+    client.deregister(WorkerId(seg_worker.worker_id))
+    held = client.match(NS, PROMPTS[0]).matched
+    assert (segment, 0) not in held and (PoolId("pool-a"), 0) in held

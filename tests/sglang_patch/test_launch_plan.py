@@ -268,11 +268,18 @@ def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
     cfg = extra_config(plan)
     assert cfg["pool"] == "mooncake" and cfg["mooncake_master"] == "10.77.0.5:50051"
     assert cfg["mooncake_local_hostname"] == "10.77.0.2"  # its segment, reachable from afar
-    # this worker's segment of the store (radix_global/pool_ids.py)
-    assert cfg["pool_id"] == plan.flags.pool_id == "mooncake-10.77.0.5-50051@10.77.0.2"
+    # this worker's segment of the store (radix_global/pool_ids.py): one per worker
+    assert cfg["pool_id"] == plan.flags.pool_id == "mooncake-10.77.0.5-50051@10.77.0.2:31000"
     assert extra_config(build_plan(BASE, ports=(1, 2, 3))).get("pool") is None  # shm default
     for bad in ("mooncake://nohost", "redis://h:1", "mooncake://:5"):
         with pytest.raises(LaunchError, match="shm or mooncake://"):
             build_plan([*BASE, "--pool", bad], ports=(1, 2, 3))
     with pytest.raises(LaunchError, match="--pool mooncake://"):
         build_plan([*BASE, "--hicache-storage-backend", "mooncake"], ports=(1, 2, 3))
+    mooncake = [*BASE, "--pool", "mooncake://m:1"]
+    for extra, match in ((["--pool-capacity-gb", "0.01"], "at least 16 MiB"),
+                         (["--pool-root", "/dev/shm/x"], "no root")):
+        with pytest.raises(LaunchError, match=match):
+            build_plan([*mooncake, *extra], ports=(1, 2, 3))
+    with pytest.raises(LaunchError, match="an shm pool id may not contain it"):
+        build_plan([*BASE, "--pool-id", "a@b"], ports=(1, 2, 3))

@@ -95,7 +95,8 @@ def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: P
 
 def test_silent_evictions_are_found_by_the_resync_probe(tmp_path: Path) -> None:
     """More pages than a segment holds: Mooncake evicts at its high watermark and tells no one.
-    ``vanished`` names exactly the pages gone from the store. Without it, an index fed only by
+    ``vanished`` names exactly the pages gone from the store (here, written oldest first, the
+    pages it forgets unprobed are evicted ones too). Without it, an index fed only by
     the store events would hold every page in ``missing`` (the negative control: non-empty)."""
     bin_dir = Path(sys.executable).parent
     with HostSet(["m", "a"], tmp_path) as hosts:
