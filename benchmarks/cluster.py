@@ -42,8 +42,8 @@ import httpx
 
 from benchmarks.procs import ClusterError, Proc, stop_group, wait_answering
 from sglang_patch import cpu_compat
-from sglang_patch.launch_plan import free_port
 from sglang_patch.launch_server import cpu_compute_domain
+from sglang_patch.ports import free_port
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")

@@ -70,7 +70,7 @@ from router.pd.protocol import (
 )
 from router.routing.contract import RouteRequest, WorkerState
 from router.transport.proxy import Proxy, ProxyConfig
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 
 async def timed_stream(chunks: Any, t0: float) -> tuple[float, list[float], int]:

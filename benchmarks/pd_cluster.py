@@ -22,7 +22,7 @@ from radix_global import keys
 from radix_global.types import Namespace
 from router.routing.contract import RouteRequest
 from sglang_patch import cpu_compat
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = 4

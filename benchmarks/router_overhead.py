@@ -46,7 +46,7 @@ from typing import Any
 import httpx
 
 from benchmarks.lean_client import run_batch
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results" / "router_overhead.json"

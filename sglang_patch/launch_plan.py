@@ -39,17 +39,15 @@ is kept.
 from __future__ import annotations
 
 import argparse
-import collections
 import json
-import random
 import socket
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from radix_global.pool_ids import is_segment, segment_pool_id
 from radix_global.types import Role
 from sglang_patch.pool.mooncake_pool import MIN_SEGMENT_BYTES
+from sglang_patch.ports import free_port
 
 BACKEND = {"backend_name": "radix_global_pool", "module_path": "sglang_patch.storage",
            "class_name": "RadixGlobalPoolStorage", "interface_v1": 1,
@@ -188,43 +186,6 @@ def _without(argv: list[str], name: str) -> list[str]:
         elif not arg.startswith(name + "="):
             out.append(arg)
     return out
-
-
-# Ports handed out for a later bind come from below the kernel's ephemeral range, which bind(0)
-# and every outgoing connect() draw from: a port chosen there can be taken by any connection in
-# the seconds before an engine's child process binds it (a CI run lost a KV-event replay port
-# that way). SGLang picks its own such ports in 22000-29999 for the same reason; ours stay apart.
-LATER_BIND_PORTS = (30100, 32767)
-_rng = random.Random()
-_handed: collections.deque[int] = collections.deque(maxlen=512)  # not twice in a row
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """A port free on ``host`` now, for its user to bind later (that race remains, but only with
-    other explicit binds). Falls back to a kernel-chosen port when the range is unusable."""
-    low, high = LATER_BIND_PORTS
-    high = min(high, _ephemeral_low() - 1)
-    if high - low >= 64:
-        for port in _rng.sample(range(low, high + 1), 64):
-            if port in _handed:
-                continue
-            with socket.socket() as s:
-                try:
-                    s.bind((host, port))
-                except OSError:
-                    continue
-            _handed.append(port)
-            return port
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
-def _ephemeral_low() -> int:
-    try:
-        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768
 
 
 def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,

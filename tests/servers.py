@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import NamedTuple
 
 from sglang_patch import cpu_compat
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--dtype", "float32"),

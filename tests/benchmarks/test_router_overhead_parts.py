@@ -12,7 +12,7 @@ import pytest
 
 from benchmarks.lean_client import run_batch
 from benchmarks.router_overhead import spawn, stop, wait_ready
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 
 def test_floor_forwards_to_the_instant_upstream(tmp_path: Path) -> None:

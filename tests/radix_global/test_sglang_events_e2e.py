@@ -24,7 +24,7 @@ from radix_global.index import GlobalIndex
 from radix_global.registration import WorkerInfo
 from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, WorkerId
-from sglang_patch.launch_plan import free_port as _free_port
+from sglang_patch.ports import free_port as _free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.asyncio, pytest.mark.timeout(300)]
 NS = Namespace("tiny@1")

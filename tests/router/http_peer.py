@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 
 class ServerThread:

@@ -53,7 +53,7 @@ from router.config import RouterConfig
 from router.http.app import build_app
 from router.routing.prefill_model import PrefillModel
 from router.state import RouterState
-from sglang_patch.launch_plan import free_port
+from sglang_patch.ports import free_port
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.timeout(600)]
 

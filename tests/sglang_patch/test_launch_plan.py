@@ -173,10 +173,10 @@ def test_registered_bootstrap_port_only_for_a_native_prefill_worker():
 
 
 def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports(monkeypatch) -> None:
-    from sglang_patch import launch_plan
+    from sglang_patch import ports as picker
 
-    ports = [launch_plan.free_port() for _ in range(50)]
-    low, high = launch_plan.LATER_BIND_PORTS
+    ports = [picker.free_port() for _ in range(50)]
+    low, high = picker.LATER_BIND_PORTS
     assert all(low <= p <= high for p in ports) and len(set(ports)) == 50
     # Every port of a small range but one is held by someone else: that one comes back.
     base = ports[0] // 100 * 100 if ports[0] + 80 < high else low
@@ -193,9 +193,9 @@ def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports(monkeypatc
         free = held.pop(30)
         want = free.getsockname()[1]
         free.close()
-        monkeypatch.setattr(launch_plan, "LATER_BIND_PORTS", (base, base + 64))
-        monkeypatch.setattr(launch_plan, "_handed", collections.deque(maxlen=512))
-        assert launch_plan.free_port() == want
+        monkeypatch.setattr(picker, "LATER_BIND_PORTS", (base, base + 64))
+        monkeypatch.setattr(picker, "_handed", collections.deque(maxlen=512))
+        assert picker.free_port() == want
     finally:
         for s in held:
             s.close()
