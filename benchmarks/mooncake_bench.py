@@ -96,7 +96,7 @@ def _run_pair(hosts: Any, master: str, page: int, chunks: int, pages: int) -> di
             "memcpy_gbps": size / read["memcpy_s"]}
 
 
-def _median_spread(values: list[float]) -> dict[str, float]:
+def median_spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
@@ -130,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
                         for _ in range(args.repeats)]
                 row = {"link_mbit": mbit or None, "case": name, "page_bytes": page,
                        "chunks": chunks, "pages": pages,
-                       **{k: _median_spread([r[k] for r in runs])
+                       **{k: median_spread([r[k] for r in runs])
                           for k in ("write_gbps", "read_gbps", "memcpy_gbps")}}
                 row["read_vs_memcpy"] = row["read_gbps"]["median"] / row["memcpy_gbps"]["median"]
                 rows.append(row)

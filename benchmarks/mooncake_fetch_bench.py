@@ -24,12 +24,13 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import statistics
 import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+from benchmarks.mooncake_bench import median_spread
 
 PAGE = 16
 SUFFIX = 16
@@ -46,10 +47,6 @@ def _generate(c: Any, url: str, ids: list[int]) -> tuple[float, dict[str, Any]]:
 
 def _storage(answer: dict[str, Any]) -> int:
     return int((answer["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
-
-
-def _spread(values: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
 def run(model_dir: str, lengths: list[int], repeats: int, links: list[float]
@@ -92,8 +89,8 @@ def run(model_dir: str, lengths: list[int], repeats: int, links: list[float]
                         fetch.append(t_fetch)
                         recompute.append(t_cold)
                     row: dict[str, Any] = {"link_mbit": mbit or None, "prompt_tokens": length,
-                           "kv_bytes": length * kv_bytes, "fetch_s": _spread(fetch),
-                           "recompute_s": _spread(recompute)}
+                           "kv_bytes": length * kv_bytes, "fetch_s": median_spread(fetch),
+                           "recompute_s": median_spread(recompute)}
                     row["fetch_vs_recompute"] = (row["fetch_s"]["median"]
                                                  / row["recompute_s"]["median"])
                     rows.append(row)

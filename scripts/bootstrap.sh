@@ -17,8 +17,9 @@ mkdir -p "$VENV_ROOT"
 
 need_apt=()
 # gcc + libssl headers: SGLang builds its KV-event hash extension on first use;
-# libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware.
-for pkg in gcc g++ libssl-dev libibverbs1; do
+# libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware;
+# iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests.
+for pkg in gcc g++ libssl-dev libibverbs1 iproute2; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
