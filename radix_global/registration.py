@@ -59,6 +59,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Bytes one token's KV occupies on the wire (every layer and rank, KV cache dtype): the
     # router prices this namespace's pool fetches with it. None: the router's default.
     kv_bytes_per_token: int | None = None
+    # Its pool backend resolves shared-prefix aliases by asking the router it registered with
+    # (docs/interfaces.md s. 15); without it the router never predicts a shared-prefix hit.
+    pool_aliases: bool = False
 
     def __post_init__(self) -> None:
         _check_text(self)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable
@@ -21,7 +22,8 @@ from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
 from router.keying.lora import configured_extra_keys
-from router.keying.tenants import Tenants
+from router.keying.shared_prefixes import AliasBook, SharedPrefixes, specs_from_mapping
+from router.keying.tenants import SHARED_PREFIXES_TABLE, Tenants, read_tenants_file
 from router.keying.tokenize import TokenizerCache
 from router.metrics import RouterMetrics
 from router.pd.pool_front import PdFront
@@ -35,6 +37,7 @@ from router.routing.prefill_model import PrefillModel
 from router.transport.proxy import Proxy
 
 log = logging.getLogger("radix_global.router")
+UNSAFE_SHARE_ENV = "RADIX_GLOBAL_UNSAFE_SHARE_PAST_PREFIX"
 
 
 def _quiet_load(tok: Any) -> None:
@@ -84,7 +87,16 @@ class RouterState:
                                       config.warm_config(), clock=clock)
         self.warmer.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
-        self.tenants = Tenants.from_file(config.tenants_file)
+        tenants_file = read_tenants_file(config.tenants_file)
+        self.tenants = Tenants.from_mapping(tenants_file)
+        share_past = os.environ.get(UNSAFE_SHARE_ENV) == "1"
+        if share_past:
+            log.warning("%s=1: requests share everything after a registered prefix, so tenants "
+                        "see each other's conversations (a test's negative control only)",
+                        UNSAFE_SHARE_ENV)
+        self.shared_prefixes = SharedPrefixes(
+            specs_from_mapping(tenants_file.get(SHARED_PREFIXES_TABLE)), share_past)
+        self.aliases = AliasBook()  # what workers' pool backends ask (docs/interfaces.md s. 15)
         # Prefill/decode disaggregation: the pool hand-off's state in pool mode; the busy-time
         # tracker of the utilisation report in either mode.
         self.pd_pool: PdFront | None = None

@@ -30,7 +30,8 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
 --hicache-write-policy write_through --hicache-storage-backend dynamic
 --hicache-storage-backend-extra-config {...}``), KV events (``--kv-events-config`` with a ZMQ
-publisher and replay socket on the advertised address), and on ``--device cpu`` the HiCache
+publisher and replay socket on the advertised address), the router's URL for the backend's
+shared-prefix aliases (``docs/interfaces.md`` s. 15), and on ``--device cpu`` the HiCache
 settings that work there (``--hicache-io-backend direct --hicache-mem-layout layer_first``).
 A user flag that contradicts one of these is a :class:`LaunchError` naming it; a compatible one
 is kept.
@@ -251,6 +252,8 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
         backend["namespace"] = ours.namespace or default_namespace
     if pool_ep:
         backend["pool_events_endpoint"] = pool_ep
+    if ours.radix_global:  # the router answers the backend's shared-prefix alias questions
+        backend["pool_aliases_url"] = ours.radix_global
     pool_decode = role is Role.DECODE and ROLE_OF_MODE[mode] is Role.MIXED
     if pool_decode:
         # The prompt must come from the pool, not be recomputed: wait for the prefetch, and do

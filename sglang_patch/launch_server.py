@@ -29,6 +29,7 @@ import httpx
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
 from sglang_patch.register import (
+    TOKEN_ENV,
     Registrar,
     RegistrationRefused,
     kv_bytes_per_token,
@@ -70,6 +71,8 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
     else:
         env = dict(os.environ)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo, env.get("PYTHONPATH", "")) if p)
+    if plan.flags.admin_token:  # the pool backend asks the router for aliases (never on argv)
+        env[TOKEN_ENV] = plan.flags.admin_token
     # SGLang's PD listeners (KV manager, Mooncake) announce an address of this host to their
     # peers; its own guess is the first interface's, which on a multi-homed host may not be the
     # advertised one. A loopback advertisement is a single-host set-up: SGLang's guess stays.
@@ -133,6 +136,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         compute_domain=(cpu_compute_domain()
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
         kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
+        pool_aliases="pool_aliases_url" in plan.backend_config,
     )
 
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import socket
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -35,15 +35,16 @@ import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
 from radix_global.types import PageKey
+from sglang_patch.pool.aliases import AliasResolver, http_fetch
 from sglang_patch.pool.base import PagePool, PoolError
 from sglang_patch.pool.events import PoolEventPublisher, block_removed, block_stored
-from sglang_patch.pool.shm_pool import DEFAULT_ROOT, ShmPagePool
+from sglang_patch.pool.opening import open_pool
+from sglang_patch.register import TOKEN_ENV
 
 with contextlib.suppress(ImportError):  # registers the CPU host-pool patches (see hicache_cpu)
     from sglang_patch import hicache_cpu  # noqa: F401
 
 log = logging.getLogger(__name__)
-DEFAULT_CAPACITY_BYTES = 1 << 30
 DEFAULT_RESYNC_S = 10.0  # a Mooncake read lease is 10 s: probing faster only delays evictions
 DEFAULT_RESYNC_PAGES = 256
 
@@ -75,29 +76,6 @@ def page_views(host_pool: Any, index: int) -> list[np.ndarray] | None:
     return None
 
 
-def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
-    """The pool named by the extra config: ``pool`` ``shm`` (default) or ``mooncake`` (with
-    ``mooncake_master`` and ``mooncake_local_hostname``; the segment is the pool capacity)."""
-    kind = config.get("pool", "shm")
-    if kind == "mooncake":
-        from sglang_patch.pool.mooncake_pool import MooncakePagePool
-
-        if not config.get("mooncake_master"):
-            raise PoolError("pool mooncake without mooncake_master (HOST:PORT)")
-        return MooncakePagePool(str(config.get("pool_id") or "mooncake"), page_bytes,
-                                str(config["mooncake_master"]),
-                                str(config.get("mooncake_local_hostname") or socket.gethostname()),
-                                int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)))
-    if kind != "shm":
-        raise PoolError(f"unknown pool kind {kind!r} (known: shm, mooncake)")
-    return ShmPagePool(
-        str(config.get("pool_id") or f"shm-{socket.gethostname()}"),
-        page_bytes,
-        int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)),
-        root=str(config.get("pool_root", DEFAULT_ROOT)),
-    )
-
-
 class RadixGlobalPoolStorage(HiCacheStorage):
     """HiCache storage backend: SGLang builds it as ``Cls(storage_config, kwargs)``."""
 
@@ -116,6 +94,11 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._resync: threading.Thread | None = None
         self._page_size = 1
         self._publisher: PoolEventPublisher | None = None
+        self._aliases: AliasResolver | None = None
+        router = self.config.get("pool_aliases_url")
+        if router:  # the router answers which salted keys are a shared prefix's (s. 15)
+            self._aliases = AliasResolver(http_fetch(str(router), self.namespace,
+                                                     os.environ.get(TOKEN_ENV) or None))
         endpoint = self.config.get("pool_events_endpoint")
         if endpoint and storage_config.tp_rank == 0 and storage_config.pp_rank == 0:
             self._publisher = PoolEventPublisher(str(endpoint),
@@ -153,9 +136,18 @@ class RadixGlobalPoolStorage(HiCacheStorage):
 
     # --- v1 zero-copy interface ----------------------------------------------------------------
 
+    def _targets(self, keys: list[str], extra_info: Any) -> list[str]:
+        """The key each page is stored under: its canonical key for an alias of a registered
+        prefix's page (``docs/interfaces.md`` s. 15), else the key itself."""
+        if self._aliases is None or not keys:
+            return keys
+        prefix = getattr(extra_info, "prefix_keys", None)
+        self._aliases.learn(prefix[0] if prefix else keys[0])
+        return [self._aliases.canonical(k) or k for k in keys]
+
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         pool = self._pool()
-        for i, key in enumerate(keys):
+        for i, key in enumerate(self._targets(keys, extra_info)):
             if not pool.exists(self.pool_key(key)):
                 return i
         return len(keys)
@@ -165,48 +157,92 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         pool, host = self._pool(), self.mem_pool_host
         results: list[bool] = []
         lost: list[PageKey] = []
-        for i, key in enumerate(keys):
+        read_aliases: list[str] = []
+        for i, (key, target) in enumerate(zip(keys, self._targets(keys, extra_info),
+                                              strict=True)):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
             if views is not None:
-                ok = pool.get_into(self.pool_key(key), views)
+                ok = pool.get_into(self.pool_key(target), views)
             else:
                 flat = host.get_dummy_flat_data_page()
-                ok = pool.get_into(self.pool_key(key), [_bytes_view(flat)])
+                ok = pool.get_into(self.pool_key(target), [_bytes_view(flat)])
                 if ok:
                     host.set_from_flat_data_page(index, flat)
             results.append(ok)
-            if not ok:
-                lost.append(page_key_of(key))  # batch_exists saw it: evicted or corrupt now
+            if not ok:  # batch_exists saw it: evicted or corrupt now
+                lost.extend({page_key_of(key), page_key_of(target)})
+            elif target != key:
+                read_aliases.append(key)
+        events = []
         if lost:
-            self._publish([block_removed(lost)])
+            events.append(self._removed(lost))
+        announced = self._aliases.announce(read_aliases) if self._aliases and read_aliases else []
+        if announced:  # the pool answers for this tenant's keys of the prefix now
+            stored = [page_key_of(k) for k in announced]
+            events.append(block_stored(stored, self._parent(keys, stored, extra_info),
+                                       self._page_size))
+        self._publish(events)
         return results
 
     def batch_set_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         pool, host = self._pool(), self.mem_pool_host
+        targets = self._targets(keys, extra_info)
         results: list[bool] = []
-        stored: list[PageKey] = []
+        published: set[str] = set()  # keys now in the pool, in the request's own chain
+        canonical: list[PageKey] = []  # a shared prefix's new pages, in its canonical chain
+        first_canonical = 0
+        written_aliases: list[str] = []
         evicted: list[PageKey] = []
-        for i, key in enumerate(keys):
+        for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
             chunks: Sequence[Any] = (views if views is not None else
                                      [_bytes_view(host.get_data_page(index, flat=True)
                                                   .contiguous())])
-            res = pool.put(self.pool_key(key), chunks, tag=page_key_of(key))
+            res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
-            if res.new:
-                stored.append(page_key_of(key))
+            if target == key:
+                if res.new:
+                    published.add(key)
+            elif res.stored:
+                written_aliases.append(key)
+                if res.new:
+                    first_canonical = first_canonical if canonical else i
+                    canonical.append(page_key_of(target))
             evicted.extend(PageKey(e.tag) for e in res.evicted)
+        if self._aliases is not None and written_aliases:
+            published.update(self._aliases.announce(written_aliases))
+        stored = [page_key_of(k) for k in keys if k in published]
         events = []
         if evicted:
-            events.append(block_removed(evicted))
+            events.append(self._removed(evicted))
+        if canonical:
+            parent = (page_key_of(targets[first_canonical - 1]) if first_canonical > 0
+                      else self._canonical_parent(extra_info))
+            events.append(block_stored(canonical, parent, self._page_size))
         if stored:
             events.append(block_stored(stored, self._parent(keys, stored, extra_info),
                                        self._page_size))
         self._publish(events)
         return results
+
+    def _canonical_parent(self, extra_info: Any) -> PageKey | None:
+        """The canonical page before a call's first one: its prefix's last page, aliased."""
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if not prefix or self._aliases is None:
+            return None
+        last = self._aliases.canonical(prefix[-1])
+        return page_key_of(last) if last is not None else None
+
+    def _removed(self, pages: list[PageKey]) -> dict[str, Any]:
+        """The removal of ``pages``, with every alias key this process knows of them."""
+        if self._aliases is not None:
+            extra = [a for p in pages for a in self._aliases.aliases_of(p)]
+            self._aliases.forget_announced(extra)
+            pages = list(dict.fromkeys([*pages, *(page_key_of(a) for a in extra)]))
+        return block_removed(pages)
 
     def _parent(self, keys: list[str], stored: list[PageKey], extra_info: Any) -> PageKey | None:
         """Parent of the first newly stored page: the page before it in the chain, if known."""
@@ -227,7 +263,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                 continue
             if gone:
                 log.info("radix-global: %d pool pages were evicted by the store", len(gone))
-                self._publish([block_removed([PageKey(t) for t in gone])])
+                self._publish([self._removed([PageKey(t) for t in gone])])
 
     def _publish(self, events: list[dict[str, Any]]) -> None:
         if self._publisher is not None and events:
@@ -268,7 +304,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         pages cannot be told apart by namespace) and the index is told what left."""
         tags = self._pool().clear()
         if tags:
-            self._publish([block_removed([PageKey(t) for t in tags])])
+            self._publish([self._removed([PageKey(t) for t in tags])])
 
     def get_stats(self) -> Any:
         return None  # SGLang expects its StorageMetrics type here; see pool_stats()

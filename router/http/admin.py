@@ -97,18 +97,23 @@ def stats(state: RouterState) -> dict[str, Any]:
     }
 
 
+def guard(state: RouterState, fn: Any) -> Any:
+    """``fn`` behind the admin check; a registry refusal is its status, a gone client 499."""
+    async def endpoint(request: Request) -> Response:
+        if not _authorized(state, request):
+            return error_response(401, "admin token required", ErrorType.AUTHENTICATION)
+        try:
+            return await fn(request)
+        except RegistryError as exc:
+            return error_response(exc.status, str(exc))
+        except ClientDisconnect:
+            return Response(status_code=499)
+    return endpoint
+
+
 def admin_routes(state: RouterState) -> list[Route]:
     def guarded(fn: Any) -> Any:
-        async def endpoint(request: Request) -> Response:
-            if not _authorized(state, request):
-                return error_response(401, "admin token required", ErrorType.AUTHENTICATION)
-            try:
-                return await fn(request)
-            except RegistryError as exc:
-                return error_response(exc.status, str(exc))
-            except ClientDisconnect:
-                return Response(status_code=499)
-        return endpoint
+        return guard(state, fn)
 
     async def register(request: Request) -> Response:
         body = await read_body(request, ADMIN_BODY_MAX_BYTES)

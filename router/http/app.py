@@ -18,6 +18,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.http.admin import admin_routes
+from router.http.shared_prefixes import shared_prefix_routes
 from router.keying.prompt import CHAT, COMPLETION, GENERATE
 from router.request.handler import handle
 from router.state import RouterState
@@ -71,6 +72,7 @@ def build_app(state: RouterState) -> ASGIApp:
         Route("/health", health, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *admin_routes(state),
+        *shared_prefix_routes(state),
     ]
     rest = Starlette(routes=routes, lifespan=lifespan)
     inference = {"/v1/completions": (COMPLETION, "/v1/completions"),

@@ -11,6 +11,10 @@ File (TOML or YAML)::
     api_keys = ["sk-acme-1", "sk-acme-2"]
     shared = false          # default: isolated
 
+    [shared_prefixes.support-agent]   # platform prompts every tenant reuses (shared_prefixes.py)
+    model = "tiny"
+    text = "You are ..."
+
 Without a tenants file every request is in the shared namespace. With one, a request whose
 ``Authorization: Bearer <key>`` names no tenant is refused (401): a typo must not silently put a
 tenant into the shared namespace.
@@ -39,6 +43,7 @@ class Tenant(NamedTuple):
 
 
 SHARED = Tenant(name="shared", salt=None)
+SHARED_PREFIXES_TABLE = "shared_prefixes"  # the tenants file's table of platform prefixes
 
 
 class Tenants:
@@ -66,7 +71,10 @@ class Tenants:
 
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> Tenants:
-        table = data.get("tenants", data)
+        """``data``: a tenants file's content (its ``shared_prefixes`` table is not ours:
+        ``router/keying/shared_prefixes.py`` reads it)."""
+        table = data["tenants"] if "tenants" in data else {
+            k: v for k, v in data.items() if k != SHARED_PREFIXES_TABLE}
         if not isinstance(table, dict):
             raise TenantError("tenants must be a table of name -> {api_keys, shared}")
         by_key: dict[str, Tenant] = {}
@@ -89,17 +97,25 @@ class Tenants:
 
     @classmethod
     def from_file(cls, path: str | Path | None) -> Tenants:
-        if path is None:
-            return cls()
-        path = Path(path)
-        text = path.read_text()
-        if path.suffix == ".toml":
-            data = tomllib.loads(text)
-        else:
-            import yaml
+        return cls.from_mapping(read_tenants_file(path))
 
-            data = yaml.safe_load(text) or {}
-        return cls.from_mapping(data)
+
+
+def read_tenants_file(path: str | Path | None) -> dict[str, Any]:
+    """A tenants file's content (TOML by suffix, else YAML); an empty mapping without a file."""
+    if path is None:
+        return {}
+    path = Path(path)
+    text = path.read_text()
+    if path.suffix == ".toml":
+        data = tomllib.loads(text)
+    else:
+        import yaml
+
+        data = yaml.safe_load(text) or {}
+    if not isinstance(data, dict):
+        raise TenantError(f"{path}: a tenants file must be a table")
+    return data
 
 
 CLIENT_SALT_MAX_CHARS = 256

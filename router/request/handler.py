@@ -24,7 +24,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from radix_global.keys import page_keys
-from radix_global.types import Namespace
+from radix_global.types import Namespace, PageKey
 from router.cluster.registry import WorkerEntry
 from router.keying.lora import ModelRef, adapter_extra_key, request_adapter, resolve_model
 from router.keying.prompt import (
@@ -36,7 +36,7 @@ from router.keying.prompt import (
 )
 from router.keying.prompt import prompt_token_ids as _prompt_ids
 from router.keying.tenants import TenantError, effective_salt
-from router.keying.tokenize import PromptError, model_vocab_size
+from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
 from router.request.inbound import Inbound, client_rid_label, new_rid
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
@@ -198,6 +198,10 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
     adapter = request_adapter(payload, ref.adapter if kind != GENERATE else None)
     extra_key = adapter_extra_key(adapter, head.lora, state.lora_extra_keys)  # worker's first
     keys = page_keys(ids, page_size, cache_salt=salt, extra_key=extra_key) if ids else []
+    shared: list[PageKey] = []
+    if ids and keys and salt and extra_key is None and len(state.shared_prefixes):
+        shared = await _shared_keys(state, head, ref.model, namespace, ids, page_size, salt,
+                                    keys[0], tok)
     state.metrics.stage("tokenize").observe(clock() - t_tok)
     slo = payload.get("ttft_slo_s")
     if slo is not None and not _positive(slo):
@@ -206,7 +210,23 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
         request_id=new_rid(), namespace=namespace,
         input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size, tenant=tenant,
         ttft_slo_s=float(slo) if slo is not None else None,
-        output_tokens_hint=output_tokens_hint(kind, payload)), ids
+        output_tokens_hint=output_tokens_hint(kind, payload), shared_keys=shared), ids
+
+
+async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namespace: Namespace,
+                       ids: list[int], page_size: int, salt: str, first: PageKey,
+                       tok: ModelTokenizer | None) -> list[PageKey]:
+    """The canonical keys of the request's leading pages that are a registered platform prefix
+    (none: no such page), remembered for the workers' alias questions (interfaces.md s. 15)."""
+    prefixes = state.shared_prefixes
+    if tok is None and prefixes.needs_tokenizer(model):
+        tok = await _tokenizer_for(state, head)
+    match = prefixes.match(model, ids, page_size, tok)
+    if match is None:
+        return []
+    state.aliases.record(namespace, first, salt, match, page_size)
+    state.totals["shared_prefix_requests"] += 1
+    return page_keys(ids[: match.pages * page_size], page_size)
 
 
 def _positive(value: object) -> bool:

@@ -42,6 +42,10 @@ class RouteRequest(NamedTuple):
     ttft_slo_s: float | None = None  # None: the policy's configured default (or no SLO)
     tbt_slo_s: float | None = None
     output_tokens_hint: int | None = None  # expected output length (max_tokens), for decode KV
+    # The canonical keys of the leading pages that are a registered platform prefix, for a salted
+    # request (docs/interfaces.md s. 15): in the pool of a worker with pool aliases they are
+    # these pages, whatever the salt. Empty: nothing shared.
+    shared_keys: Sequence[PageKey] = ()
 
 
 class WorkerState(NamedTuple):
@@ -63,6 +67,7 @@ class WorkerState(NamedTuple):
     waiting: int | None = None  # engine-reported queued requests (this rank)
     waiting_tokens: int | None = None  # engine-reported prompt tokens queued, not yet prefilled
     kv_headroom_tokens: int | None = None  # free KV capacity in tokens (decode selection)
+    pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
 
     @property
     def slot(self) -> Slot:

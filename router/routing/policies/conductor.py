@@ -7,7 +7,9 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
   (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
   model already puts the new request behind it, while KV events arrive only after the batch;
-- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``);
+- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``); for a salted
+  request that starts with a registered platform prefix, on a worker whose pool resolves aliases,
+  the pool run of those pages is their canonical one (``docs/interfaces.md`` s. 15);
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
   when fetching is predicted faster than recomputing (slow links lose to recomputation);
@@ -37,7 +39,7 @@ from collections.abc import Sequence
 
 from radix_global.ops import IndexRefusal, MatchResult
 from radix_global.pool_ids import is_segment, store_of
-from radix_global.types import HolderId, PoolId, WorkerId
+from radix_global.types import HolderId, PageKey, PoolId, WorkerId
 from router.routing.admission import TTFT_SLO, SloConfig, check_ttft, reject
 from router.routing.contract import (
     CandidateEstimate,
@@ -95,6 +97,8 @@ class ConductorPolicy(RoutingPolicy):
             return no_workers(req, self.name)
         match = self._match(req, view, now)
         pools = _pool_pages(match)
+        shared = _pool_pages(self._match(req, view, now, req.shared_keys)) \
+            if req.shared_keys and match is not None else None
         n = len(candidates)
         k = self.price_top_k
         priced: list[tuple[int, WorkerState, float | None, int | None]]
@@ -102,7 +106,7 @@ class ConductorPolicy(RoutingPolicy):
             priced = [(i, c, None, None) for i, c in enumerate(candidates)]
         else:
             priced = self._shortlist(req, candidates, match, view, now, k)
-        estimates = [self.estimate(req, c, match, view, now, pools, queue, routed)
+        estimates = [self.estimate(req, c, match, view, now, pools, queue, routed, shared)
                      for _, c, queue, routed in priced]
         best = self._pick(estimates, [p[0] for p in priced], n)
         excess = check_ttft(req, best, self.slo)
@@ -137,13 +141,18 @@ class ConductorPolicy(RoutingPolicy):
         pools: dict[HolderId, int] | None = None,
         queue: float | None = None,
         routed: int | None = None,
+        shared: dict[HolderId, int] | None = None,
     ) -> CandidateEstimate:
         """The TTFT breakdown for one slot, choosing between recomputing and fetching.
         ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already; ``queue``:
-        the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages."""
+        the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages;
+        ``shared``: :func:`_pool_pages` of the match of ``req.shared_keys``."""
         if pools is None:
             pools = _pool_pages(match)
         local_pages, pool_pages, pool = _reachable_pages(worker, match, pools)
+        if shared is not None and worker.pool_aliases and worker.pool_id is not None:
+            pool_pages, pool = _with_shared_prefix(worker, pool_pages, pool, shared,
+                                                   len(req.shared_keys))
         if routed is None:
             routed = self._routed_pages(worker, req, now)
         local_pages = max(local_pages, routed)
@@ -185,11 +194,13 @@ class ConductorPolicy(RoutingPolicy):
             return pool_pages >= self.min_fetch_pages
         return pool_pages >= self.fetch_ratio * local_pages
 
-    def _match(self, req: RouteRequest, view: ClusterView, now: float) -> MatchResult | None:
-        if view.index is None or not req.page_keys:
+    def _match(self, req: RouteRequest, view: ClusterView, now: float,
+               keys: Sequence[PageKey] | None = None) -> MatchResult | None:
+        keys = req.page_keys if keys is None else keys
+        if view.index is None or not keys:
             return None
         try:
-            return view.index.match(req.namespace, req.page_keys, now)
+            return view.index.match(req.namespace, keys, now)
         except IndexRefusal:
             # E.g. no worker of this namespace registered with the index yet: route cache-blind.
             self.index_errors += 1
@@ -260,10 +271,28 @@ def _reachable_pages(
     local = own.host if own is not None else 0
     if match is None or worker.pool_id is None:
         return local, 0, worker.pool_id
-    best, best_pages = worker.pool_id, pools.get(worker.pool_id, 0)
-    if is_segment(worker.pool_id):
-        store = store_of(worker.pool_id)
+    best, best_pages = _best_pool(worker.pool_id, pools)
+    return local, best_pages, best
+
+
+def _best_pool(pool_id: PoolId, pools: dict[HolderId, int]) -> tuple[PoolId, int]:
+    """The holder with the longest run among ``pool_id`` and the other segments of its store."""
+    best, best_pages = pool_id, pools.get(pool_id, 0)
+    if is_segment(pool_id):
+        store = store_of(pool_id)
         for holder, pages in pools.items():
             if pages > best_pages and is_segment(holder) and store_of(holder) == store:
                 best, best_pages = PoolId(holder), pages
-    return local, best_pages, best
+    return best, best_pages
+
+
+def _with_shared_prefix(worker: WorkerState, pool_pages: int, pool: PoolId | None,
+                        shared: dict[HolderId, int], shared_len: int) -> tuple[int, PoolId | None]:
+    """The pool run of a request whose first ``shared_len`` pages are a registered prefix, on a
+    worker whose pool resolves aliases: the canonical run of those pages (the only copy the pool
+    keeps: a salted alias entry of another worker may be stale), and past them the salted run."""
+    assert worker.pool_id is not None
+    holder, pages = _best_pool(worker.pool_id, shared)
+    if pages < shared_len or pool_pages <= pages:
+        return pages, holder
+    return pool_pages, pool

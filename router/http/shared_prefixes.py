@@ -1,0 +1,65 @@
+"""``/admin/shared-prefixes`` (the platform prefixes every tenant reuses) and
+``/admin/pool-aliases`` (what a worker's pool backend asks): ``docs/interfaces.md`` s. 15.
+Admin-authenticated like the rest of ``/admin``."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from radix_global.types import Namespace, PoolPageKey
+from router.http.admin import guard
+from router.keying.shared_prefixes import SharedPrefixError, parse_spec
+from router.request.handler import read_body
+from router.state import RouterState
+from router.transport.errors import error_response
+
+PREFIX_BODY_MAX_BYTES = 1 << 20  # a 65,536-token prefix as JSON ids is under 1 MiB
+_HEX = frozenset("0123456789abcdef")
+
+
+def shared_prefix_routes(state: RouterState) -> list[Route]:
+    prefixes = state.shared_prefixes
+
+    async def listing(request: Request) -> Response:
+        return JSONResponse({"shared_prefixes": [s.to_json() for s in prefixes.specs()]})
+
+    async def add(request: Request) -> Response:
+        body = await read_body(request, PREFIX_BODY_MAX_BYTES)
+        if body is None:
+            return error_response(413, f"shared prefix larger than {PREFIX_BODY_MAX_BYTES} bytes")
+        try:
+            data: Any = json.loads(body)
+        except (ValueError, RecursionError):
+            return error_response(400, "body must be a JSON object")
+        try:
+            spec = parse_spec(data.get("name") if isinstance(data, dict) else None, data)
+            prefixes.add(spec)
+        except SharedPrefixError as exc:
+            return error_response(409 if "exists" in str(exc) else 400, str(exc))
+        return JSONResponse(spec.to_json(), status_code=201)
+
+    async def remove(request: Request) -> Response:
+        name = request.path_params["name"]
+        if not prefixes.remove(name):
+            return error_response(404, f"no shared prefix {name!r}")
+        return JSONResponse({"removed": name})
+
+    async def aliases(request: Request) -> Response:
+        namespace, head = request.query_params.get("namespace"), request.query_params.get("head")
+        if not namespace or not head or len(head) != 64 or not set(head) <= _HEX:
+            return error_response(400, "need ?namespace=<namespace>&head=<64 lowercase hex "
+                                  "digits: the chain's first storage key>")
+        pairs = state.aliases.pairs(Namespace(namespace), PoolPageKey(head))
+        return JSONResponse({"pairs": [list(p) for p in pairs]})
+
+    return [
+        Route("/admin/shared-prefixes", guard(state, listing), methods=["GET"]),
+        Route("/admin/shared-prefixes", guard(state, add), methods=["POST"]),
+        Route("/admin/shared-prefixes/{name}", guard(state, remove), methods=["DELETE"]),
+        Route("/admin/pool-aliases", guard(state, aliases), methods=["GET"]),
+    ]
