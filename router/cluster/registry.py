@@ -77,7 +77,8 @@ class WorkerEntry:
         return {
             "worker_id": i.worker_id, "url": i.url, "model": i.model, "namespace": i.namespace,
             "page_size": i.page_size, "role": str(i.role), "dp_size": i.dp_size,
-            "engine": i.engine, "pool_id": i.pool_id, "kv_events_endpoint": i.kv_events_endpoint,
+            "engine": i.engine, "pool_id": i.pool_id, "pool_aliases": i.pool_aliases,
+            "kv_events_endpoint": i.kv_events_endpoint,
             "source": str(self.source), "draining": self.draining, "last_seen": self.last_seen,
             "routed": self.routed, "failures": self.failures,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,

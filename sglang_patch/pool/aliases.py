@@ -33,14 +33,15 @@ class AliasUnavailable(Exception):
     """The router cannot answer alias questions at all (an endpoint it does not have)."""
 
 
-def http_fetch(router_url: str, namespace: str, token: str | None,
-               timeout_s: float = 0.5) -> Fetch:
+def http_fetch(router_url: str, namespace: str, token: str | None, timeout_s: float = 0.5,
+               transport: httpx.BaseTransport | None = None) -> Fetch:
     """The router's ``/admin/pool-aliases`` as a :data:`Fetch`."""
-    client = httpx.Client(base_url=router_url.rstrip("/"), timeout=timeout_s,
+    client = httpx.Client(timeout=timeout_s, transport=transport,
                           headers={"Authorization": f"Bearer {token}"} if token else {})
+    url = router_url.rstrip("/") + "/admin/pool-aliases"
 
     def fetch(head: str) -> Sequence[Sequence[str]]:
-        resp = client.get("/admin/pool-aliases", params={"namespace": namespace, "head": head})
+        resp = client.get(url, params={"namespace": namespace, "head": head})
         if resp.status_code in (404, 405):
             raise AliasUnavailable(f"{router_url} has no /admin/pool-aliases")
         resp.raise_for_status()

@@ -197,12 +197,81 @@ def _check_cpu_hicache_patches() -> None:
     assert torch.equal(dst[0][1], torch.zeros(4))
 
 
+def _check_shared_prefix_aliases(pool_id: str, endpoint: str) -> None:
+    """Tenants A and B with one registered prefix P (3 pages): A's write stores P under its
+    canonical keys, B's backend finds and reads those pages through its own salted keys and
+    writes no second copy, B never finds A's own page, and the index hears P's pages on their
+    canonical chain and each tenant's alias keys on its own. Without aliases B finds nothing
+    (the negative control)."""
+    import time
+
+    import torch
+    import zmq
+
+    from radix_global.aliases import alias_pairs
+    from radix_global.events import EventDecoder
+    from radix_global.keys import page_digests
+    from radix_global.types import Namespace, PoolId
+    from sglang_patch.pool.aliases import AliasResolver
+    from sglang_patch.storage import page_key_of
+
+    prefix = list(range(100, 100 + 3 * PAGE_SIZE))
+    answers = {}
+    for salt in ("tenant:a", "tenant:b"):
+        pairs = alias_pairs(prefix, PAGE_SIZE, salt)
+        answers[pairs[0].salted] = [list(p) for p in pairs]
+
+    def chain(tokens, salt):
+        return [d.hex() for d in page_digests(tokens, PAGE_SIZE, cache_salt=salt)]
+
+    def aliasing(backend):
+        backend._aliases = AliasResolver(lambda head: answers.get(head, []))
+        return backend
+
+    sub = zmq.Context.instance().socket(zmq.SUB)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    a = aliasing(_backend(pool_id, pool_events_endpoint=endpoint))
+    sub.connect(endpoint)
+    a.register_mem_pool_host(_HostPool(seed=5))
+    time.sleep(0.3)  # PUB/SUB join
+    a_keys = chain(prefix + [7] * PAGE_SIZE, "tenant:a")
+    assert a.batch_set_v1(a_keys, torch.arange(0, 4 * PAGE_SIZE)) == [True] * 4
+    canonical = [p.canonical for p in alias_pairs(prefix, PAGE_SIZE, "tenant:a")]
+    assert all(a.pool.exists(a.pool_key(c)) for c in canonical)
+    assert not any(a.pool.exists(a.pool_key(k)) for k in a_keys[:3])  # no salted copy
+    stores = a.pool.stats().stores
+
+    b = aliasing(_backend(pool_id))
+    b.register_mem_pool_host(_HostPool(seed=6))
+    b_keys = chain(prefix + [7] * PAGE_SIZE, "tenant:b")  # A's exact request, as B
+    assert b.batch_exists(b_keys) == 3  # P only, never A's page
+    assert b.batch_get_v1(b_keys[:3], torch.arange(16, 16 + 3 * PAGE_SIZE)) == [True] * 3
+    for i in range(3):
+        assert torch.equal(_page(b.mem_pool_host, 16 + i * PAGE_SIZE),
+                           _page(a.mem_pool_host, i * PAGE_SIZE))
+    assert b.batch_set_v1(b_keys[:3], torch.arange(16, 16 + 3 * PAGE_SIZE)) == [True] * 3
+    assert b.pool.stats().stores == stores  # the second tenant stored no second copy
+
+    plain = _backend(pool_id)  # the negative control: the same backend without aliases
+    plain.register_mem_pool_host(_HostPool(seed=6))
+    assert plain.batch_exists(b_keys) == 0
+
+    decoder = EventDecoder(PoolId(pool_id), Namespace("tiny@1"), PAGE_SIZE)
+    assert sub.poll(2000)
+    ops = decoder.decode(sub.recv_multipart()[2]).ops
+    assert [(op.parent, op.keys) for op in ops] == [
+        (None, [page_key_of(c) for c in canonical]), (None, [page_key_of(k) for k in a_keys])]
+    for backend in (a, b, plain):
+        backend.close()
+
+
 def _all_checks(prefix: str, port: int) -> None:
     _check_cpu_hicache_patches()
     _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
     _check_roundtrip(f"{prefix}-pf", "page_first", f"tcp://127.0.0.1:{port + 1}")
     _check_corrupt_is_miss(f"{prefix}-bad")
     _check_resync_publishes_what_the_store_lost(f"{prefix}-rs", f"tcp://127.0.0.1:{port + 2}")
+    _check_shared_prefix_aliases(f"{prefix}-al", f"tcp://127.0.0.1:{port + 3}")
 
 
 def test_backend_moves_pages_publishes_events_and_rejects_corruption():
@@ -210,7 +279,8 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     are read bit-exactly by another (layer_first and page_first host layouts), another namespace
     sees none of them, the index decoder turns the published batch into a POOL StorePages with
     the right PageKeys, a corrupted page is a miss that disappears from batch_exists, and what
-    a pool lost silently is published as removed by the resync thread."""
+    a pool lost silently is published as removed by the resync thread, and shared-prefix
+    aliases let a second tenant read (and not rewrite) the first one's prefix pages only."""
     import socket
 
     prefix = f"test-st-{uuid.uuid4().hex[:8]}"
@@ -222,5 +292,5 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     finally:
         from sglang_patch.pool.shm_pool import destroy_pool
 
-        for suffix in ("lf", "pf", "bad", "rs"):
+        for suffix in ("lf", "pf", "bad", "rs", "al"):
             destroy_pool(f"{prefix}-{suffix}")

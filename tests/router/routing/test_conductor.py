@@ -199,3 +199,32 @@ def test_a_segment_leaves_the_index_with_its_worker() -> None:
         link.worker_removed(WorkerEntry(info, Source.REGISTERED, 0.0))
     held = link.index.match(NS, KEYS[:8], 0.0).matched
     assert (seg, 0) not in held and held[(shm, 0)].pool == 8
+
+
+def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers() -> None:
+    """docs/interfaces.md s. 15: a salted request (its own keys SALTED) whose first 40 pages are a
+    registered prefix (canonical keys KEYS[:40] in the pool) is predicted to fetch them on a
+    worker whose pool resolves aliases, never on one without; a stale salted alias entry of the
+    prefix does not count once the canonical pages are gone; past the prefix the tenant's own
+    salted pool pages count only behind a complete canonical run."""
+    salted = [PageKey(5000 + i) for i in range(64)]
+    idx = GlobalIndex()
+    idx.register_namespace(NS, PS)
+    idx.apply(StorePages(NS, Location(POOL, 0, Tier.POOL), None, KEYS[:40]))
+    req = RouteRequest("r", NS, 64 * PS, salted, PS, shared_keys=KEYS[:40])
+    d = driver(idx, routed_ttl_s=0)  # each route on its own, not behind the one before
+    plain = WorkerState(WorkerId("w0"), NS, pool_id=POOL)
+    aliasing = plain._replace(pool_aliases=True)
+    assert d.route(req, [plain], 0.0).fetch_tokens == 0
+    dec = d.route(req, [aliasing], 0.0)
+    assert dec.fetch_tokens == 40 * PS and dec.fetch_from == POOL
+    assert d.route(req._replace(shared_keys=()), [aliasing], 0.0).fetch_tokens == 0
+
+    # The tenant's own pages in the pool behind the prefix (its alias keys, then its turns).
+    idx.apply(StorePages(NS, Location(POOL, 0, Tier.POOL), None, salted[:56]))
+    assert d.route(req, [aliasing], 0.0).fetch_tokens == 56 * PS
+    # The canonical pages are evicted; the salted alias entries are stale: only 20 remain.
+    from radix_global.ops import RemovePages
+
+    idx.apply(RemovePages(NS, Location(POOL, 0, Tier.POOL), KEYS[20:40]))
+    assert d.route(req, [aliasing], 0.0).fetch_tokens == 20 * PS

@@ -1,0 +1,117 @@
+"""``/admin/shared-prefixes`` and ``/admin/pool-aliases`` (docs/interfaces.md s. 15) through the
+router's HTTP app, in front of a loopback peer speaking the worker protocol."""
+
+from __future__ import annotations
+
+import pytest
+
+from radix_global.aliases import alias_pairs
+from radix_global.keys import page_digests
+
+PREFIX = list(range(10, 74))  # 64 tokens
+
+
+@pytest.fixture
+def platform(upstreams, router_factory, tmp_path):
+    peer, server = upstreams()
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.a]\napi_keys = ["k-a"]\n[tenants.b]\napi_keys = ["k-b"]\n'
+                       '[tenants.pub]\napi_keys = ["k-pub"]\nshared = true\n'
+                       f'[shared_prefixes.agent]\nmodel = "tiny"\ntoken_ids = {PREFIX}\n')
+    router = router_factory(workers=(server.url,), tenants_file=str(tenants))
+    router.wait_workers(1)
+    (entry,) = router.state.registry.all()
+    return peer, router, entry.info.namespace, entry.info.page_size
+
+
+def _head(tokens, page_size, salt):
+    return page_digests(tokens, page_size, cache_salt=salt)[0].hex()
+
+
+def test_a_tenant_request_starting_with_the_prefix_can_be_resolved_by_the_pool(platform):
+    _, router, namespace, ps = platform
+    tokens = PREFIX + [200, 201, 202] * 10
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": tokens}, headers={"Authorization": "Bearer k-b"})
+        assert r.status_code == 200, r.text
+        head = _head(tokens, ps, "tenant:b")
+        pairs = c.get("/admin/pool-aliases", params={"namespace": namespace, "head": head}).json()
+        assert pairs["pairs"] == [list(p) for p in alias_pairs(PREFIX, ps, "tenant:b")]
+        # A head no eligible request had, another namespace, a malformed head.
+        other = _head(tokens, ps, "tenant:a")
+        assert c.get("/admin/pool-aliases",
+                     params={"namespace": namespace, "head": other}).json() == {"pairs": []}
+        assert c.get("/admin/pool-aliases",
+                     params={"namespace": "x@1", "head": head}).json() == {"pairs": []}
+        for bad in ({"namespace": namespace}, {"namespace": namespace, "head": "zz" * 32},
+                    {"namespace": namespace, "head": head.upper()}):
+            assert c.get("/admin/pool-aliases", params=bad).status_code == 400
+    assert router.state.totals["shared_prefix_requests"] == 1
+
+
+def test_what_is_not_shared(platform):
+    """A request that diverges inside the first page, a shared tenant's, and a prefix of fewer
+    than one page never make an alias; a client's own salt still shares the prefix (narrowed)."""
+    peer, router, namespace, ps = platform
+    with router.client() as c:
+        def ask(tokens, key, salt):
+            body = {"input_ids": tokens}
+            if salt:
+                body["cache_salt"] = salt
+            assert c.post("/generate", json=body,
+                          headers={"Authorization": f"Bearer {key}"}).status_code == 200
+            sent = peer.requests[-1][1].get("cache_salt")
+            head = _head(tokens, ps, sent) if sent else page_digests(tokens, ps)[0].hex()
+            return c.get("/admin/pool-aliases",
+                         params={"namespace": namespace, "head": head}).json()["pairs"]
+
+        assert ask([9, *PREFIX], "k-a", None) == []
+        assert ask(PREFIX[: ps - 1] + [250] * 40, "k-a", None) == []
+        assert ask(PREFIX, "k-pub", None) == []  # no salt: the canonical keys themselves
+        narrowed = ask(PREFIX + [5] * 20, "k-a", "mine")
+        assert narrowed == [list(p) for p in alias_pairs(PREFIX, ps, "tenant:a/mine")]
+
+
+def test_prefixes_are_managed_through_the_admin_api(platform):
+    _, router, namespace, ps = platform
+    with router.client() as c:
+        listed = c.get("/admin/shared-prefixes").json()["shared_prefixes"]
+        assert [p["name"] for p in listed] == ["agent"]
+        r = c.post("/admin/shared-prefixes", json={"name": "tools", "model": "tiny",
+                                                   "text": "You are a careful tool-using agent."})
+        assert r.status_code == 201, r.text
+        assert c.post("/admin/shared-prefixes", json={"name": "tools", "model": "tiny",
+                                                      "token_ids": [1]}).status_code == 409
+        for bad in ({"name": "x y", "model": "tiny", "token_ids": [1]},
+                    {"name": "x", "token_ids": [1]},
+                    {"name": "x", "model": "tiny"},
+                    {"name": "x", "model": "tiny", "token_ids": [1], "text": "both"},
+                    {"name": "x", "model": "tiny", "token_ids": [-1]},
+                    {"name": "x", "model": "tiny", "boundary": 5, "token_ids": [1]},
+                    ["not", "an", "object"]):
+            r = c.post("/admin/shared-prefixes", json=bad)
+            assert r.status_code == 400, (bad, r.text)
+            assert "error" in r.json()
+        assert c.post("/admin/shared-prefixes", content=b"{nope").status_code == 400
+        assert c.delete("/admin/shared-prefixes/agent").status_code == 200
+        assert c.delete("/admin/shared-prefixes/agent").status_code == 404
+        assert [p["name"] for p in c.get("/admin/shared-prefixes").json()["shared_prefixes"]] \
+            == ["tools"]
+        # Deleted: the next request of a tenant makes no alias.
+        tokens = PREFIX + [3] * 16
+        c.post("/generate", json={"input_ids": tokens}, headers={"Authorization": "Bearer k-b"})
+        head = _head(tokens, ps, "tenant:b")
+        assert c.get("/admin/pool-aliases",
+                     params={"namespace": namespace, "head": head}).json() == {"pairs": []}
+
+
+def test_admin_token_guards_the_alias_endpoint(upstreams, router_factory):
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,), admin_token="secret")
+    router.wait_workers(1)
+    with router.client() as c:
+        q = {"namespace": "tiny@1", "head": "ab" * 32}
+        assert c.get("/admin/pool-aliases", params=q).status_code == 401
+        assert c.get("/admin/shared-prefixes").status_code == 401
+        ok = c.get("/admin/pool-aliases", params=q, headers={"Authorization": "Bearer secret"})
+        assert ok.status_code == 200 and ok.json() == {"pairs": []}

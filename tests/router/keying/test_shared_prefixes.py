@@ -1,0 +1,152 @@
+"""Registered platform prefixes and the alias book (router/keying/shared_prefixes.py)."""
+
+from __future__ import annotations
+
+import pytest
+
+from radix_global.aliases import alias_pairs
+from radix_global.keys import page_digests, page_keys
+from radix_global.types import Namespace, PoolPageKey
+from router.keying import shared_prefixes as sp
+from router.keying.shared_prefixes import (
+    AliasBook,
+    PrefixSpec,
+    SharedPrefixError,
+    SharedPrefixes,
+    parse_spec,
+    specs_from_mapping,
+)
+from router.keying.tenants import Tenants, read_tenants_file
+
+NS = Namespace("tiny@1")
+P = tuple(range(100, 132))  # 32 tokens: 8 pages of 4
+
+
+class Encoder:
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def encode_text(self, text: str) -> list[int]:
+        self.calls += 1
+        if text == "broken":
+            raise RuntimeError("no")
+        return [ord(c) for c in text]
+
+    def encode_chat(self, messages, tools=None, template_kwargs=None) -> list[int]:
+        return [1, *[ord(c) for m in messages for c in m["content"]], 2]
+
+
+def test_the_longest_registered_prefix_of_the_model_wins_in_full_pages():
+    prefixes = SharedPrefixes([PrefixSpec("short", "tiny", token_ids=P[:12]),
+                               PrefixSpec("long", "tiny", token_ids=P),
+                               PrefixSpec("other", "big", token_ids=P)])
+    m = prefixes.match("tiny", [*P, 7, 7, 7, 7], 4)
+    assert m is not None and (m.name, m.pages) == ("long", 8)
+    m = prefixes.match("tiny", [*P[:10], 9, 9], 4)  # diverges inside page 3
+    assert m is not None and m.pages == 2
+    assert prefixes.match("tiny", [9, *P], 4) is None
+    assert prefixes.match("nobody", list(P), 4) is None
+
+
+def test_text_and_messages_prefixes_are_tokenized_once_on_first_use():
+    enc = Encoder()
+    prefixes = SharedPrefixes([PrefixSpec("t", "tiny", text="abcdefgh"),
+                               PrefixSpec("c", "tiny", messages=({"role": "system",
+                                                                  "content": "xyz!"},)),
+                               PrefixSpec("bad", "tiny", text="broken")])
+    assert prefixes.needs_tokenizer("tiny") and not prefixes.needs_tokenizer("big")
+    assert prefixes.match("tiny", [ord(c) for c in "abcdefgh"], 4) is None  # no tokenizer yet
+    m = prefixes.match("tiny", [ord(c) for c in "abcdefghij"], 4, enc)
+    assert m is not None and (m.name, m.pages) == ("t", 2)
+    m = prefixes.match("tiny", [1, *[ord(c) for c in "xyz!"], 2, 5, 5], 2, enc)
+    assert m is not None and (m.name, m.pages) == ("c", 3)
+    assert not prefixes.needs_tokenizer("tiny")  # the broken one is skipped, not retried
+    calls = enc.calls
+    prefixes.match("tiny", [1, 2, 3], 1, enc)
+    assert enc.calls == calls
+
+
+def test_share_past_prefix_is_the_unsafe_negative_control():
+    prefixes = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)], share_past_prefix=True)
+    request = [*P, *range(40)]
+    m = prefixes.match("tiny", request, 4)
+    assert m is not None and m.pages == len(request) // 4 and m.tokens == tuple(request)
+
+
+@pytest.mark.parametrize("name,spec", [
+    ("a b", {"model": "m", "token_ids": [1]}),
+    ("x" * 65, {"model": "m", "token_ids": [1]}),
+    ("ok", {"token_ids": [1]}),
+    ("ok", {"model": "m"}),
+    ("ok", {"model": "m", "token_ids": [1], "text": "t"}),
+    ("ok", {"model": "m", "token_ids": []}),
+    ("ok", {"model": "m", "token_ids": [True]}),
+    ("ok", {"model": "m", "token_ids": [0] * (sp.MAX_PREFIX_TOKENS + 1)}),
+    ("ok", {"model": "m", "text": ""}),
+    ("ok", {"model": "m", "messages": [{"content": "no role"}]}),
+    ("ok", {"model": "m", "token_ids": [1], "boundary": 3}),
+    ("ok", "not a table"),
+])
+def test_bad_definitions_are_refused_with_the_reason(name, spec):
+    with pytest.raises(SharedPrefixError):
+        parse_spec(name, spec)
+
+
+def test_names_are_unique_and_the_count_bounded(monkeypatch):
+    prefixes = SharedPrefixes([PrefixSpec("a", "m", token_ids=(1,))])
+    with pytest.raises(SharedPrefixError, match="exists"):
+        prefixes.add(PrefixSpec("a", "m", token_ids=(2,)))
+    monkeypatch.setattr(sp, "MAX_PREFIXES", 2)
+    prefixes.add(PrefixSpec("b", "m", token_ids=(2,)))
+    with pytest.raises(SharedPrefixError, match="at most"):
+        prefixes.add(PrefixSpec("c", "m", token_ids=(3,)))
+    assert prefixes.remove("a") and not prefixes.remove("a")
+    assert [s.name for s in prefixes.specs()] == ["b"]
+
+
+def test_the_tenants_file_holds_both_tables(tmp_path):
+    path = tmp_path / "tenants.toml"
+    path.write_text('[tenants.a]\napi_keys = ["k"]\n'
+                    '[shared_prefixes.agent]\nmodel = "tiny"\ntext = "hello"\n')
+    data = read_tenants_file(path)
+    assert len(Tenants.from_mapping(data)) == 1
+    assert [s.name for s in specs_from_mapping(data["shared_prefixes"])] == ["agent"]
+    # A file without a [tenants] table: its other top-level tables are tenants, not prefixes.
+    path.write_text('[a]\napi_keys = ["k"]\n[shared_prefixes.agent]\nmodel = "m"\ntext = "x"\n')
+    assert len(Tenants.from_file(path)) == 1
+    with pytest.raises(SharedPrefixError):
+        specs_from_mapping(["not", "a", "table"])
+
+
+def _head(tokens, salt):
+    return page_keys(tokens, 4, cache_salt=salt)[0], PoolPageKey(
+        page_digests(tokens, 4, cache_salt=salt)[0].hex())
+
+
+def test_the_alias_book_answers_per_head_bounded():
+    prefixes = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)])
+    book = AliasBook(max_heads=2)
+    match = prefixes.match("tiny", list(P), 4)
+    assert match is not None
+    heads = {}
+    for salt in ("tenant:a", "tenant:b", "tenant:c"):
+        key, hexhead = _head(list(P), salt)
+        book.record(NS, key, salt, match, 4)
+        book.record(NS, key, salt, match, 4)  # twice: one entry
+        heads[salt] = hexhead
+    assert len(book) == 2
+    assert book.pairs(NS, heads["tenant:a"]) == []  # the oldest head left
+    assert book.pairs(NS, heads["tenant:c"]) == alias_pairs(P, 4, "tenant:c")
+    assert book.pairs(Namespace("other@1"), heads["tenant:c"]) == []
+
+
+def test_an_entry_recorded_under_a_colliding_64_bit_head_is_not_answered():
+    prefixes = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)])
+    match = prefixes.match("tiny", list(P), 4)
+    assert match is not None
+    book = AliasBook()
+    key_b, head_b = _head(list(P), "tenant:b")
+    _, head_a = _head(list(P), "tenant:a")
+    book.record(NS, key_b, "tenant:a", match, 4)  # as if tenant:a's head had key_b's 64 bits
+    assert book.pairs(NS, head_b) == []
+    assert head_a != head_b
