@@ -62,7 +62,7 @@ def kv_bytes_per_token(model_path: str | Path, dtype_bytes: int = 4) -> int:
     return 2 * int(cfg["num_hidden_layers"]) * kv_heads * head_dim * dtype_bytes
 
 
-def _apply_chunk(result: RequestResult, chunk: dict[str, Any], now: float, state: dict[str, float]
+def apply_chunk(result: RequestResult, chunk: dict[str, Any], now: float, state: dict[str, float]
                  ) -> None:
     """Fold one streamed ``/generate`` chunk (cumulative text + meta_info) into ``result``."""
     if "error" in chunk:
@@ -130,7 +130,7 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
                 except json.JSONDecodeError:
                     result.status, result.error = "failed", f"bad SSE data: {data[:100]}"
                     break
-                _apply_chunk(result, chunk, time.perf_counter(), state)
+                apply_chunk(result, chunk, time.perf_counter(), state)
                 if result.status != "ok":
                     break
     except (httpx.HTTPError, OSError) as exc:

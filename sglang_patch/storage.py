@@ -300,7 +300,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         return all(self.set(k, v) for k, v in zip(keys, values or [], strict=True))
 
     def clear(self) -> None:
-        """SGLang's ``/clear_hicache_storage_backend``: the whole shared pool is emptied (its
+        """SGLang's ``POST /hicache/storage-backend/clear``: the whole shared pool is emptied (its
         pages cannot be told apart by namespace) and the index is told what left."""
         tags = self._pool().clear()
         if tags:
