@@ -37,6 +37,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from radix_global.types import PageKey
 from sglang_patch.pool.aliases import AliasResolver, http_fetch
 from sglang_patch.pool.base import PagePool, PoolError
+from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
+from sglang_patch.pool.disk_tier import DiskTier
 from sglang_patch.pool.events import PoolEventPublisher, block_removed, block_stored
 from sglang_patch.pool.opening import open_pool
 from sglang_patch.register import TOKEN_ENV
@@ -47,6 +49,7 @@ with contextlib.suppress(ImportError):  # registers the CPU host-pool patches (s
 log = logging.getLogger(__name__)
 DEFAULT_RESYNC_S = 10.0  # a Mooncake read lease is 10 s: probing faster only delays evictions
 DEFAULT_RESYNC_PAGES = 256
+DEFAULT_DISK_BYTES = 10 << 30
 
 
 def page_key_of(hex_key: str) -> PageKey:
@@ -95,15 +98,16 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._page_size = 1
         self._publisher: PoolEventPublisher | None = None
         self._aliases: AliasResolver | None = None
+        self.disk: DiskBackend | None = None  # the persistent tier under the pool (s. 16)
         router = self.config.get("pool_aliases_url")
         if router:  # the router answers which salted keys are a shared prefix's (s. 15)
             self._aliases = AliasResolver(http_fetch(str(router), self.namespace,
                                                      os.environ.get(TOKEN_ENV) or None))
         endpoint = self.config.get("pool_events_endpoint")
         if endpoint and storage_config.tp_rank == 0 and storage_config.pp_rank == 0:
-            self._publisher = PoolEventPublisher(str(endpoint),
-                                                 str(self.config.get("pool_events_topic",
-                                                                     "kv-events")))
+            self._publisher = PoolEventPublisher(
+                str(endpoint), str(self.config.get("pool_events_topic", "kv-events")),
+                on_subscribe=self._announce_disk)
 
     # --- set-up ------------------------------------------------------------------------------
 
@@ -117,6 +121,11 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self.pool = open_pool(self.config, page_bytes)
         log.info("radix-global pool %s: %d pages of %d bytes, namespace %s",
                  self.pool.pool_id, self.pool.capacity_pages, page_bytes, self.namespace)
+        if self.config.get("pool_disk"):
+            self.disk = DiskBackend(DiskTier(str(self.config["pool_disk"]), int(
+                self.config.get("pool_disk_capacity_bytes", DEFAULT_DISK_BYTES))), self._page_size)
+            log.info("radix-global disk tier %s: %d pages", self.config["pool_disk"],
+                     len(self.disk.disk))
         vanished = getattr(self.pool, "vanished", None)  # pools that evict without telling
         interval = float(self.config.get("pool_resync_s", DEFAULT_RESYNC_S))
         if vanished is not None and self._publisher is not None and interval > 0:
@@ -146,35 +155,49 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         return [self._aliases.canonical(k) or k for k in keys]
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
-        pool = self._pool()
+        pool, disk = self._pool(), self.disk
         for i, key in enumerate(self._targets(keys, extra_info)):
-            if not pool.exists(self.pool_key(key)):
+            pk = self.pool_key(key)
+            if not pool.exists(pk) and not (disk is not None and disk.exists(pk)):
                 return i
         return len(keys)
 
+    def _read(self, host: Any, index: int, target: str, events: list[dict[str, Any]]) -> bool:
+        """One page into the host pool: from memory, else from the disk tier (then put back
+        into memory)."""
+        pool, pk = self._pool(), self.pool_key(target)
+        views = page_views(host, index)
+        flat = None
+        if views is None:
+            flat = host.get_dummy_flat_data_page()
+            views = [_bytes_view(flat)]
+        ok = pool.get_into(pk, views)
+        if not ok and self.disk is not None:
+            ok, damaged = self.disk.read_into(pk, views)
+            events.extend(damaged)
+            if ok:  # the disk holder has it already: only the memory pool's evictions to tell
+                evicted = [PageKey(e.tag) for e in pool.put(pk, views, page_key_of(target)).evicted]
+                if evicted:
+                    events.append(self._removed(evicted))
+        if ok and flat is not None:
+            host.set_from_flat_data_page(index, flat)
+        return ok
+
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        pool, host = self._pool(), self.mem_pool_host
+        host = self.mem_pool_host
         results: list[bool] = []
         lost: list[PageKey] = []
         read_aliases: list[str] = []
+        events: list[dict[str, Any]] = []
         for i, (key, target) in enumerate(zip(keys, self._targets(keys, extra_info),
                                               strict=True)):
-            index = int(host_indices[i * self._page_size])
-            views = page_views(host, index)
-            if views is not None:
-                ok = pool.get_into(self.pool_key(target), views)
-            else:
-                flat = host.get_dummy_flat_data_page()
-                ok = pool.get_into(self.pool_key(target), [_bytes_view(flat)])
-                if ok:
-                    host.set_from_flat_data_page(index, flat)
+            ok = self._read(host, int(host_indices[i * self._page_size]), target, events)
             results.append(ok)
             if not ok:  # batch_exists saw it: evicted or corrupt now
                 lost.extend({page_key_of(key), page_key_of(target)})
             elif target != key:
                 read_aliases.append(key)
-        events = []
         if lost:
             events.append(self._removed(lost))
         announced = self._aliases.announce(read_aliases) if self._aliases and read_aliases else []
@@ -195,6 +218,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         first_canonical = 0
         written_aliases: list[str] = []
         evicted: list[PageKey] = []
+        disk_pages: list[DiskWrite] = []
         for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
@@ -203,6 +227,9 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                                                   .contiguous())])
             res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
+            if self.disk is not None and res.stored:
+                disk_pages.append(DiskWrite(self.pool_key(target), chunks, page_key_of(target),
+                                            self._disk_parent(i, keys, targets, extra_info)))
             if target == key:
                 if res.new:
                     published.add(key)
@@ -225,8 +252,30 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if stored:
             events.append(block_stored(stored, self._parent(keys, stored, extra_info),
                                        self._page_size))
+        if self.disk is not None and disk_pages:
+            events += self.disk.write(disk_pages, [e for e in events
+                                                   if e["type"] == "BlockStored"], self._removed)
         self._publish(events)
         return results
+
+    def _disk_parent(self, i: int, keys: list[str], targets: list[str],
+                     extra_info: Any) -> PageKey | None:
+        """The page before page ``i`` on disk: on a shared prefix's canonical chain for one of
+        its pages, else on the request's own chain (s. 16: the announcement after a restart
+        follows these)."""
+        aliased = targets[i] != keys[i]
+        if i > 0:
+            return page_key_of(targets[i - 1] if aliased else keys[i - 1])
+        prefix = getattr(extra_info, "prefix_keys", None)
+        if not prefix:
+            return None
+        return self._canonical_parent(extra_info) if aliased else page_key_of(prefix[-1])
+
+    def _announce_disk(self) -> None:
+        """A subscriber joined the pool stream: what the disk tier holds of this namespace."""
+        if self.disk is not None and self._publisher is not None:
+            for batch in self.disk.announcement(self.namespace, self._suffix):
+                self._publisher.publish(batch)
 
     def _canonical_parent(self, extra_info: Any) -> PageKey | None:
         """The canonical page before a call's first one: its prefix's last page, aliased."""
@@ -300,11 +349,12 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         return all(self.set(k, v) for k, v in zip(keys, values or [], strict=True))
 
     def clear(self) -> None:
-        """SGLang's ``POST /hicache/storage-backend/clear``: the whole shared pool is emptied (its
-        pages cannot be told apart by namespace) and the index is told what left."""
+        """SGLang's ``POST /hicache/storage-backend/clear``: the whole shared pool (its pages
+        cannot be told apart by namespace) and its disk tier are emptied, and the index is told
+        what left."""
         tags = self._pool().clear()
-        if tags:
-            self._publish([self._removed([PageKey(t) for t in tags])])
+        events = [self._removed([PageKey(t) for t in tags])] if tags else []
+        self._publish(events + (self.disk.clear() if self.disk is not None else []))
 
     def get_stats(self) -> Any:
         return None  # SGLang expects its StorageMetrics type here; see pool_stats()

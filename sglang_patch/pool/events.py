@@ -12,22 +12,27 @@ Pure encoding (:func:`encode_pool_batch`) is separate from the socket (:class:`P
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgspec
 
 from radix_global.types import PageKey
 
+log = logging.getLogger(__name__)
 POOL_MEDIUM = "POOL"
+DISK_MEDIUM = "DISK"  # the pool's disk tier: its own holder (docs/interfaces.md s. 16)
 _ENCODER = msgspec.msgpack.Encoder()
 
 
-def block_stored(keys: Sequence[PageKey], parent: PageKey | None, page_size: int) -> dict[str, Any]:
-    """A ``BlockStored`` event for pages now in the pool, following ``parent`` (None = root or
-    unknown: the index accepts a re-store of known keys)."""
+def block_stored(keys: Sequence[PageKey], parent: PageKey | None, page_size: int,
+                 medium: str = POOL_MEDIUM) -> dict[str, Any]:
+    """A ``BlockStored`` event for pages now in the pool (``medium`` ``DISK``: in its disk
+    tier), following ``parent`` (None = root or unknown: the index accepts a re-store of known
+    keys)."""
     return {
         "type": "BlockStored",
         "block_hashes": [int(k) for k in keys],
@@ -35,13 +40,18 @@ def block_stored(keys: Sequence[PageKey], parent: PageKey | None, page_size: int
         "token_ids": [],
         "block_size": page_size,
         "lora_id": None,
-        "medium": POOL_MEDIUM,
+        "medium": medium,
         "cache_salt": None,
     }
 
 
-def block_removed(keys: Sequence[PageKey]) -> dict[str, Any]:
-    return {"type": "BlockRemoved", "block_hashes": [int(k) for k in keys], "medium": POOL_MEDIUM}
+def block_removed(keys: Sequence[PageKey], medium: str = POOL_MEDIUM) -> dict[str, Any]:
+    return {"type": "BlockRemoved", "block_hashes": [int(k) for k in keys], "medium": medium}
+
+
+def as_disk(event: dict[str, Any]) -> dict[str, Any]:
+    """The same event about the pool's disk tier."""
+    return {**event, "medium": DISK_MEDIUM}
 
 
 def encode_pool_batch(events: Sequence[dict[str, Any]], ts: float | None = None) -> bytes:
@@ -50,18 +60,48 @@ def encode_pool_batch(events: Sequence[dict[str, Any]], ts: float | None = None)
 
 
 class PoolEventPublisher:
-    """Binds a ZMQ PUB socket; thread-safe (SGLang's prefetch and backup threads both publish)."""
+    """Binds a ZMQ XPUB socket; thread-safe (SGLang's prefetch and backup threads both publish).
+    ``on_subscribe`` runs (on a thread of the publisher's) whenever a subscriber joins: what it
+    publishes reaches the newcomer, which a plain PUB would have lost."""
 
-    def __init__(self, endpoint: str, topic: str = "kv-events") -> None:
+    def __init__(self, endpoint: str, topic: str = "kv-events",
+                 on_subscribe: Callable[[], None] | None = None,
+                 watch_interval_s: float = 0.2) -> None:
         import zmq
 
-        self._sock: Any = zmq.Context.instance().socket(zmq.PUB)
+        self._zmq = zmq
+        self._sock: Any = zmq.Context.instance().socket(zmq.XPUB)
         self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.setsockopt(zmq.XPUB_VERBOSE, 1)  # every join, not only a topic's first
         self._sock.bind(endpoint)
         self.endpoint = endpoint
         self._topic = topic.encode()
         self._seq = 0
         self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._on_subscribe = on_subscribe
+        # Drains the join messages even without a callback: XPUB queues them for us to read.
+        self._watch = threading.Thread(target=self._watch_loop, args=(watch_interval_s,),
+                                       name="radix-global-pool-xpub", daemon=True)
+        self._watch.start()
+
+    def _joined(self) -> bool:
+        """Drain the subscription messages; whether one was a join."""
+        joined = False
+        with self._lock:
+            while self._sock.poll(0, self._zmq.POLLIN):
+                msg = self._sock.recv(self._zmq.NOBLOCK)
+                joined |= msg[:1] == b"\x01"
+        return joined
+
+    def _watch_loop(self, interval_s: float) -> None:
+        while not self._stop.wait(interval_s):
+            try:
+                if self._joined() and self._on_subscribe is not None:
+                    self._on_subscribe()
+            except Exception:  # a closed socket at shutdown, a failing announcement
+                if not self._stop.is_set():
+                    log.exception("radix-global: announcing to a new pool subscriber failed")
 
     def publish(self, events: Sequence[dict[str, Any]]) -> int:
         """Send one batch; returns its sequence number (consecutive from 0). No-op if empty."""
@@ -75,5 +115,7 @@ class PoolEventPublisher:
         return seq
 
     def close(self) -> None:
+        self._stop.set()
+        self._watch.join(timeout=5.0)
         with self._lock:
             self._sock.close(0)

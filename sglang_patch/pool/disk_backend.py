@@ -1,0 +1,98 @@
+"""The disk tier as the HiCache storage backend drives it (``docs/interfaces.md`` s. 16): write
+through, read on a memory miss, and the events that tell the index about the disk holder.
+
+The backend (``sglang_patch/storage.py``) hands over pages it already stored in the memory pool,
+with their pool keys and tags; this module owns the disk side and never touches the memory pool.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from radix_global.types import PageKey
+from sglang_patch.pool.disk_tier import DiskPage, DiskTier
+from sglang_patch.pool.events import DISK_MEDIUM, block_removed, block_stored
+
+ANNOUNCE_BATCH = 512  # events per message when announcing the tier to a new subscriber
+
+
+class DiskWrite(NamedTuple):
+    """One page of a ``batch_set`` for the disk: what to write and where its chain goes."""
+
+    pool_key: str
+    chunks: Sequence[object]
+    tag: PageKey
+    parent: PageKey | None  # the page before it on disk (None: the chain's first)
+
+
+class DiskBackend:
+    """A :class:`DiskTier` plus the backend's rules for it."""
+
+    def __init__(self, disk: DiskTier, page_size: int) -> None:
+        self.disk, self.page_size = disk, page_size
+
+    def exists(self, pool_key: str) -> bool:
+        return self.disk.exists(pool_key)
+
+    def read_into(self, pool_key: str, views: Sequence[object]
+                  ) -> tuple[bool, list[dict[str, Any]]]:
+        """The page from disk (a memory-pool miss), and the removal to publish when the file
+        was there but damaged."""
+        on_disk = self.disk.exists(pool_key)
+        if self.disk.read_into(pool_key, views):
+            return True, []
+        if not on_disk:
+            return False, []
+        return False, [block_removed([_tag_of(pool_key)], DISK_MEDIUM)]
+
+    def write(self, pages: Sequence[DiskWrite], stored_events: Sequence[dict[str, Any]],
+              removed: Callable[[list[PageKey]], dict[str, Any]]) -> list[dict[str, Any]]:
+        """Write ``pages`` through; the events for the disk holder: the memory pool's stores of
+        this call again (the disk holds what the pool just stored), and what the disk evicted
+        (``removed`` adds the alias keys of an evicted canonical page)."""
+        evicted: list[PageKey] = []
+        for p in pages:
+            _, gone = self.disk.write(p.pool_key, p.chunks, p.tag, p.parent, self.page_size)
+            evicted.extend(PageKey(t) for t in gone)
+        out = [{**removed(evicted), "medium": DISK_MEDIUM}] if evicted else []
+        return out + [{**e, "medium": DISK_MEDIUM} for e in stored_events]
+
+    def clear(self) -> list[dict[str, Any]]:
+        tags = [PageKey(p.tag) for p in self.disk.pages()]
+        for p in self.disk.pages():
+            self.disk.remove(p.key)
+        return [block_removed(tags, DISK_MEDIUM)] if tags else []
+
+    def announcement(self, namespace: str, suffix: str) -> list[list[dict[str, Any]]]:
+        """The disk's pages of ``namespace`` (and this rank's shard ``suffix``) as stores on the
+        disk holder, parents first, in batches; a page whose parent is not on disk is left out
+        (no leading run reaches it)."""
+        mine = [p for p in self.disk.pages() if _ours(p, namespace, suffix, self.page_size)]
+        children: dict[int | None, list[DiskPage]] = {}
+        for p in mine:
+            children.setdefault(p.parent, []).append(p)
+        events: list[dict[str, Any]] = []
+        frontier = list(children.get(None, []))
+        seen: set[int] = set()
+        while frontier:
+            page = frontier.pop()
+            if page.tag in seen:
+                continue
+            seen.add(page.tag)
+            events.append(block_stored([PageKey(page.tag)],
+                                       None if page.parent is None else PageKey(page.parent),
+                                       self.page_size, DISK_MEDIUM))
+            frontier.extend(children.get(page.tag, []))
+        return [events[i : i + ANNOUNCE_BATCH] for i in range(0, len(events), ANNOUNCE_BATCH)]
+
+
+def _ours(page: DiskPage, namespace: str, suffix: str, page_size: int) -> bool:
+    rest = page.key[len(namespace) + 1:] if page.key.startswith(namespace + "/") else ""
+    return (page.page_size == page_size and len(rest) == 64 + len(suffix)
+            and rest.endswith(suffix))
+
+
+def _tag_of(pool_key: str) -> PageKey:
+    digest = pool_key.split("/")[1]
+    return PageKey(int.from_bytes(bytes.fromhex(digest[:16]), "big", signed=True))

@@ -1,0 +1,143 @@
+"""The persistent disk tier (sglang_patch/pool/disk_tier.py, disk_backend.py): bytes, damage,
+crashes, capacity, and what is announced after a restart."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
+from sglang_patch.pool.disk_tier import TMP_PREFIX, DiskTier
+
+NS = "tiny@1"
+
+
+def key(i: int, ns: str = NS, suffix: str = "") -> str:
+    return f"{ns}/{i:064x}{suffix}"
+
+
+def page(seed: int, n: int = 4096) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 255, n, dtype=np.uint8)
+    return [data[: n // 2], data[n // 2 :]]  # scattered, like layer_first views
+
+
+def read(disk: DiskTier, k: str, n: int = 4096) -> np.ndarray | None:
+    out = [np.zeros(n // 2, np.uint8), np.zeros(n // 2, np.uint8)]
+    return np.concatenate(out) if disk.read_into(k, out) else None
+
+
+def test_pages_survive_a_reopen_bit_exactly(tmp_path):
+    disk = DiskTier(tmp_path, 1 << 20)
+    assert disk.write(key(1), page(1), 11, None, 4) == (True, [])
+    assert disk.write(key(1), page(1), 11, None, 4) == (False, [])  # already there
+    again = DiskTier(tmp_path, 1 << 20)  # another process, or after a reboot
+    assert again.exists(key(1)) and len(again) == 1
+    got = read(again, key(1))
+    assert got is not None and np.array_equal(got, np.concatenate(page(1)))
+    assert read(again, key(2)) is None
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "header", "empty"])
+def test_a_damaged_file_is_a_miss_and_is_removed(tmp_path, damage):
+    disk = DiskTier(tmp_path, 1 << 20)
+    disk.write(key(1), page(1), 11, None, 4)
+    (path,) = [p for p in tmp_path.rglob("*.page")]
+    data = bytearray(path.read_bytes())
+    if damage == "flip":
+        data[-10] ^= 0xFF
+    elif damage == "truncate":
+        data = data[:-100]
+    elif damage == "header":
+        data[6] ^= 0x01
+    else:
+        data = bytearray()
+    path.write_bytes(bytes(data))
+    assert read(disk, key(1)) is None
+    assert not path.exists() and not disk.exists(key(1)) and disk.corrupt == 1
+
+
+def test_a_page_of_another_size_or_key_is_refused(tmp_path):
+    disk = DiskTier(tmp_path, 1 << 20)
+    disk.write(key(1), page(1), 11, None, 4)
+    assert read(disk, key(1), n=2048) is None  # the reader expects another page size
+
+
+def test_lru_capacity_evicts_the_oldest_and_names_them(tmp_path):
+    disk = DiskTier(tmp_path, 3 * 4300)  # room for 3 pages and their headers
+    for i in range(3):
+        assert disk.write(key(i), page(i), 100 + i, None, 4)[1] == []
+        time.sleep(0.01)
+    assert read(disk, key(0)) is not None  # touched: now the newest
+    new, evicted = disk.write(key(3), page(3), 103, None, 4)
+    assert new and evicted == [101]
+    assert not disk.exists(key(1)) and disk.used_bytes <= disk.capacity_bytes
+    assert [p.tag for p in sorted(DiskTier(tmp_path, 1 << 20).pages(), key=lambda p: p.tag)] \
+        == [100, 102, 103]
+
+
+def _write_forever(root: str) -> None:
+    disk = DiskTier(root, 1 << 30)
+    i = 0
+    while True:
+        disk.write(key(i), page(i, 1 << 20), i, None, 4)
+        i += 1
+
+
+def test_a_writer_killed_mid_write_leaves_a_readable_consistent_tier(tmp_path):
+    proc = mp.get_context("spawn").Process(target=_write_forever, args=(str(tmp_path),))
+    proc.start()
+    deadline = time.monotonic() + 60
+    while len(list(tmp_path.rglob("*.page"))) < 5 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.join(30)
+    disk = DiskTier(tmp_path, 1 << 30)
+    assert not [p for p in tmp_path.rglob(f"{TMP_PREFIX}*")]  # leftovers deleted at open
+    assert len(disk) >= 5
+    for p in disk.pages():  # every page that is there reads back whole
+        got = read(disk, p.key, n=1 << 20)
+        assert got is not None and np.array_equal(got, np.concatenate(page(p.tag, 1 << 20)))
+    assert disk.corrupt == 0
+
+
+def test_the_announcement_follows_chains_from_their_roots(tmp_path):
+    disk = DiskTier(tmp_path, 1 << 20)
+    backend = DiskBackend(disk, 4)
+    # chain 1 -> 2 -> 3; 5 whose parent (4) is not on disk; another namespace; another shard
+    for i, parent in ((1, None), (2, 1), (3, 2), (5, 4)):
+        disk.write(key(i), page(i, 64), i, parent, 4)
+    disk.write(key(6, ns="other@1"), page(6, 64), 6, None, 4)
+    disk.write(key(7, suffix="/tp1of2"), page(7, 64), 7, None, 4)
+    disk.write(key(8), page(8, 64), 8, None, 16)  # another page size
+    (batch,) = backend.announcement(NS, "")
+    assert [(e["block_hashes"], e["parent_block_hash"], e["medium"]) for e in batch] == [
+        ([1], None, "DISK"), ([2], 1, "DISK"), ([3], 2, "DISK")]
+    (shard,) = backend.announcement(NS, "/tp1of2")
+    assert [e["block_hashes"] for e in shard] == [[7]]
+
+
+def test_write_through_mirrors_the_pool_stores_and_reports_disk_evictions(tmp_path):
+    backend = DiskBackend(DiskTier(tmp_path, 2 * 4300), 4)
+    stored = [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
+               "medium": "POOL"}]
+    removed = []
+
+    def on_removed(tags):
+        removed.append(tags)
+        return {"type": "BlockRemoved", "block_hashes": tags, "medium": "POOL"}
+
+    events = backend.write([DiskWrite(key(1), page(1), 1, None),
+                            DiskWrite(key(2), page(2), 2, 1)], stored, on_removed)
+    assert events == [{**stored[0], "medium": "DISK"}]
+    events = backend.write([DiskWrite(key(3), page(3), 3, 2)], [], on_removed)
+    assert events == [{"type": "BlockRemoved", "block_hashes": [1], "medium": "DISK"}]
+    ok, damaged = backend.read_into(key(2), [np.zeros(2048, np.uint8), np.zeros(2048, np.uint8)])
+    assert ok and damaged == []
+    assert [sorted(e["block_hashes"]) for e in backend.clear()] == [[2, 3]]
+    assert len(backend.disk) == 0
