@@ -33,7 +33,7 @@ from typing import Any
 import httpx
 import pytest
 from http_peer import ServerThread
-from pd_workers import CPU_FLAGS, PAGE, Worker, prompt, spawn, stop, wait_healthy
+from pd_workers import PAGE, Worker, prompt, spawn, stop, wait_healthy
 
 from radix_global.keys import page_keys
 from radix_global.types import Namespace, PoolId
