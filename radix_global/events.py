@@ -162,8 +162,10 @@ class EventDecoder:
         lora_extra_keys: Mapping[str, str] | None = None,
         log_every: int = 1000,
         dp_size: int | None = None,
+        disk_holder: HolderId | None = None,
     ) -> None:
         self.holder = holder
+        self.disk_holder = disk_holder  # a pool stream's DISK events go to its disk tier
         self.namespace = namespace
         self.page_size = page_size
         self.engine = EngineKind(engine)
@@ -273,6 +275,8 @@ class EventDecoder:
             raise UnsupportedEventError(
                 f"KV cache group {short(f['group_idx'])} (only group 0 indexed)"
             )
+        if self.disk_holder is not None and medium.upper() == "DISK":
+            return Location(self.disk_holder, dp_rank, Tier.POOL)
         return Location(self.holder, dp_rank, tier)
 
     def _stored(self, f: dict[str, Any], dp_rank: int) -> StorePages | None:

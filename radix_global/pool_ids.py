@@ -30,3 +30,11 @@ def store_of(pool_id: str) -> str:
 def is_segment(pool_id: str) -> bool:
     """Whether ``pool_id`` names one segment of a shared store (it dies with its writer)."""
     return SEGMENT_SEP in pool_id
+
+
+DISK_SUFFIX = "+disk"
+
+
+def disk_holder(pool_id: str) -> PoolId:
+    """The index holder of a pool's persistent disk tier (``docs/interfaces.md`` s. 16)."""
+    return PoolId(pool_id + DISK_SUFFIX)

@@ -6,6 +6,8 @@ and values, so a bad record is refused with a :class:`RegistrationError` naming 
 
 from __future__ import annotations
 
+import math
+
 import msgspec
 
 from radix_global.endpoints import endpoint_problem, is_host_local
@@ -23,7 +25,7 @@ MAX_PAGE_SIZE = 65536
 MAX_ID_CHARS = 256
 MAX_URL_CHARS = 2048
 _TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",
-                "compute_domain")
+                "compute_domain", "pool_disk_id")
 _URL_FIELDS = ("url", "kv_events_endpoint", "kv_events_replay_endpoint", "pool_events_endpoint")
 
 
@@ -62,6 +64,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # Its pool backend resolves shared-prefix aliases by asking the router it registered with
     # (docs/interfaces.md s. 15); without it the router never predicts a shared-prefix hit.
     pool_aliases: bool = False
+    # The holder of its pool's persistent disk tier and the disk's measured read bandwidth
+    # (docs/interfaces.md s. 16): the router prices a fetch from the disk with it.
+    pool_disk_id: str | None = None
+    pool_disk_read_Bps: float | None = None
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -84,6 +90,13 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise RegistrationError(f"engine must be sglang|vllm|other, got {self.engine!r}")
         if self.pool_id is not None and self.pool_id == self.worker_id:
             raise RegistrationError("pool_id must differ from worker_id")
+        if self.pool_disk_id is not None and (self.pool_id is None or self.pool_disk_id in (
+                self.pool_id, self.worker_id)):
+            raise RegistrationError("pool_disk_id needs a pool_id and must differ from it and "
+                                    "from worker_id")
+        if self.pool_disk_read_Bps is not None and not (
+                math.isfinite(self.pool_disk_read_Bps) and self.pool_disk_read_Bps > 0):
+            raise RegistrationError("pool_disk_read_Bps must be a positive number or absent")
         if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
             raise RegistrationError(
                 f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")

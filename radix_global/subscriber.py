@@ -180,7 +180,8 @@ class KVEventSubscriber:
         self._feeds[wid] = feed
         if info.pool_events_endpoint is not None and info.pool_id is not None:
             pool = EventDecoder(
-                PoolId(info.pool_id), Namespace(info.namespace), info.page_size, EngineKind.SGLANG
+                PoolId(info.pool_id), Namespace(info.namespace), info.page_size, EngineKind.SGLANG,
+                disk_holder=PoolId(info.pool_disk_id) if info.pool_disk_id else None,
             )
             self._start(feed, 0, info.pool_events_endpoint, None, pool, f"kv-pool-{wid}")
         if info.kv_events_endpoint is None:

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from radix_global.types import WorkerId
+from radix_global.types import PoolId, WorkerId
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
@@ -128,6 +128,9 @@ class RouterState:
         self.index.worker_added(entry)
         self.prewarm(entry)
         self.routing.cost.share_compute(entry.worker_id, entry.info.compute_domain)
+        if entry.info.pool_disk_id and entry.info.pool_disk_read_Bps:  # a disk tier's speed
+            self.routing.cost.set_holder_bandwidth(PoolId(entry.info.pool_disk_id),
+                                                   entry.info.pool_disk_read_Bps)
         if entry.info.kv_bytes_per_token is not None:  # else the configured default prices it
             self.routing.cost.set_kv_bytes_per_token(entry.info.namespace,
                                                      entry.info.kv_bytes_per_token)

@@ -25,6 +25,9 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 ``--pool-id ID``             default ``shm-<hostname>``; for a Mooncake pool this worker's
                              segment ``mooncake-<master>-<port>@<advertise host>:<port>``;
                              ``--pool-capacity-gb``, ``--pool-root`` (shm only)
+``--pool-disk DIR``          a persistent tier under the pool: every page is written through to
+                             DIR and survives reboots (``--pool-disk-gb``, default 10;
+                             ``docs/interfaces.md`` s. 16)
 ``--heartbeat-interval S``   default 5
 
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
@@ -74,6 +77,8 @@ class OurFlags:
     pool_id: str | None  # None: default_pool_id (it needs the advertised address)
     pool_capacity_gb: float
     pool_root: str | None
+    pool_disk: str | None
+    pool_disk_gb: float
     heartbeat_interval: float
 
 
@@ -126,6 +131,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--pool-capacity-gb", type=float, default=1.0,
                    help="pool size (the first process to open it decides)")
     p.add_argument("--pool-root", default=None, help="default /dev/shm/radix-global")
+    p.add_argument("--pool-disk", default=None,
+                   help="a folder: the pool's persistent tier (write-through)")
+    p.add_argument("--pool-disk-gb", type=float, default=10.0)
     p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds")
     return p
 
@@ -202,6 +210,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                     Role(ours_ns.role) if ours_ns.role else None, ours_ns.namespace,
                     ours_ns.pool, ours_ns.pool_id,
                     ours_ns.pool_capacity_gb, ours_ns.pool_root,
+                    ours_ns.pool_disk, ours_ns.pool_disk_gb,
                     ours_ns.heartbeat_interval)
     model_path = flag_value(rest, "--model-path") or flag_value(rest, "--model")
     if not model_path:
@@ -248,6 +257,9 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                         "mooncake_local_hostname": advertise})
     if ours.pool_root:
         backend["pool_root"] = ours.pool_root
+    if ours.pool_disk:
+        backend.update({"pool_disk": ours.pool_disk,
+                        "pool_disk_capacity_bytes": int(ours.pool_disk_gb * (1 << 30))})
     if ours.namespace or default_namespace:
         backend["namespace"] = ours.namespace or default_namespace
     if pool_ep:
@@ -326,6 +338,11 @@ def _check_pool(ours: OurFlags) -> None:
     must not (its entries would leave the index with the first worker); a Mooncake segment must
     hold Mooncake's smallest segment."""
     mooncake = mooncake_master(ours.pool) is not None
+    if ours.pool_disk and mooncake:
+        raise LaunchError("--pool-disk is a tier under this machine's shm pool; a Mooncake "
+                          "Store persists with its own SSD offload")
+    if ours.pool_disk and ours.pool_disk_gb <= 0:
+        raise LaunchError(f"--pool-disk-gb {ours.pool_disk_gb}: must be > 0")
     if not mooncake and ours.pool_id is not None and is_segment(ours.pool_id):
         raise LaunchError(f"--pool-id {ours.pool_id}: '@' marks a segment of a shared store "
                           "(--pool mooncake://...); an shm pool id may not contain it")

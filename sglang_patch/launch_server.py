@@ -22,12 +22,15 @@ import socket
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from radix_global.pool_ids import disk_holder
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
+from sglang_patch.pool.disk_tier import read_bandwidth_Bps
 from sglang_patch.register import (
     TOKEN_ENV,
     Registrar,
@@ -137,7 +140,19 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
         kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
         pool_aliases="pool_aliases_url" in plan.backend_config,
+        **_disk_fields(plan),
     )
+
+
+def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
+    """The disk tier's holder and its measured read bandwidth (docs/interfaces.md s. 16)."""
+    folder = plan.flags.pool_disk
+    if not folder or plan.flags.pool_id is None:
+        return {}
+    Path(folder).mkdir(parents=True, exist_ok=True)
+    bandwidth = read_bandwidth_Bps(folder)
+    log.info("disk tier %s reads at %.0f MB/s", folder, bandwidth / 1e6)
+    return {"pool_disk_id": disk_holder(plan.flags.pool_id), "pool_disk_read_Bps": bandwidth}
 
 
 def _die_with_parent() -> None:

@@ -27,5 +27,6 @@ def worker_states(entries: Iterable[WorkerEntry], exclude: set[str] | None = Non
                 worker_id=WorkerId(i.worker_id), namespace=Namespace(i.namespace), dp_rank=rank,
                 dp_size=i.dp_size, role=i.role,
                 pool_id=PoolId(i.pool_id) if i.pool_id else None, url=i.url,
-                accepting=accepting, pool_aliases=i.pool_aliases and i.pool_id is not None))
+                accepting=accepting, pool_aliases=i.pool_aliases and i.pool_id is not None,
+                pool_disk_id=PoolId(i.pool_disk_id) if i.pool_disk_id else None))
     return out

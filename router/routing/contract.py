@@ -68,6 +68,7 @@ class WorkerState(NamedTuple):
     waiting_tokens: int | None = None  # engine-reported prompt tokens queued, not yet prefilled
     kv_headroom_tokens: int | None = None  # free KV capacity in tokens (decode selection)
     pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
+    pool_disk_id: PoolId | None = None  # its pool's persistent disk tier, a holder (s. 16)
 
     @property
     def slot(self) -> Slot:

@@ -66,6 +66,7 @@ class CostModel:
         self._prefill: dict[WorkerId, PrefillModel] = {}
         self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
         self._kv_bytes: dict[str, float] = {}  # namespace -> as its workers report it
+        self._holder_Bps: dict[str, float] = {}  # holder -> its reported read bandwidth
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -117,13 +118,21 @@ class CostModel:
         return self.config.transfer_overhead_s + nbytes / self.bandwidth_Bps(pool, worker.worker_id)
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId) -> float:
+        """Pool -> worker: the topology's placement, else what the pool's holder reported (a
+        disk tier's measured read bandwidth), else the default."""
         topo = self.topology
         if topo is not None and topo.knows(pool) and topo.knows(worker):
             try:
                 return topo.bandwidth_Bps(pool, worker)
             except TopologyError:
                 pass
-        return self.config.default_bandwidth_Bps
+        return self._holder_Bps.get(pool, self.config.default_bandwidth_Bps)
+
+    def set_holder_bandwidth(self, holder: PoolId, bandwidth_Bps: float) -> None:
+        """``holder`` reads at ``bandwidth_Bps`` (``WorkerInfo.pool_disk_read_Bps``)."""
+        if not bandwidth_Bps > 0:
+            raise ValueError(f"bandwidth must be > 0, got {bandwidth_Bps}")
+        self._holder_Bps[holder] = bandwidth_Bps
 
     def kv_bytes_per_token(self, namespace: Namespace) -> float:
         """What one token of ``namespace`` weighs on the wire: as its workers report it, else

@@ -19,6 +19,7 @@ import logging
 import os
 import struct
 import threading
+import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -251,3 +252,29 @@ def _parse_head(data: bytes, whole: bool = True) -> DiskPage | None:
     except UnicodeDecodeError:
         return None
     return DiskPage(key, tag, parent if has_parent else None, page_size, nbytes)
+
+
+def read_bandwidth_Bps(root: str | os.PathLike[str], nbytes: int = 32 << 20) -> float:
+    """Bytes per second a cold read of ``root``'s device gives: a file written, synced, dropped
+    from the page cache (where the kernel lets us) and read back. On a memory file system it is
+    memory speed, which is what such a tier reads at."""
+    path = Path(root) / f"{TMP_PREFIX}bandwidth-{os.getpid()}"
+    block = os.urandom(1 << 20)
+    try:
+        with open(path, "wb") as f:
+            for _ in range(max(1, nbytes >> 20)):
+                f.write(block)
+            f.flush()
+            os.fsync(f.fileno())
+            with contextlib.suppress(AttributeError, OSError):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        t0 = time.perf_counter()
+        with open(path, "rb") as f:
+            got = 0
+            while chunk := f.read(1 << 20):
+                got += len(chunk)
+        elapsed = max(time.perf_counter() - t0, 1e-6)
+        return got / elapsed
+    finally:
+        with contextlib.suppress(OSError):
+            path.unlink()

@@ -23,7 +23,7 @@ from radix_global.ops import (
     StorePages,
     UnknownParentError,
 )
-from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
+from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 
 NS = Namespace("m@1")
 W = WorkerId("w0")
@@ -212,6 +212,19 @@ def test_there_is_no_dynamo_event_format() -> None:
 def test_medium_to_tier(medium: str | None, tier: Tier) -> None:
     out = decoder().decode(batch([sgl_stored([1], None, [0] * PS, medium=medium)]))
     assert out.ops[0].location.tier == tier  # type: ignore[union-attr]
+
+
+def test_a_pool_stream_with_a_disk_tier_puts_its_disk_events_on_the_disk_holder() -> None:
+    """docs/interfaces.md s. 16: DISK on a pool stream names the pool's disk tier, POOL the pool;
+    a stream without a disk holder keeps DISK on its own holder."""
+    d = EventDecoder(PoolId("pool"), NS, PS, disk_holder=PoolId("pool+disk"))
+    out = d.decode(batch([sgl_stored([1], None, [0] * PS, medium="DISK"),
+                          sgl_stored([2], None, [0] * PS, medium="POOL")]))
+    assert [(op.location.holder, op.location.tier) for op in out.ops] == [  # type: ignore[union-attr]
+        ("pool+disk", Tier.POOL), ("pool", Tier.POOL)]
+    plain = EventDecoder(PoolId("pool"), NS, PS).decode(
+        batch([sgl_stored([1], None, [0] * PS, medium="DISK")]))
+    assert plain.ops[0].location.holder == "pool"  # type: ignore[union-attr]
 
 
 def test_refusals_are_typed_counted_and_do_not_stop_the_batch() -> None:

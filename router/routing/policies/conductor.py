@@ -7,7 +7,9 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
   (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
   model already puts the new request behind it, while KV events arrive only after the batch;
-- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``); for a salted
+- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``, the other
+  segments of its store, its disk tier ``c.pool_disk_id``, each priced at its own bandwidth); for
+  a salted
   request that starts with a registered platform prefix, on a worker whose pool resolves aliases,
   the pool run of those pages is their canonical one (``docs/interfaces.md`` s. 15);
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
@@ -271,18 +273,24 @@ def _reachable_pages(
     local = own.host if own is not None else 0
     if match is None or worker.pool_id is None:
         return local, 0, worker.pool_id
-    best, best_pages = _best_pool(worker.pool_id, pools)
+    best, best_pages = _best_pool(worker, pools)
     return local, best_pages, best
 
 
-def _best_pool(pool_id: PoolId, pools: dict[HolderId, int]) -> tuple[PoolId, int]:
-    """The holder with the longest run among ``pool_id`` and the other segments of its store."""
+def _best_pool(worker: WorkerState, pools: dict[HolderId, int]) -> tuple[PoolId, int]:
+    """The holder with the longest run among the worker's pool, the other segments of its
+    store, and its pool's disk tier (the memory pool wins a tie: it is the faster one)."""
+    assert worker.pool_id is not None
+    pool_id = worker.pool_id
     best, best_pages = pool_id, pools.get(pool_id, 0)
     if is_segment(pool_id):
         store = store_of(pool_id)
         for holder, pages in pools.items():
             if pages > best_pages and is_segment(holder) and store_of(holder) == store:
                 best, best_pages = PoolId(holder), pages
+    disk = worker.pool_disk_id
+    if disk is not None and pools.get(disk, 0) > best_pages:
+        best, best_pages = disk, pools[disk]
     return best, best_pages
 
 
@@ -291,8 +299,7 @@ def _with_shared_prefix(worker: WorkerState, pool_pages: int, pool: PoolId | Non
     """The pool run of a request whose first ``shared_len`` pages are a registered prefix, on a
     worker whose pool resolves aliases: the canonical run of those pages (the only copy the pool
     keeps: a salted alias entry of another worker may be stale), and past them the salted run."""
-    assert worker.pool_id is not None
-    holder, pages = _best_pool(worker.pool_id, shared)
+    holder, pages = _best_pool(worker, shared)
     if pages < shared_len or pool_pages <= pages:
         return pages, holder
     return pool_pages, pool

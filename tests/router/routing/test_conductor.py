@@ -228,3 +228,21 @@ def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers
 
     idx.apply(RemovePages(NS, Location(POOL, 0, Tier.POOL), KEYS[20:40]))
     assert d.route(req, [aliasing], 0.0).fetch_tokens == 20 * PS
+
+
+def test_a_disk_tier_is_read_at_its_own_bandwidth_and_loses_to_recomputing_when_slow() -> None:
+    """docs/interfaces.md s. 16: pages only on the pool's disk tier (its own holder) are fetched
+    when the disk is fast, recomputed when it is slow; the memory pool wins where it has them."""
+    disk = PoolId("pool+disk")
+    idx = index_with((disk, 0, Tier.POOL, 64))
+    w = WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_disk_id=disk)
+    fast = driver(idx, routed_ttl_s=0)
+    fast.cost.set_holder_bandwidth(disk, 50e9)
+    dec = fast.route(request(0), [w], 0.0)
+    assert dec.fetch_tokens == 64 * PS and dec.fetch_from == disk
+    slow = driver(idx, routed_ttl_s=0)
+    slow.cost.set_holder_bandwidth(disk, 10e6)  # 64 KB/token: 6.5 s for the prompt
+    assert slow.route(request(0), [w], 0.0).fetch_tokens == 0
+    assert fast.route(request(0), [w._replace(pool_disk_id=None)], 0.0).fetch_tokens == 0
+    idx.apply(StorePages(NS, Location(POOL, 0, Tier.POOL), None, KEYS[:64]))
+    assert fast.route(request(0), [w], 0.0).fetch_from == POOL  # a tie: the memory pool
