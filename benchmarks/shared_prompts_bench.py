@@ -196,6 +196,7 @@ def register(router: str, model: str, prompts: list[list[int]]) -> None:
     for i, ids in enumerate(prompts):
         httpx.post(router + "/admin/shared-prefixes", json={
             "name": f"platform-{i}", "model": model, "token_ids": ids}).raise_for_status()
+    time.sleep(2.5)  # backends that found no prefix registered ask again after 2 s (s. 15)
 
 
 def spread(summaries: list[dict[str, Any]]) -> dict[str, Any]:

@@ -152,7 +152,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             return keys
         prefix = getattr(extra_info, "prefix_keys", None)
         self._aliases.learn(prefix[0] if prefix else keys[0])
-        return [self._aliases.canonical(k) or k for k in keys]
+        return self._aliases.translate(keys)
 
     def batch_exists(self, keys: list[str], extra_info: Any = None) -> int:
         pool, disk = self._pool(), self.disk
@@ -185,26 +185,24 @@ class RadixGlobalPoolStorage(HiCacheStorage):
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
-        host = self.mem_pool_host
+        host, targets = self.mem_pool_host, self._targets(keys, extra_info)
         results: list[bool] = []
         lost: list[PageKey] = []
-        read_aliases: list[str] = []
+        read_aliases: list[int] = []  # before the first miss (SGLang keeps only that run)
         events: list[dict[str, Any]] = []
-        for i, (key, target) in enumerate(zip(keys, self._targets(keys, extra_info),
-                                              strict=True)):
+        for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
             ok = self._read(host, int(host_indices[i * self._page_size]), target, events)
             results.append(ok)
             if not ok:  # batch_exists saw it: evicted or corrupt now
-                lost.extend({page_key_of(key), page_key_of(target)})
-            elif target != key:
-                read_aliases.append(key)
+                lost.extend(dict.fromkeys([page_key_of(key), page_key_of(target)]))
+            elif target != key and not lost:
+                read_aliases.append(i)
+        if read_aliases and self._aliases is not None:  # the pool answers for these keys now
+            new = set(self._aliases.announce([keys[i] for i in read_aliases]))
+            events += self._stores([i for i in read_aliases if keys[i] in new], keys,
+                                   extra_info, False, set())
         if lost:
             events.append(self._removed(lost))
-        announced = self._aliases.announce(read_aliases) if self._aliases and read_aliases else []
-        if announced:  # the pool answers for this tenant's keys of the prefix now
-            stored = [page_key_of(k) for k in announced]
-            events.append(block_stored(stored, self._parent(keys, stored, extra_info),
-                                       self._page_size))
         self._publish(events)
         return results
 
@@ -213,10 +211,9 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         pool, host = self._pool(), self.mem_pool_host
         targets = self._targets(keys, extra_info)
         results: list[bool] = []
-        published: set[str] = set()  # keys now in the pool, in the request's own chain
-        canonical: list[PageKey] = []  # a shared prefix's new pages, in its canonical chain
-        first_canonical = 0
-        written_aliases: list[str] = []
+        own: list[int] = []  # pages now in the pool, published on the request's own chain
+        canonical: list[int] = []  # a shared prefix's new pages, on its canonical chain
+        written_aliases: list[int] = []
         evicted: list[PageKey] = []
         disk_pages: list[DiskWrite] = []
         for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
@@ -227,63 +224,70 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                                                   .contiguous())])
             res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
+            aliased = target != key
             if self.disk is not None and res.stored:
                 disk_pages.append(DiskWrite(self.pool_key(target), chunks, page_key_of(target),
-                                            self._disk_parent(i, keys, targets, extra_info)))
-            if target == key:
+                                            self._parent_of(i, targets if aliased else keys,
+                                                            extra_info, aliased)))
+            if not aliased and res.new:
+                own.append(i)
+            elif aliased and res.stored:
+                written_aliases.append(i)
                 if res.new:
-                    published.add(key)
-            elif res.stored:
-                written_aliases.append(key)
-                if res.new:
-                    first_canonical = first_canonical if canonical else i
-                    canonical.append(page_key_of(target))
+                    canonical.append(i)
             evicted.extend(PageKey(e.tag) for e in res.evicted)
         if self._aliases is not None and written_aliases:
-            published.update(self._aliases.announce(written_aliases))
-        stored = [page_key_of(k) for k in keys if k in published]
-        events = []
+            new = set(self._aliases.announce([keys[i] for i in written_aliases]))
+            own = sorted(own + [i for i in written_aliases if keys[i] in new])
+        gone = set(evicted)  # evicted by a later page of this very call: not stored after all
+        events = (self._stores(canonical, targets, extra_info, True, gone)
+                  + self._stores(own, keys, extra_info, False, gone))
+        if self.disk is not None and disk_pages:
+            events += self.disk.write(disk_pages, events, self._removed)
         if evicted:
             events.append(self._removed(evicted))
-        if canonical:
-            parent = (page_key_of(targets[first_canonical - 1]) if first_canonical > 0
-                      else self._canonical_parent(extra_info))
-            events.append(block_stored(canonical, parent, self._page_size))
-        if stored:
-            events.append(block_stored(stored, self._parent(keys, stored, extra_info),
-                                       self._page_size))
-        if self.disk is not None and disk_pages:
-            events += self.disk.write(disk_pages, [e for e in events
-                                                   if e["type"] == "BlockStored"], self._removed)
         self._publish(events)
         return results
 
-    def _disk_parent(self, i: int, keys: list[str], targets: list[str],
-                     extra_info: Any) -> PageKey | None:
-        """The page before page ``i`` on disk: on a shared prefix's canonical chain for one of
-        its pages, else on the request's own chain (s. 16: the announcement after a restart
-        follows these)."""
-        aliased = targets[i] != keys[i]
+    def _parent_of(self, i: int, chain: list[str], extra_info: Any,
+                   canonical: bool) -> PageKey | None:
+        """The page before page ``i`` of a call on ``chain`` (the call's keys, or their
+        canonical keys): the page before it in the call, else the last of SGLang's prefix keys
+        (aliased for the canonical chain)."""
         if i > 0:
-            return page_key_of(targets[i - 1] if aliased else keys[i - 1])
+            return page_key_of(chain[i - 1])
         prefix = getattr(extra_info, "prefix_keys", None)
         if not prefix:
             return None
-        return self._canonical_parent(extra_info) if aliased else page_key_of(prefix[-1])
+        if not canonical:
+            return page_key_of(prefix[-1])
+        last = self._aliases.canonical(prefix[-1]) if self._aliases is not None else None
+        return page_key_of(last) if last is not None else None
+
+    def _stores(self, indices: list[int], chain: list[str], extra_info: Any, canonical: bool,
+                drop: set[PageKey]) -> list[dict[str, Any]]:
+        """``BlockStored`` events for the pages ``indices`` (ascending) of ``chain``: one per
+        run of consecutive pages, each after its own parent; ``drop``: pages to leave out."""
+        events: list[dict[str, Any]] = []
+        run: list[PageKey] = []
+        start = last = -2
+        for i in [*indices, -1]:
+            tag = page_key_of(chain[i]) if i >= 0 else None
+            if tag is not None and tag not in drop and run and i == last + 1:
+                run.append(tag)
+            else:
+                if run:
+                    events.append(block_stored(run, self._parent_of(start, chain, extra_info,
+                                                                    canonical), self._page_size))
+                run, start = ([tag], i) if tag is not None and tag not in drop else ([], -2)
+            last = i
+        return events
 
     def _announce_disk(self) -> None:
         """A subscriber joined the pool stream: what the disk tier holds of this namespace."""
         if self.disk is not None and self._publisher is not None:
             for batch in self.disk.announcement(self.namespace, self._suffix):
                 self._publisher.publish(batch)
-
-    def _canonical_parent(self, extra_info: Any) -> PageKey | None:
-        """The canonical page before a call's first one: its prefix's last page, aliased."""
-        prefix = getattr(extra_info, "prefix_keys", None)
-        if not prefix or self._aliases is None:
-            return None
-        last = self._aliases.canonical(prefix[-1])
-        return page_key_of(last) if last is not None else None
 
     def _removed(self, pages: list[PageKey]) -> dict[str, Any]:
         """The removal of ``pages``, with every alias key this process knows of them."""
@@ -292,14 +296,6 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             self._aliases.forget_announced(extra)
             pages = list(dict.fromkeys([*pages, *(page_key_of(a) for a in extra)]))
         return block_removed(pages)
-
-    def _parent(self, keys: list[str], stored: list[PageKey], extra_info: Any) -> PageKey | None:
-        """Parent of the first newly stored page: the page before it in the chain, if known."""
-        first = next(i for i, k in enumerate(keys) if page_key_of(k) == stored[0])
-        if first > 0:
-            return page_key_of(keys[first - 1])
-        prefix = getattr(extra_info, "prefix_keys", None)
-        return page_key_of(prefix[-1]) if prefix else None
 
     def _resync_loop(self, vanished: Any, interval_s: float, limit: int) -> None:
         """Every ``interval_s``: the pages the pool lost silently (evicted by the store) leave

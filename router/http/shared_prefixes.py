@@ -13,12 +13,13 @@ from starlette.routing import Route
 
 from radix_global.types import Namespace, PoolPageKey
 from router.http.admin import guard
-from router.keying.shared_prefixes import SharedPrefixError, parse_spec
+from router.keying.shared_prefixes import SharedPrefixError, SharedPrefixExists, parse_spec
 from router.request.handler import read_body
 from router.state import RouterState
 from router.transport.errors import error_response
 
-PREFIX_BODY_MAX_BYTES = 1 << 20  # a 65,536-token prefix as JSON ids is under 1 MiB
+# Above the 64 KiB of other admin bodies (interfaces.md s. 11): a 65,536-token prefix as JSON ids
+PREFIX_BODY_MAX_BYTES = 1 << 20
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -39,14 +40,17 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
         try:
             spec = parse_spec(data.get("name") if isinstance(data, dict) else None, data)
             prefixes.add(spec)
+        except SharedPrefixExists as exc:
+            return error_response(409, str(exc))
         except SharedPrefixError as exc:
-            return error_response(409 if "exists" in str(exc) else 400, str(exc))
+            return error_response(400, str(exc))
         return JSONResponse(spec.to_json(), status_code=201)
 
     async def remove(request: Request) -> Response:
         name = request.path_params["name"]
         if not prefixes.remove(name):
             return error_response(404, f"no shared prefix {name!r}")
+        state.aliases.forget(name)
         return JSONResponse({"removed": name})
 
     async def aliases(request: Request) -> Response:
@@ -55,7 +59,8 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
             return error_response(400, "need ?namespace=<namespace>&head=<64 lowercase hex "
                                   "digits: the chain's first storage key>")
         pairs = state.aliases.pairs(Namespace(namespace), PoolPageKey(head))
-        return JSONResponse({"pairs": [list(p) for p in pairs]})
+        # "prefixes": how many are registered at all; with none a backend stops asking a while
+        return JSONResponse({"pairs": [list(p) for p in pairs], "prefixes": len(prefixes)})
 
     return [
         Route("/admin/shared-prefixes", guard(state, listing), methods=["GET"]),

@@ -41,6 +41,10 @@ class SharedPrefixError(ValueError):
     """A bad shared-prefix definition (HTTP 400, or a refused tenants file)."""
 
 
+class SharedPrefixExists(SharedPrefixError):
+    """A prefix of that name is registered already (HTTP 409)."""
+
+
 class Encoder(Protocol):
     """What a prefix needs of the model's tokenizer (``router.keying.tokenize.ModelTokenizer``)."""
 
@@ -81,6 +85,8 @@ def parse_spec(name: object, spec: object) -> PrefixSpec:
     unknown = set(spec) - {"name", "model", *_SOURCES}
     if unknown:
         raise SharedPrefixError(f"shared prefix {name!r}: unknown fields {sorted(unknown)}")
+    if spec.get("name", name) != name:
+        raise SharedPrefixError(f"shared prefix {name!r} says its name is {spec['name']!r}")
     model = spec.get("model")
     if not isinstance(model, str) or not model:
         raise SharedPrefixError(f"shared prefix {name!r} needs model = '<served model name>'")
@@ -143,7 +149,7 @@ class SharedPrefixes:
 
     def add(self, spec: PrefixSpec) -> None:
         if spec.name in self._specs:
-            raise SharedPrefixError(f"shared prefix {spec.name!r} exists (DELETE it first)")
+            raise SharedPrefixExists(f"shared prefix {spec.name!r} exists (DELETE it first)")
         if len(self._specs) >= MAX_PREFIXES:
             raise SharedPrefixError(f"at most {MAX_PREFIXES} shared prefixes")
         self._specs[spec.name] = spec
@@ -174,8 +180,13 @@ class SharedPrefixes:
               encoder: Encoder | None = None) -> SharedMatch | None:
         """The longest run of full pages of ``tokens`` that starts one of ``model``'s prefixes;
         None when no page does. ``encoder`` tokenizes text and messages prefixes."""
+        if len(tokens) < page_size:
+            return None
+        first = tuple(tokens[:page_size])  # only prefixes starting with this page can match
         best: SharedMatch | None = None
         for name, prefix in self._resolved(model, encoder):
+            if prefix[:page_size] != first:
+                continue
             pages = shared_pages(tokens, prefix, page_size)
             if pages and (best is None or pages > best.pages):
                 best = SharedMatch(name, prefix, pages)
@@ -202,6 +213,7 @@ def _tokenize(spec: PrefixSpec, encoder: Encoder) -> tuple[int, ...] | None:
 
 
 class _Entry(NamedTuple):
+    name: str  # the registered prefix
     salt: str
     tokens: tuple[int, ...]  # the shared part's tokens: pairs cover its full pages
     page_size: int
@@ -216,6 +228,7 @@ class AliasBook:
         self.max_heads = max_heads
         self._heads: collections.OrderedDict[tuple[Namespace, PageKey], list[_Entry]] = (
             collections.OrderedDict())
+        self._pairs: dict[_Entry, list[AliasPair]] = {}  # computed once per entry
 
     def __len__(self) -> int:
         return len(self._heads)
@@ -227,22 +240,37 @@ class AliasBook:
         if entries is None:
             entries = self._heads[key] = []
             while len(self._heads) > self.max_heads:
-                self._heads.popitem(last=False)
+                for gone in self._heads.popitem(last=False)[1]:
+                    self._pairs.pop(gone, None)
         else:
             self._heads.move_to_end(key)
-        entry = _Entry(salt, match.tokens, page_size)
+        entry = _Entry(match.name, salt, match.tokens, page_size)
         if entry in entries:
             return
         entries.append(entry)
         if len(entries) > MAX_ENTRIES_PER_HEAD:
-            del entries[0]
+            self._pairs.pop(entries.pop(0), None)
+
+    def forget(self, name: str) -> None:
+        """A prefix was unregistered: no worker is told its aliases any more (a backend keeps
+        an answer for its time to live, docs/interfaces.md s. 15)."""
+        for key in list(self._heads):
+            kept = [e for e in self._heads[key] if e.name != name]
+            for gone in set(self._heads[key]) - set(kept):
+                self._pairs.pop(gone, None)
+            if kept:
+                self._heads[key] = kept
+            else:
+                del self._heads[key]
 
     def pairs(self, namespace: Namespace, head: PoolPageKey) -> list[AliasPair]:
         """Every alias of the chains recorded under ``head`` (the chain's first storage key),
         head first; none for an unknown head."""
         out: dict[str, AliasPair] = {}
         for e in self._heads.get((namespace, page_key(bytes.fromhex(head))), ()):
-            pairs = alias_pairs(e.tokens, e.page_size, e.salt)
+            pairs = self._pairs.get(e)
+            if pairs is None:
+                pairs = self._pairs[e] = alias_pairs(e.tokens, e.page_size, e.salt)
             if pairs and pairs[0].salted == head:  # not another head with the same 64-bit key
                 out.update((p.salted, p) for p in pairs)
         return list(out.values())

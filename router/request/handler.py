@@ -153,7 +153,8 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     inbound = Inbound(req, payload, body, salt, kind, upstream_path, ref.model,
                       forward_headers(request.headers), is_stream(payload), t0, client_rid, batch)
     if state.index.remote:  # asked here, async; the policy's match must not block the loop
-        await state.index.prefetch_match(req.namespace, req.page_keys)
+        await asyncio.gather(*(state.index.prefetch_match(req.namespace, keys)
+                               for keys in (req.page_keys, req.shared_keys) if keys))
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)
     first = route(state, inbound, set())

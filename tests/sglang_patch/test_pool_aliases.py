@@ -24,7 +24,7 @@ class Router:
         self.asked.append(head)
         if self.error is not None:
             raise self.error
-        return self.answer if head == HEAD else []
+        return {"pairs": self.answer if head == HEAD else [], "prefixes": 1}
 
 
 class Clock:
@@ -72,18 +72,56 @@ def test_a_malformed_or_foreign_answer_is_no_alias(answer):
     assert r.canonical(HEAD) is None
 
 
-def test_a_failing_router_is_no_alias_and_counted():
-    r = AliasResolver(Router(error=httpx.ConnectError("refused")))
+def test_a_failing_router_is_no_alias_counted_and_backed_off():
+    router, clock = Router(error=httpx.ConnectError("refused")), Clock()
+    r = AliasResolver(router, clock)
     r.learn(HEAD)
-    assert r.canonical(HEAD) is None and r.failures == 1 and not r.disabled
+    assert r.canonical(HEAD) is None and r.failures == 1 and r.quiet
+    r.learn("cd" * 32)  # backing off: not asked
+    clock.t = 1.5
+    r.learn(HEAD)  # asked again, fails again: the next wait doubles
+    clock.t = 3.0
+    r.learn(HEAD)
+    assert len(router.asked) == 2 and r.failures == 2
+    router.error = None
+    clock.t = 4.0
+    r.learn(HEAD)
+    assert r.canonical(HEAD) is not None and not r.quiet
 
 
-def test_a_router_without_the_endpoint_turns_aliases_off():
-    router = Router(error=AliasUnavailable("no endpoint"))
-    r = AliasResolver(router)
+def test_a_router_without_the_endpoint_is_asked_again_only_much_later():
+    router, clock = Router(error=AliasUnavailable("no endpoint")), Clock()
+    r = AliasResolver(router, clock, reprobe_s=300)
     r.learn(HEAD)
     r.learn("cd" * 32)
-    assert r.disabled and router.asked == [HEAD]
+    assert r.quiet and router.asked == [HEAD]
+    router.error = None
+    clock.t = 301
+    r.learn(HEAD)
+    assert r.canonical(HEAD) is not None
+
+
+def test_a_router_without_prefixes_is_not_asked_for_a_while():
+    asked = []
+
+    def none_registered(head):
+        asked.append(head)
+        return {"pairs": [], "prefixes": 0}
+
+    clock = Clock()
+    r = AliasResolver(none_registered, clock, idle_s=10)
+    r.learn(HEAD)
+    r.learn("cd" * 32)
+    clock.t = 11
+    r.learn("ef" * 32)
+    assert asked == [HEAD, "ef" * 32]
+
+
+@pytest.mark.parametrize("answer", [None, [1], {"pairs": [1, [2]]}, {"pairs": "x"}, "text"])
+def test_an_answer_of_the_wrong_shape_is_a_counted_failure_not_an_exception(answer):
+    r = AliasResolver(lambda head: answer)
+    r.learn(HEAD)
+    assert r.canonical(HEAD) is None
 
 
 def test_heads_are_bounded_and_an_evicted_head_takes_its_aliases():
@@ -91,14 +129,16 @@ def test_heads_are_bounded_and_an_evicted_head_takes_its_aliases():
     for salt in ("tenant:a", "tenant:b", "tenant:c"):
         pairs = [list(p) for p in alias_pairs(PREFIX, 8, salt)]
         heads[pairs[0][0]] = pairs
-    r = AliasResolver(lambda head: heads.get(head, []), max_heads=2)
+    r = AliasResolver(lambda head: {"pairs": heads.get(head, [])}, max_heads=2)
     first, *rest = heads
     for head in heads:
         r.learn(head)
     assert r.canonical(first) is None
     assert all(r.canonical(h) is not None for h in rest)
+    assert r.translate([first, *rest]) == [first, *(heads[h][0][1] for h in rest)]
     tag = page_key(bytes.fromhex(heads[first][0][1]))
-    assert r.aliases_of(tag) == sorted(heads[h][0][0] for h in rest)
+    # the evicted head's alias keys are still known: a later eviction can name them
+    assert r.aliases_of(tag) == sorted(heads[h][0][0] for h in heads)
 
 
 def test_announce_names_each_alias_key_once_until_it_is_forgotten():
@@ -123,7 +163,7 @@ def test_http_fetch_asks_the_router_with_the_admin_token():
 
     fetch = http_fetch("http://router:1/", "tiny@1", "tok",
                        transport=httpx.MockTransport(handler))
-    assert fetch(HEAD) == PAIRS
+    assert fetch(HEAD) == {"pairs": PAIRS}
     assert seen[0].headers["authorization"] == "Bearer tok"
     assert seen[0].url.params["namespace"] == "tiny@1" and seen[0].url.params["head"] == HEAD
     old = http_fetch("http://router:1/base", "tiny@1", None,

@@ -225,7 +225,7 @@ def _check_shared_prefix_aliases(pool_id: str, endpoint: str) -> None:
         return [d.hex() for d in page_digests(tokens, PAGE_SIZE, cache_salt=salt)]
 
     def aliasing(backend):
-        backend._aliases = AliasResolver(lambda head: answers.get(head, []))
+        backend._aliases = AliasResolver(lambda head: {"pairs": answers.get(head, [])})
         return backend
 
     sub = zmq.Context.instance().socket(zmq.SUB)

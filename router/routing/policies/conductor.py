@@ -99,8 +99,9 @@ class ConductorPolicy(RoutingPolicy):
             return no_workers(req, self.name)
         match = self._match(req, view, now)
         pools = _pool_pages(match)
-        shared = _pool_pages(self._match(req, view, now, req.shared_keys)) \
+        shared_match = self._match(req, view, now, req.shared_keys) \
             if req.shared_keys and match is not None else None
+        shared = _pool_pages(shared_match) if shared_match is not None else None
         n = len(candidates)
         k = self.price_top_k
         priced: list[tuple[int, WorkerState, float | None, int | None]]
@@ -152,9 +153,12 @@ class ConductorPolicy(RoutingPolicy):
         if pools is None:
             pools = _pool_pages(match)
         local_pages, pool_pages, pool = _reachable_pages(worker, match, pools)
-        if shared is not None and worker.pool_aliases and worker.pool_id is not None:
-            pool_pages, pool = _with_shared_prefix(worker, pool_pages, pool, shared,
-                                                   len(req.shared_keys))
+        if req.shared_keys and worker.pool_id is not None:
+            if shared is not None and worker.pool_aliases:
+                pool_pages, pool = _with_shared_prefix(worker, pool_pages, pool, shared,
+                                                       len(req.shared_keys))
+            else:  # its salted pool run over the prefix may be another worker's alias keys
+                pool_pages = 0
         if routed is None:
             routed = self._routed_pages(worker, req, now)
         local_pages = max(local_pages, routed)

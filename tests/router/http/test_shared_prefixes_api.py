@@ -40,9 +40,10 @@ def test_a_tenant_request_starting_with_the_prefix_can_be_resolved_by_the_pool(p
         # A head no eligible request had, another namespace, a malformed head.
         other = _head(tokens, ps, "tenant:a")
         assert c.get("/admin/pool-aliases",
-                     params={"namespace": namespace, "head": other}).json() == {"pairs": []}
+                     params={"namespace": namespace, "head": other}).json()["pairs"] == []
         assert c.get("/admin/pool-aliases",
-                     params={"namespace": "x@1", "head": head}).json() == {"pairs": []}
+                     params={"namespace": "x@1", "head": head}).json() == {"pairs": [],
+                                                                          "prefixes": 1}
         for bad in ({"namespace": namespace}, {"namespace": namespace, "head": "zz" * 32},
                     {"namespace": namespace, "head": head.upper()}):
             assert c.get("/admin/pool-aliases", params=bad).status_code == 400
@@ -88,6 +89,7 @@ def test_prefixes_are_managed_through_the_admin_api(platform):
                     {"name": "x", "model": "tiny", "token_ids": [1], "text": "both"},
                     {"name": "x", "model": "tiny", "token_ids": [-1]},
                     {"name": "x", "model": "tiny", "boundary": 5, "token_ids": [1]},
+                    {"name": "exists", "token_ids": [1]},  # no model; its name is no 409
                     ["not", "an", "object"]):
             r = c.post("/admin/shared-prefixes", json=bad)
             assert r.status_code == 400, (bad, r.text)
@@ -97,12 +99,18 @@ def test_prefixes_are_managed_through_the_admin_api(platform):
         assert c.delete("/admin/shared-prefixes/agent").status_code == 404
         assert [p["name"] for p in c.get("/admin/shared-prefixes").json()["shared_prefixes"]] \
             == ["tools"]
-        # Deleted: the next request of a tenant makes no alias.
+        # Deleted: the tenants recorded before get no alias any more, and none is recorded.
         tokens = PREFIX + [3] * 16
-        c.post("/generate", json={"input_ids": tokens}, headers={"Authorization": "Bearer k-b"})
         head = _head(tokens, ps, "tenant:b")
-        assert c.get("/admin/pool-aliases",
-                     params={"namespace": namespace, "head": head}).json() == {"pairs": []}
+        c.post("/admin/shared-prefixes", json={"name": "agent", "model": "tiny",
+                                               "token_ids": PREFIX})
+        c.post("/generate", json={"input_ids": tokens}, headers={"Authorization": "Bearer k-b"})
+        q = {"namespace": namespace, "head": head}
+        assert c.get("/admin/pool-aliases", params=q).json()["pairs"]
+        assert c.delete("/admin/shared-prefixes/agent").status_code == 200
+        assert c.get("/admin/pool-aliases", params=q).json()["pairs"] == []
+        c.post("/generate", json={"input_ids": tokens}, headers={"Authorization": "Bearer k-b"})
+        assert c.get("/admin/pool-aliases", params=q).json() == {"pairs": [], "prefixes": 1}
 
 
 def test_admin_token_guards_the_alias_endpoint(upstreams, router_factory):
@@ -114,4 +122,4 @@ def test_admin_token_guards_the_alias_endpoint(upstreams, router_factory):
         assert c.get("/admin/pool-aliases", params=q).status_code == 401
         assert c.get("/admin/shared-prefixes").status_code == 401
         ok = c.get("/admin/pool-aliases", params=q, headers={"Authorization": "Bearer secret"})
-        assert ok.status_code == 200 and ok.json() == {"pairs": []}
+        assert ok.status_code == 200 and ok.json() == {"pairs": [], "prefixes": 0}

@@ -86,6 +86,7 @@ def test_share_past_prefix_is_the_unsafe_negative_control():
     ("ok", {"model": "m", "messages": [{"content": "no role"}]}),
     ("ok", {"model": "m", "token_ids": [1], "boundary": 3}),
     ("ok", "not a table"),
+    ("ok", {"name": "other", "model": "m", "token_ids": [1]}),
 ])
 def test_bad_definitions_are_refused_with_the_reason(name, spec):
     with pytest.raises(SharedPrefixError):
@@ -94,7 +95,7 @@ def test_bad_definitions_are_refused_with_the_reason(name, spec):
 
 def test_names_are_unique_and_the_count_bounded(monkeypatch):
     prefixes = SharedPrefixes([PrefixSpec("a", "m", token_ids=(1,))])
-    with pytest.raises(SharedPrefixError, match="exists"):
+    with pytest.raises(sp.SharedPrefixExists):
         prefixes.add(PrefixSpec("a", "m", token_ids=(2,)))
     monkeypatch.setattr(sp, "MAX_PREFIXES", 2)
     prefixes.add(PrefixSpec("b", "m", token_ids=(2,)))
@@ -138,6 +139,8 @@ def test_the_alias_book_answers_per_head_bounded():
     assert book.pairs(NS, heads["tenant:a"]) == []  # the oldest head left
     assert book.pairs(NS, heads["tenant:c"]) == alias_pairs(P, 4, "tenant:c")
     assert book.pairs(Namespace("other@1"), heads["tenant:c"]) == []
+    book.forget("p")
+    assert book.pairs(NS, heads["tenant:c"]) == [] and len(book) == 0
 
 
 def test_an_entry_recorded_under_a_colliding_64_bit_head_is_not_answered():

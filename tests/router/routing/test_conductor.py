@@ -223,6 +223,9 @@ def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers
     # The tenant's own pages in the pool behind the prefix (its alias keys, then its turns).
     idx.apply(StorePages(NS, Location(POOL, 0, Tier.POOL), None, salted[:56]))
     assert d.route(req, [aliasing], 0.0).fetch_tokens == 56 * PS
+    # A worker without aliases on the same pool: those salted entries may be the aliasing
+    # worker's alias keys, which its own backend would miss.
+    assert d.route(req, [plain], 0.0).fetch_tokens == 0
     # The canonical pages are evicted; the salted alias entries are stale: only 20 remain.
     from radix_global.ops import RemovePages
 
