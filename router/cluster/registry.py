@@ -78,6 +78,7 @@ class WorkerEntry:
             "worker_id": i.worker_id, "url": i.url, "model": i.model, "namespace": i.namespace,
             "page_size": i.page_size, "role": str(i.role), "dp_size": i.dp_size,
             "engine": i.engine, "pool_id": i.pool_id, "pool_aliases": i.pool_aliases,
+            "pool_disk_id": i.pool_disk_id, "pool_disk_read_Bps": i.pool_disk_read_Bps,
             "kv_events_endpoint": i.kv_events_endpoint,
             "source": str(self.source), "draining": self.draining, "last_seen": self.last_seen,
             "routed": self.routed, "failures": self.failures,

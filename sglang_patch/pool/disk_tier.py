@@ -48,7 +48,7 @@ class DiskPage(NamedTuple):
     nbytes: int
 
 
-def _name(key: str) -> str:
+def file_stem(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
@@ -101,13 +101,13 @@ class DiskTier:
 
     def exists(self, key: str) -> bool:
         with self._lock:
-            return _name(key) in self._lru
+            return file_stem(key) in self._lru
 
     def write(self, key: str, chunks: Sequence[object], tag: int, parent: int | None,
               page_size: int) -> tuple[bool, list[int]]:
         """Store the page (``new``: it was not on disk) and the tags of the pages evicted to
         make room for it. A page that exists is only touched (same bytes: same key)."""
-        name = _name(key)
+        name = file_stem(key)
         with self._lock:
             if name in self._lru:
                 self._lru.move_to_end(name)
@@ -162,7 +162,7 @@ class DiskTier:
     def read_into(self, key: str, chunks: Sequence[object]) -> bool:
         """Fill ``chunks`` with the page; False (and the file removed) for a missing, short,
         foreign or damaged one."""
-        name = _name(key)
+        name = file_stem(key)
         path = self._path(name)
         views = _buffers(chunks)
         want = sum(v.nbytes for v in views)
@@ -205,7 +205,7 @@ class DiskTier:
                 self._used -= size
 
     def remove(self, key: str) -> bool:
-        name = _name(key)
+        name = file_stem(key)
         with contextlib.suppress(OSError):
             self._path(name).unlink()
         with self._lock:

@@ -5,7 +5,8 @@ The real router (``build_app`` under uvicorn on loopback, conductor, a tenants f
 isolated tenants) and one worker started by ``radix-global sglang`` that registers with it (its
 pool backend asks the router for aliases). Requests go through the router with ``/generate``
 token ids, greedy. P is a 1,056-token platform prompt (264 pages of 4), registered through the
-admin API; the cold references are computed on the worker directly, under salts of their own. Checks:
+admin API; the cold references are computed on the worker directly, under salts of their own.
+Checks:
 
 1. Tenant A's first request P + A's message computes everything. Once the index shows P's
    canonical pages in the pool, tenant B's P + B's message reuses exactly P: the engine reports
