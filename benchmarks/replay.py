@@ -144,6 +144,32 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
     return result
 
 
+async def stream_ids(client: httpx.AsyncClient, url: str, ids: list[int], output_tokens: int,
+                     index: int, t0: float, headers: dict[str, str] | None = None
+                     ) -> tuple[RequestResult, list[int]]:
+    """One streamed greedy ``/generate`` of token ids (``ignore_eos``): its result (TTFT, cached
+    tokens by tier) and the output token ids."""
+    sent = time.perf_counter()
+    result = RequestResult(index, "ok", sent - t0, sent - t0, len(ids), output_tokens)
+    state = {"sent": sent, "last": sent}
+    out: list[int] = []
+    body = {"input_ids": ids, "stream": True, "sampling_params": {
+        "max_new_tokens": output_tokens, "ignore_eos": True, "temperature": 0.0}}
+    async with client.stream("POST", url + "/generate", json=body, headers=headers) as resp:
+        result.http_status = resp.status_code
+        if resp.status_code != 200:
+            result.status, result.error = "failed", (await resp.aread()).decode()[:200]
+            return result, out
+        async for line in resp.aiter_lines():
+            data = line[5:].strip() if line.startswith("data:") else ""
+            if data and data != "[DONE]":
+                chunk = json.loads(data)
+                apply_chunk(result, chunk, time.perf_counter(), state)
+                out = list(chunk.get("output_ids") or out)
+    result.latency_s = time.perf_counter() - sent
+    return result, out
+
+
 async def run_replay(plan: Sequence[PlannedRequest], router_url: str, opts: ClientOptions,
                      on_done: Callable[[RequestResult], None] | None = None
                      ) -> tuple[list[RequestResult], float]:

@@ -40,9 +40,9 @@ import httpx
 
 from benchmarks.cluster import EngineSet, LocalCluster, RouterSpec, flush_caches
 from benchmarks.mooncake_bench import median_spread
-from benchmarks.replay import apply_chunk
+from benchmarks.replay import stream_ids
 from benchmarks.replay_stats import RequestResult, SloTargets, summarize
-from radix_global.trace import synthesize_prompt
+from radix_global.trace import block_prompt
 
 MODES = ("salts", "shared", "open")
 PROMPT_TOKENS = (1536, 1024)
@@ -60,7 +60,7 @@ class Workload:
 
 
 def platform_prompts() -> list[list[int]]:
-    return [synthesize_prompt([90_000 + 100 * i + b for b in range(n // 256)], n, 256)
+    return [block_prompt([90_000 + 100 * i + b for b in range(n // 256)], 256)
             for i, n in enumerate(PROMPT_TOKENS)]
 
 
@@ -73,7 +73,7 @@ def sessions(w: Workload, group: str) -> list[tuple[float, str, int, list[list[i
     for s in range(w.tenants * w.sessions):
         t += rng.expovariate(w.rate)
         tenant = s % w.tenants
-        turns = [synthesize_prompt([7_000_000 + 1000 * s + k], MESSAGE_TOKENS, MESSAGE_TOKENS)
+        turns = [block_prompt([7_000_000 + 1000 * s + k], MESSAGE_TOKENS)
                  for k in range(rng.randint(3, 6))]
         out.append((t, f"{group}-{tenant}", tenant % len(PROMPT_TOKENS), turns))
     return out
@@ -90,30 +90,6 @@ def tenants_file(w: Workload, path: Path) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-async def _turn(client: httpx.AsyncClient, url: str, tenant: str, ids: list[int], index: int,
-                t0: float) -> tuple[RequestResult, list[int]]:
-    sent = time.perf_counter()
-    result = RequestResult(index, "ok", sent - t0, sent - t0, len(ids), OUTPUT_TOKENS)
-    state = {"sent": sent, "last": sent}
-    out: list[int] = []
-    body = {"input_ids": ids, "stream": True, "sampling_params": {
-        "max_new_tokens": OUTPUT_TOKENS, "ignore_eos": True, "temperature": 0.0}}
-    async with client.stream("POST", url + "/generate", json=body,
-                             headers={"Authorization": f"Bearer k-{tenant}"}) as resp:
-        result.http_status = resp.status_code
-        if resp.status_code != 200:
-            result.status, result.error = "failed", (await resp.aread()).decode()[:200]
-            return result, out
-        async for line in resp.aiter_lines():
-            data = line[5:].strip() if line.startswith("data:") else ""
-            if data and data != "[DONE]":
-                chunk = json.loads(data)
-                apply_chunk(result, chunk, time.perf_counter(), state)
-                out = list(chunk.get("output_ids") or out)
-    result.latency_s = time.perf_counter() - sent
-    return result, out
-
-
 async def run_group(url: str, w: Workload, group: str, prompts: list[list[int]],
                    max_s: float = 600.0) -> tuple[list[RequestResult], float]:
     results: list[RequestResult] = []
@@ -125,7 +101,8 @@ async def run_group(url: str, w: Workload, group: str, prompts: list[list[int]],
         convo = list(prompts[prompt])
         for message in turns:
             convo += message
-            result, answer = await _turn(client, url, tenant, convo, len(results), t0)
+            result, answer = await stream_ids(client, url, convo, OUTPUT_TOKENS, len(results),
+                                              t0, {"Authorization": f"Bearer k-{tenant}"})
             results.append(result)
             if result.status != "ok":
                 return

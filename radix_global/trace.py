@@ -148,3 +148,11 @@ def prompt_text(ids: Sequence[int], tokenizer: _Tokenizer | None = None,
         if back != [int(t) for t in ids]:
             raise ValueError("tokenizer does not map synthetic words to their ids (make-model?)")
     return text
+
+
+def block_prompt(hash_ids: Sequence[int], tokens_per_hash_id: int,
+                 vocab: SyntheticVocab = DEFAULT_VOCAB) -> list[int]:
+    """Token ids of ``len(hash_ids)`` whole blocks of ``tokens_per_hash_id`` tokens each (a
+    synthetic prompt of exactly that length, sharing blocks with any prompt of the same ids)."""
+    return synthesize_prompt(hash_ids, len(hash_ids) * MOONCAKE_BLOCK_TOKENS, tokens_per_hash_id,
+                             vocab)
