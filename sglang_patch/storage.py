@@ -30,7 +30,6 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
 import torch
 from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageConfig
 
@@ -39,7 +38,8 @@ from sglang_patch.pool.aliases import AliasResolver, http_fetch
 from sglang_patch.pool.base import PagePool, PoolError
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
 from sglang_patch.pool.disk_tier import DiskTier
-from sglang_patch.pool.events import PoolEventPublisher, block_removed, block_stored
+from sglang_patch.pool.events import PoolEventPublisher, block_removed, run_stores
+from sglang_patch.pool.host_pages import bytes_view, page_key_of, page_views
 from sglang_patch.pool.opening import open_pool
 from sglang_patch.register import TOKEN_ENV
 
@@ -50,33 +50,6 @@ log = logging.getLogger(__name__)
 DEFAULT_RESYNC_S = 10.0  # a Mooncake read lease is 10 s: probing faster only delays evictions
 DEFAULT_RESYNC_PAGES = 256
 DEFAULT_DISK_BYTES = 10 << 30
-
-
-def page_key_of(hex_key: str) -> PageKey:
-    """PageKey = signed int64 of the digest's first 8 bytes (interfaces.md section 3)."""
-    return PageKey(int.from_bytes(bytes.fromhex(hex_key[:16]), "big", signed=True))
-
-
-def _bytes_view(t: torch.Tensor) -> np.ndarray:
-    return t.reshape(-1).view(torch.uint8).numpy()
-
-
-def page_views(host_pool: Any, index: int) -> list[np.ndarray] | None:
-    """Byte views of the page starting at token slot ``index``, in a fixed order; None if this
-    host pool's layout has no contiguous-chunk form (caller falls back to flat pages)."""
-    layout = getattr(host_pool, "layout", None)
-    kv = getattr(host_pool, "kv_buffer", None)
-    ps = host_pool.page_size
-    if not isinstance(kv, torch.Tensor) or kv.device.type != "cpu" or kv.dim() < 3:
-        return None
-    if layout == "layer_first" and kv.dim() == 5:
-        return [_bytes_view(kv[h, layer, index : index + ps])
-                for h in range(kv.shape[0]) for layer in range(kv.shape[1])]
-    if layout == "page_first" and kv.dim() == 5:
-        return [_bytes_view(kv[h, index : index + ps]) for h in range(kv.shape[0])]
-    if layout in ("page_first_direct", "page_head") and kv.dim() == 6:
-        return [_bytes_view(kv[h, index // ps]) for h in range(kv.shape[0])]
-    return None
 
 
 class RadixGlobalPoolStorage(HiCacheStorage):
@@ -170,7 +143,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         flat = None
         if views is None:
             flat = host.get_dummy_flat_data_page()
-            views = [_bytes_view(flat)]
+            views = [bytes_view(flat)]
         ok = pool.get_into(pk, views)
         if not ok and self.disk is not None:
             ok, damaged = self.disk.read_into(pk, views)
@@ -220,7 +193,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
             chunks: Sequence[Any] = (views if views is not None else
-                                     [_bytes_view(host.get_data_page(index, flat=True)
+                                     [bytes_view(host.get_data_page(index, flat=True)
                                                   .contiguous())])
             res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
@@ -266,22 +239,12 @@ class RadixGlobalPoolStorage(HiCacheStorage):
 
     def _stores(self, indices: list[int], chain: list[str], extra_info: Any, canonical: bool,
                 drop: set[PageKey]) -> list[dict[str, Any]]:
-        """``BlockStored`` events for the pages ``indices`` (ascending) of ``chain``: one per
-        run of consecutive pages, each after its own parent; ``drop``: pages to leave out."""
-        events: list[dict[str, Any]] = []
-        run: list[PageKey] = []
-        start = last = -2
-        for i in [*indices, -1]:
-            tag = page_key_of(chain[i]) if i >= 0 else None
-            if tag is not None and tag not in drop and run and i == last + 1:
-                run.append(tag)
-            else:
-                if run:
-                    events.append(block_stored(run, self._parent_of(start, chain, extra_info,
-                                                                    canonical), self._page_size))
-                run, start = ([tag], i) if tag is not None and tag not in drop else ([], -2)
-            last = i
-        return events
+        """The stores of pages ``indices`` of ``chain`` (``drop``: pages to leave out)."""
+        chosen = set(indices)
+        tags = [t if i in chosen and t not in drop else None
+                for i, t in enumerate(page_key_of(k) for k in chain)]
+        return run_stores(tags, lambda i: self._parent_of(i, chain, extra_info, canonical),
+                          self._page_size)
 
     def _announce_disk(self) -> None:
         """A subscriber joined the pool stream: what the disk tier holds of this namespace."""
@@ -325,7 +288,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
     def get(self, key: str, target_location: Any = None, target_sizes: Any = None) -> Any:
         if target_location is None:
             return None
-        ok = self._pool().get_into(self.pool_key(key), [_bytes_view(target_location)])
+        ok = self._pool().get_into(self.pool_key(key), [bytes_view(target_location)])
         return target_location if ok else None
 
     def batch_get(self, keys: list[str], target_locations: Any = None,
@@ -338,7 +301,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if value is None:
             return False
         tag = page_key_of(key)
-        return self._pool().put(self.pool_key(key), [_bytes_view(value.contiguous())], tag).stored
+        return self._pool().put(self.pool_key(key), [bytes_view(value.contiguous())], tag).stored
 
     def batch_set(self, keys: list[str], values: Any = None, target_locations: Any = None,
                   target_sizes: Any = None) -> bool:

@@ -45,6 +45,24 @@ def block_stored(keys: Sequence[PageKey], parent: PageKey | None, page_size: int
     }
 
 
+def run_stores(tags: Sequence[PageKey | None], parent_at: Callable[[int], PageKey | None],
+               page_size: int) -> list[dict[str, Any]]:
+    """``BlockStored`` events for a call's pages: ``tags[i]`` is page ``i``'s key, None where
+    it is not to be published. One event per run of consecutive published pages, each after its
+    own parent (``parent_at(i)``: the page before page ``i``), so a gap never makes a page the
+    child of one it does not follow."""
+    events: list[dict[str, Any]] = []
+    start = -1
+    for i, tag in enumerate([*tags, None]):
+        if tag is not None and start < 0:
+            start = i
+        elif tag is None and start >= 0:
+            run = [t for t in tags[start:i] if t is not None]
+            events.append(block_stored(run, parent_at(start), page_size))
+            start = -1
+    return events
+
+
 def block_removed(keys: Sequence[PageKey], medium: str = POOL_MEDIUM) -> dict[str, Any]:
     return {"type": "BlockRemoved", "block_hashes": [int(k) for k in keys], "medium": medium}
 
