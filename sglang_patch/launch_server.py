@@ -149,10 +149,15 @@ def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
     folder = plan.flags.pool_disk
     if not folder or plan.flags.pool_id is None:
         return {}
-    Path(folder).mkdir(parents=True, exist_ok=True)
-    bandwidth = read_bandwidth_Bps(folder)
+    holder = {"pool_disk_id": disk_holder(plan.flags.pool_id)}
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        bandwidth = read_bandwidth_Bps(folder)
+    except OSError as exc:  # the router then prices the disk at its default bandwidth
+        log.warning("cannot measure the disk tier %s: %r", folder, exc)
+        return holder
     log.info("disk tier %s reads at %.0f MB/s", folder, bandwidth / 1e6)
-    return {"pool_disk_id": disk_holder(plan.flags.pool_id), "pool_disk_read_Bps": bandwidth}
+    return {**holder, "pool_disk_read_Bps": bandwidth}
 
 
 def _die_with_parent() -> None:

@@ -38,7 +38,7 @@ from sglang_patch.pool.aliases import AliasResolver, http_fetch
 from sglang_patch.pool.base import PagePool, PoolError
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
 from sglang_patch.pool.disk_tier import DiskTier
-from sglang_patch.pool.events import PoolEventPublisher, block_removed, run_stores
+from sglang_patch.pool.events import PoolEventPublisher, as_disk, block_removed, run_stores
 from sglang_patch.pool.host_pages import bytes_view, page_key_of, page_views
 from sglang_patch.pool.opening import open_pool
 from sglang_patch.register import TOKEN_ENV
@@ -188,7 +188,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         canonical: list[int] = []  # a shared prefix's new pages, on its canonical chain
         written_aliases: list[int] = []
         evicted: list[PageKey] = []
-        disk_pages: list[DiskWrite] = []
+        disk_pages: list[DiskWrite | None] = []
         for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
@@ -198,10 +198,10 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
             aliased = target != key
-            if self.disk is not None and res.stored:
-                disk_pages.append(DiskWrite(self.pool_key(target), chunks, page_key_of(target),
-                                            self._parent_of(i, targets if aliased else keys,
-                                                            extra_info, aliased)))
+            disk_pages.append(DiskWrite(self.pool_key(target), chunks, page_key_of(target),
+                                        self._parent_of(i, targets if aliased else keys,
+                                                        extra_info, aliased))
+                              if self.disk is not None and res.stored else None)
             if not aliased and res.new:
                 own.append(i)
             elif aliased and res.stored:
@@ -215,11 +215,15 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         gone = set(evicted)  # evicted by a later page of this very call: not stored after all
         events = (self._stores(canonical, targets, extra_info, True, gone)
                   + self._stores(own, keys, extra_info, False, gone))
-        if self.disk is not None and disk_pages:
-            events += self.disk.write(disk_pages, events, self._removed)
-        if evicted:
-            events.append(self._removed(evicted))
-        self._publish(events)
+        removals = [self._removed(evicted)] if evicted else []
+        if self.disk is not None:  # what is on disk now, on the same two chains
+            present, disk_evicted = self.disk.write(disk_pages)
+            events += [as_disk(e) for e in self._stores(
+                [i for i in sorted(present) if targets[i] != keys[i]], targets, extra_info,
+                True, set()) + self._stores(sorted(present), keys, extra_info, False, set())]
+            if disk_evicted:
+                removals.append(as_disk(self._removed(disk_evicted)))
+        self._publish(events + removals)
         return results
 
     def _parent_of(self, i: int, chain: list[str], extra_info: Any,

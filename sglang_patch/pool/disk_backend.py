@@ -7,12 +7,13 @@ with their pool keys and tags; this module owns the disk side and never touches 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from radix_global.types import PageKey
 from sglang_patch.pool.disk_tier import DiskPage, DiskTier
 from sglang_patch.pool.events import DISK_MEDIUM, block_removed, block_stored
+from sglang_patch.pool.host_pages import page_key_of
 
 ANNOUNCE_BATCH = 512  # events per message when announcing the tier to a new subscriber
 
@@ -44,24 +45,26 @@ class DiskBackend:
             return True, []
         if not on_disk:
             return False, []
-        return False, [block_removed([_tag_of(pool_key)], DISK_MEDIUM)]
+        return False, [block_removed([page_key_of(pool_key.split("/")[1])], DISK_MEDIUM)]
 
-    def write(self, pages: Sequence[DiskWrite], stored_events: Sequence[dict[str, Any]],
-              removed: Callable[[list[PageKey]], dict[str, Any]]) -> list[dict[str, Any]]:
-        """Write ``pages`` through; the events for the disk holder: the memory pool's stores of
-        this call again (the disk holds what the pool just stored), and what the disk evicted
-        (``removed`` adds the alias keys of an evicted canonical page)."""
+    def write(self, pages: Sequence[DiskWrite | None]) -> tuple[set[int], list[PageKey]]:
+        """Write a call's pages through (None: a page the memory pool did not take). Which of
+        them are on disk now (those a later page of the call evicted left out), and the tags
+        of every page evicted to make room."""
+        on_disk: dict[int, PageKey] = {}
         evicted: list[PageKey] = []
-        for p in pages:
-            _, gone = self.disk.write(p.pool_key, p.chunks, p.tag, p.parent, self.page_size)
-            evicted.extend(PageKey(t) for t in gone)
-        out = [{**removed(evicted), "medium": DISK_MEDIUM}] if evicted else []
-        return out + [{**e, "medium": DISK_MEDIUM} for e in stored_events]
+        for i, p in enumerate(pages):
+            if p is None:
+                continue
+            res = self.disk.write(p.pool_key, p.chunks, p.tag, p.parent, self.page_size)
+            if res.on_disk:
+                on_disk[i] = p.tag
+            evicted.extend(PageKey(t) for t in res.evicted)
+        gone = set(evicted)
+        return {i for i, tag in on_disk.items() if tag not in gone}, evicted
 
     def clear(self) -> list[dict[str, Any]]:
-        tags = [PageKey(p.tag) for p in self.disk.pages()]
-        for p in self.disk.pages():
-            self.disk.remove(p.key)
+        tags = [PageKey(t) for t in self.disk.clear()]
         return [block_removed(tags, DISK_MEDIUM)] if tags else []
 
     def announcement(self, namespace: str, suffix: str) -> list[list[dict[str, Any]]]:
@@ -91,8 +94,3 @@ def _ours(page: DiskPage, namespace: str, suffix: str, page_size: int) -> bool:
     rest = page.key[len(namespace) + 1:] if page.key.startswith(namespace + "/") else ""
     return (page.page_size == page_size and len(rest) == 64 + len(suffix)
             and rest.endswith(suffix))
-
-
-def _tag_of(pool_key: str) -> PageKey:
-    digest = pool_key.split("/")[1]
-    return PageKey(int.from_bytes(bytes.fromhex(digest[:16]), "big", signed=True))

@@ -56,6 +56,24 @@ def _buffers(chunks: Sequence[object]) -> list[memoryview]:
     return [memoryview(c).cast("B") for c in chunks]  # type: ignore[arg-type]
 
 
+class WriteResult(NamedTuple):
+    on_disk: bool  # the page is on disk now (written, or there already)
+    new: bool  # this call wrote it
+    evicted: list[int]  # tags of the pages removed to make room for it
+
+
+def _writer_alive(name: str) -> bool:
+    """Whether the process that owns a temporary file (its pid is in the name) still runs."""
+    try:
+        pid = int(name[len(TMP_PREFIX):].split("-")[0])
+        os.kill(pid, 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class DiskTier:
     """A bounded folder of page files; see the module docstring."""
 
@@ -66,7 +84,10 @@ class DiskTier:
         self.root.mkdir(parents=True, exist_ok=True)
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
-        self._lru: collections.OrderedDict[str, int] = collections.OrderedDict()  # name -> size
+        # name -> (size, tag); oldest first. The tag is known for what this process wrote or
+        # read; files found by the scan get theirs when first needed (None until then).
+        self._lru: collections.OrderedDict[str, tuple[int, int | None]] = (
+            collections.OrderedDict())
         self._used = 0
         self.corrupt = 0
         self._scan()
@@ -75,21 +96,22 @@ class DiskTier:
         return self.root / name[:2] / (name + SUFFIX)
 
     def _scan(self) -> None:
-        """Index what the folder holds, oldest first; delete what killed writers left."""
+        """Index what the folder holds, oldest first; delete what dead writers left."""
         found: list[tuple[float, str, int]] = []
         for sub in self.root.iterdir() if self.root.is_dir() else ():
             if not sub.is_dir():
                 continue
             for f in sub.iterdir():
                 if f.name.startswith(TMP_PREFIX):
-                    with contextlib.suppress(OSError):
-                        f.unlink()
+                    if not _writer_alive(f.name):
+                        with contextlib.suppress(OSError):
+                            f.unlink()
                 elif f.name.endswith(SUFFIX):
                     with contextlib.suppress(OSError):
                         st = f.stat()
                         found.append((st.st_mtime, f.name[: -len(SUFFIX)], st.st_size))
         for _, name, size in sorted(found):
-            self._lru[name] = size
+            self._lru[name] = (size, None)
             self._used += size
 
     def __len__(self) -> int:
@@ -100,20 +122,37 @@ class DiskTier:
         return self._used
 
     def exists(self, key: str) -> bool:
-        with self._lock:
-            return file_stem(key) in self._lru
-
-    def write(self, key: str, chunks: Sequence[object], tag: int, parent: int | None,
-              page_size: int) -> tuple[bool, list[int]]:
-        """Store the page (``new``: it was not on disk) and the tags of the pages evicted to
-        make room for it. A page that exists is only touched (same bytes: same key)."""
+        """On disk: known here, or written by another process sharing the folder since."""
         name = file_stem(key)
         with self._lock:
             if name in self._lru:
+                return True
+        try:
+            size = self._path(name).stat().st_size
+        except OSError:
+            return False
+        with self._lock:
+            if name not in self._lru:
+                self._lru[name] = (size, None)
+                self._used += size
+        return True
+
+    def write(self, key: str, chunks: Sequence[object], tag: int, parent: int | None,
+              page_size: int) -> WriteResult:
+        """Store the page, and name the pages evicted to make room for it. A page that is on
+        disk is only touched (same key: same bytes); a write that fails leaves none."""
+        name = file_stem(key)
+        path = self._path(name)
+        with self._lock:
+            known = name in self._lru
+            if known:
                 self._lru.move_to_end(name)
-                with contextlib.suppress(OSError):
-                    os.utime(self._path(name))
-                return False, []
+        if known:
+            try:
+                os.utime(path)
+                return WriteResult(True, False, [])
+            except OSError:  # another process removed it: write it again
+                self._forget(name)
         views = _buffers(chunks)
         payload_len = sum(v.nbytes for v in views)
         h = xxhash.xxh3_64()
@@ -124,10 +163,9 @@ class DiskTier:
                           0 if parent is None else parent, parent is not None, page_size,
                           len(kb)) + kb
         head += _HEAD_SUM.pack(xxhash.xxh3_64_intdigest(head))
-        path = self._path(name)
-        path.parent.mkdir(exist_ok=True)
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
                 f.write(head)
                 for v in views:
@@ -139,24 +177,36 @@ class DiskTier:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             log.warning("radix-global: disk tier write failed: %r", exc)
-            return False, []
+            return WriteResult(False, False, [])
         size = len(head) + payload_len
         with self._lock:
-            self._used += size - self._lru.get(name, 0)  # another thread may have written it
-            self._lru[name] = size
+            old = self._lru.get(name)
+            self._used += size - (old[0] if old else 0)  # another thread may have written it
+            self._lru[name] = (size, tag)
             self._lru.move_to_end(name)
-            return True, self._evict()
+            gone = self._over_capacity()
+        return WriteResult(True, True, self._unlink(gone))
 
-    def _evict(self) -> list[int]:
-        tags = []
+    def _over_capacity(self) -> list[tuple[str, int | None]]:
+        """Under the lock: the oldest entries to drop until the folder fits."""
+        gone = []
         while self._used > self.capacity_bytes and len(self._lru) > 1:
-            name, size = self._lru.popitem(last=False)
+            name, (size, tag) = self._lru.popitem(last=False)
             self._used -= size
-            page = self._read_head(self._path(name))
+            gone.append((name, tag))
+        return gone
+
+    def _unlink(self, gone: list[tuple[str, int | None]]) -> list[int]:
+        """Outside the lock: delete the files; their tags (read from a header when unknown)."""
+        tags = []
+        for name, tag in gone:
+            if tag is None:
+                page = _read_head(self._path(name))
+                tag = page.tag if page is not None else None
             with contextlib.suppress(OSError):
                 self._path(name).unlink()
-            if page is not None:
-                tags.append(page.tag)
+            if tag is not None:
+                tags.append(tag)
         return tags
 
     def read_into(self, key: str, chunks: Sequence[object]) -> bool:
@@ -168,7 +218,10 @@ class DiskTier:
         want = sum(v.nbytes for v in views)
         try:
             with open(path, "rb") as f:
-                data = f.read()
+                if os.fstat(f.fileno()).st_size > want + _HEAD.size + _HEAD_SUM.size + 65536:
+                    data = b""  # not a page of this size: damaged, whatever its header says
+                else:
+                    data = f.read()
         except OSError:
             self._forget(name)
             return False
@@ -186,6 +239,7 @@ class DiskTier:
             off += v.nbytes
         with self._lock:
             if name in self._lru:
+                self._lru[name] = (self._lru[name][0], page.tag)
                 self._lru.move_to_end(name)
         with contextlib.suppress(OSError):
             os.utime(path)
@@ -200,39 +254,51 @@ class DiskTier:
 
     def _forget(self, name: str) -> None:
         with self._lock:
-            size = self._lru.pop(name, None)
-            if size is not None:
-                self._used -= size
+            entry = self._lru.pop(name, None)
+            if entry is not None:
+                self._used -= entry[0]
 
     def remove(self, key: str) -> bool:
         name = file_stem(key)
+        with self._lock:
+            known = name in self._lru
+        self._forget(name)
         with contextlib.suppress(OSError):
             self._path(name).unlink()
-        with self._lock:
-            size = self._lru.pop(name, None)
-            if size is not None:
-                self._used -= size
-            return size is not None
+        return known
 
     def pages(self) -> list[DiskPage]:
-        """The header of every page on disk (damaged ones skipped), for announcing the tier."""
+        """The header of every page on disk, for announcing the tier; a file whose header is
+        damaged is removed."""
         with self._lock:
             names = list(self._lru)
         out = []
         for name in names:
-            page = self._read_head(self._path(name))
+            page = _read_head(self._path(name))
             if page is not None:
                 out.append(page)
+            elif self._path(name).exists():
+                self._damaged(name, self._path(name))
+            else:
+                self._forget(name)
         return out
 
-    @staticmethod
-    def _read_head(path: Path) -> DiskPage | None:
-        try:
-            with open(path, "rb") as f:
-                head = f.read(_HEAD.size + 65536 + _HEAD_SUM.size)
-        except OSError:
-            return None
-        return _parse_head(head, whole=False)
+    def clear(self) -> list[int]:
+        """Remove every page; their tags."""
+        with self._lock:
+            gone = list((n, t) for n, (_, t) in self._lru.items())
+            self._lru.clear()
+            self._used = 0
+        return self._unlink(gone)
+
+
+def _read_head(path: Path) -> DiskPage | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEAD.size + 65536 + _HEAD_SUM.size)
+    except OSError:
+        return None
+    return _parse_head(head, whole=False)
 
 
 def _parse_head(data: bytes, whole: bool = True) -> DiskPage | None:

@@ -34,8 +34,8 @@ def read(disk: DiskTier, k: str, n: int = 4096) -> np.ndarray | None:
 
 def test_pages_survive_a_reopen_bit_exactly(tmp_path):
     disk = DiskTier(tmp_path, 1 << 20)
-    assert disk.write(key(1), page(1), 11, None, 4) == (True, [])
-    assert disk.write(key(1), page(1), 11, None, 4) == (False, [])  # already there
+    assert disk.write(key(1), page(1), 11, None, 4) == (True, True, [])
+    assert disk.write(key(1), page(1), 11, None, 4) == (True, False, [])  # already there
     again = DiskTier(tmp_path, 1 << 20)  # another process, or after a reboot
     assert again.exists(key(1)) and len(again) == 1
     got = read(again, key(1))
@@ -71,10 +71,10 @@ def test_a_page_of_another_size_or_key_is_refused(tmp_path):
 def test_lru_capacity_evicts_the_oldest_and_names_them(tmp_path):
     disk = DiskTier(tmp_path, 3 * 4300)  # room for 3 pages and their headers
     for i in range(3):
-        assert disk.write(key(i), page(i), 100 + i, None, 4)[1] == []
+        assert disk.write(key(i), page(i), 100 + i, None, 4).evicted == []
         time.sleep(0.01)
     assert read(disk, key(0)) is not None  # touched: now the newest
-    new, evicted = disk.write(key(3), page(3), 103, None, 4)
+    _, new, evicted = disk.write(key(3), page(3), 103, None, 4)
     assert new and evicted == [101]
     assert not disk.exists(key(1)) and disk.used_bytes <= disk.capacity_bytes
     assert [p.tag for p in sorted(DiskTier(tmp_path, 1 << 20).pages(), key=lambda p: p.tag)] \
@@ -122,22 +122,41 @@ def test_the_announcement_follows_chains_from_their_roots(tmp_path):
     assert [e["block_hashes"] for e in shard] == [[7]]
 
 
-def test_write_through_mirrors_the_pool_stores_and_reports_disk_evictions(tmp_path):
+def test_write_through_says_what_is_on_disk_and_what_it_evicted(tmp_path):
     backend = DiskBackend(DiskTier(tmp_path, 2 * 4300), 4)
-    stored = [{"type": "BlockStored", "block_hashes": [1, 2], "parent_block_hash": None,
-               "medium": "POOL"}]
-    removed = []
-
-    def on_removed(tags):
-        removed.append(tags)
-        return {"type": "BlockRemoved", "block_hashes": tags, "medium": "POOL"}
-
-    events = backend.write([DiskWrite(key(1), page(1), 1, None),
-                            DiskWrite(key(2), page(2), 2, 1)], stored, on_removed)
-    assert events == [{**stored[0], "medium": "DISK"}]
-    events = backend.write([DiskWrite(key(3), page(3), 3, 2)], [], on_removed)
-    assert events == [{"type": "BlockRemoved", "block_hashes": [1], "medium": "DISK"}]
-    ok, damaged = backend.read_into(key(2), [np.zeros(2048, np.uint8), np.zeros(2048, np.uint8)])
+    present, evicted = backend.write([DiskWrite(key(1), page(1), 1, None), None,
+                                      DiskWrite(key(2), page(2), 2, 1)])
+    assert present == {0, 2} and evicted == []
+    # a third page evicts the first; within one call, a page evicted by a later one is not on disk
+    present, evicted = backend.write([DiskWrite(key(3), page(3), 3, 2),
+                                      DiskWrite(key(4), page(4), 4, 3)])
+    assert evicted == [1, 2] and present == {0, 1}
+    present, evicted = backend.write([DiskWrite(key(5), page(5), 5, 4),
+                                      DiskWrite(key(6), page(6), 6, 5),
+                                      DiskWrite(key(7), page(7), 7, 6)])
+    assert present == {1, 2} and 5 in evicted
+    ok, damaged = backend.read_into(key(7), [np.zeros(2048, np.uint8), np.zeros(2048, np.uint8)])
     assert ok and damaged == []
-    assert [sorted(e["block_hashes"]) for e in backend.clear()] == [[2, 3]]
+    assert [sorted(e["block_hashes"]) for e in backend.clear()] == [[6, 7]]
     assert len(backend.disk) == 0
+
+
+def test_a_file_another_process_wrote_or_removed_is_seen(tmp_path):
+    mine, other = DiskTier(tmp_path, 1 << 20), DiskTier(tmp_path, 1 << 20)
+    other.write(key(1), page(1), 1, None, 4)
+    assert mine.exists(key(1)) and read(mine, key(1)) is not None
+    mine.write(key(2), page(2), 2, None, 4)
+    other.exists(key(2))
+    other.remove(key(2))  # gone under mine's feet: mine writes it again
+    assert mine.write(key(2), page(2), 2, None, 4).new
+    assert read(other, key(2)) is not None
+
+
+def test_a_live_writers_temporary_file_survives_another_open(tmp_path):
+    (tmp_path / "ab").mkdir()
+    live = tmp_path / "ab" / f"{TMP_PREFIX}{os.getpid()}-0000"
+    dead = tmp_path / "ab" / f"{TMP_PREFIX}999999999-0000"
+    live.write_bytes(b"x")
+    dead.write_bytes(b"x")
+    DiskTier(tmp_path, 1 << 20)
+    assert live.exists() and not dead.exists()
