@@ -30,7 +30,7 @@ import httpx
 from radix_global.pool_ids import disk_holder
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
-from sglang_patch.pool.disk_tier import read_bandwidth_Bps
+from sglang_patch.pool.disk_format import read_bandwidth_Bps
 from sglang_patch.register import (
     TOKEN_ENV,
     Registrar,

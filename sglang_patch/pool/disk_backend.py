@@ -11,7 +11,8 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from radix_global.types import PageKey
-from sglang_patch.pool.disk_tier import DiskPage, DiskTier
+from sglang_patch.pool.disk_format import DiskPage
+from sglang_patch.pool.disk_tier import DiskTier
 from sglang_patch.pool.events import DISK_MEDIUM, block_removed, block_stored
 from sglang_patch.pool.host_pages import page_key_of
 

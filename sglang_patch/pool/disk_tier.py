@@ -14,12 +14,9 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import hashlib
 import logging
 import os
-import struct
 import threading
-import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,34 +24,20 @@ from typing import NamedTuple
 
 import xxhash
 
+from sglang_patch.pool.disk_format import (
+    SUFFIX,
+    TMP_PREFIX,
+    DiskPage,
+    buffers,
+    file_stem,
+    max_file_bytes,
+    pack_head,
+    parse_head,
+    payload_sum,
+    read_head,
+)
+
 log = logging.getLogger(__name__)
-
-MAGIC = b"RGDK"
-VERSION = 1
-# magic, version, payload length, payload xxh3, tag, parent tag, has parent, tokens/page, key len
-_HEAD = struct.Struct("<4sHQQqqBIH")
-_HEAD_SUM = struct.Struct("<Q")
-SUFFIX = ".page"
-TMP_PREFIX = ".tmp-"
-
-
-class DiskPage(NamedTuple):
-    """What the header of one page file says (for announcing the tier after a restart)."""
-
-    key: str  # the pool key: "<namespace>/<digest>[/shard]"
-    tag: int
-    parent: int | None
-    page_size: int
-    nbytes: int
-
-
-def file_stem(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
-def _buffers(chunks: Sequence[object]) -> list[memoryview]:
-    return [memoryview(c).cast("B") for c in chunks]  # type: ignore[arg-type]
-
 
 class WriteResult(NamedTuple):
     on_disk: bool  # the page is on disk now (written, or there already)
@@ -153,16 +136,12 @@ class DiskTier:
                 return WriteResult(True, False, [])
             except OSError:  # another process removed it: write it again
                 self._forget(name)
-        views = _buffers(chunks)
+        views = buffers(chunks)
         payload_len = sum(v.nbytes for v in views)
         h = xxhash.xxh3_64()
         for v in views:
             h.update(v)
-        kb = key.encode()
-        head = _HEAD.pack(MAGIC, VERSION, payload_len, h.intdigest(), tag,
-                          0 if parent is None else parent, parent is not None, page_size,
-                          len(kb)) + kb
-        head += _HEAD_SUM.pack(xxhash.xxh3_64_intdigest(head))
+        head = pack_head(key, payload_len, h.intdigest(), tag, parent, page_size)
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
@@ -201,7 +180,7 @@ class DiskTier:
         tags = []
         for name, tag in gone:
             if tag is None:
-                page = _read_head(self._path(name))
+                page = read_head(self._path(name))
                 tag = page.tag if page is not None else None
             with contextlib.suppress(OSError):
                 self._path(name).unlink()
@@ -214,23 +193,22 @@ class DiskTier:
         foreign or damaged one."""
         name = file_stem(key)
         path = self._path(name)
-        views = _buffers(chunks)
+        views = buffers(chunks)
         want = sum(v.nbytes for v in views)
         try:
             with open(path, "rb") as f:
-                if os.fstat(f.fileno()).st_size > want + _HEAD.size + _HEAD_SUM.size + 65536:
-                    data = b""  # not a page of this size: damaged, whatever its header says
-                else:
-                    data = f.read()
+                # a file too big for a page of this size is damaged, whatever its header says
+                too_big = os.fstat(f.fileno()).st_size > max_file_bytes(want)
+                data = b"" if too_big else f.read()
         except OSError:
             self._forget(name)
             return False
-        page = _parse_head(data)
+        page = parse_head(data)
         if page is None or page.key != key or page.nbytes != want:
             self._damaged(name, path)
             return False
         body = memoryview(data)[len(data) - want:]
-        if xxhash.xxh3_64_intdigest(body) != _HEAD.unpack_from(data)[3]:
+        if xxhash.xxh3_64_intdigest(body) != payload_sum(data):
             self._damaged(name, path)
             return False
         off = 0
@@ -274,7 +252,7 @@ class DiskTier:
             names = list(self._lru)
         out = []
         for name in names:
-            page = _read_head(self._path(name))
+            page = read_head(self._path(name))
             if page is not None:
                 out.append(page)
             elif self._path(name).exists():
@@ -290,57 +268,3 @@ class DiskTier:
             self._lru.clear()
             self._used = 0
         return self._unlink(gone)
-
-
-def _read_head(path: Path) -> DiskPage | None:
-    try:
-        with open(path, "rb") as f:
-            head = f.read(_HEAD.size + 65536 + _HEAD_SUM.size)
-    except OSError:
-        return None
-    return _parse_head(head, whole=False)
-
-
-def _parse_head(data: bytes, whole: bool = True) -> DiskPage | None:
-    if len(data) < _HEAD.size:
-        return None
-    magic, version, nbytes, _sum, tag, parent, has_parent, page_size, klen = _HEAD.unpack_from(data)
-    end = _HEAD.size + klen
-    if magic != MAGIC or version != VERSION or len(data) < end + _HEAD_SUM.size:
-        return None
-    (head_sum,) = _HEAD_SUM.unpack_from(data, end)
-    if head_sum != xxhash.xxh3_64_intdigest(data[:end]):
-        return None
-    if whole and len(data) != end + _HEAD_SUM.size + nbytes:
-        return None  # truncated (or grown): the payload is not what the header says
-    try:
-        key = data[_HEAD.size : end].decode()
-    except UnicodeDecodeError:
-        return None
-    return DiskPage(key, tag, parent if has_parent else None, page_size, nbytes)
-
-
-def read_bandwidth_Bps(root: str | os.PathLike[str], nbytes: int = 32 << 20) -> float:
-    """Bytes per second a cold read of ``root``'s device gives: a file written, synced, dropped
-    from the page cache (where the kernel lets us) and read back. On a memory file system it is
-    memory speed, which is what such a tier reads at."""
-    path = Path(root) / f"{TMP_PREFIX}bandwidth-{os.getpid()}"
-    block = os.urandom(1 << 20)
-    try:
-        with open(path, "wb") as f:
-            for _ in range(max(1, nbytes >> 20)):
-                f.write(block)
-            f.flush()
-            os.fsync(f.fileno())
-            with contextlib.suppress(AttributeError, OSError):
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
-        t0 = time.perf_counter()
-        with open(path, "rb") as f:
-            got = 0
-            while chunk := f.read(1 << 20):
-                got += len(chunk)
-        elapsed = max(time.perf_counter() - t0, 1e-6)
-        return got / elapsed
-    finally:
-        with contextlib.suppress(OSError):
-            path.unlink()

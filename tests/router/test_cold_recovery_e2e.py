@@ -37,7 +37,7 @@ from radix_global.types import Namespace
 from router.config import RouterConfig
 from router.http.app import build_app
 from router.state import RouterState
-from sglang_patch.pool.disk_tier import file_stem
+from sglang_patch.pool.disk_format import file_stem
 from sglang_patch.pool.shm_pool import destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
-from sglang_patch.pool.disk_tier import TMP_PREFIX, DiskTier
+from sglang_patch.pool.disk_format import TMP_PREFIX
+from sglang_patch.pool.disk_tier import DiskTier
 
 NS = "tiny@1"
 
