@@ -110,6 +110,9 @@ class RouterConfig:
     # many input tokens when a worker joins; 0 = off (the GPU-like prior until refitted online).
     profile_max_tokens: int = 1024
     profile_sizes: int = 3  # input lengths profiled (halving), each cold and half cached
+    # Fitted profiles are saved here and a returning worker (same id and namespace) is priced
+    # with its saved one at once, without profiling again (router/cluster/profile_store.py).
+    profiles_file: str | None = None
     # Admission (router/routing/admission.py, SloConfig): 429 + Retry-After for what is predicted
     # to miss the TTFT SLO (0 = none; a request's own ttft_slo_s wins), keeping ttft_headroom of
     # it back for what the cost model does not see; pd_tbt_slo_s: decode admission (0 = none).

@@ -17,6 +17,7 @@ from typing import Any
 from radix_global.types import PoolId, WorkerId
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
+from router.cluster.profile_store import ProfileStore
 from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
 from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
@@ -114,6 +115,8 @@ class RouterState:
         self.started_clock = clock()
         self.profiles: dict[str, dict[str, Any]] = {}  # worker id -> profiling outcome
         self.profile_book = ProfileBook()
+        self.saved_profiles = (ProfileStore(config.profiles_file)
+                               if config.profiles_file else None)
         self._profile_tasks: set[asyncio.Task[None]] = set()
 
     def _busy(self, worker_id: str) -> bool:
@@ -134,9 +137,23 @@ class RouterState:
         if entry.info.kv_bytes_per_token is not None:  # else the configured default prices it
             self.routing.cost.set_kv_bytes_per_token(entry.info.namespace,
                                                      entry.info.kv_bytes_per_token)
-        self.inherit_profile(entry)
-        self.start_profile(entry)
+        if not self.restore_profile(entry):
+            self.inherit_profile(entry)
+            self.start_profile(entry)
         self.refresh_gauges()
+
+    def restore_profile(self, entry: WorkerEntry) -> bool:
+        """Price a returning worker with the profile fitted before this router restarted."""
+        info = entry.info
+        coef = self.saved_profiles.get(info.worker_id, info.namespace) \
+            if self.saved_profiles is not None else None
+        if coef is None:
+            return False
+        self.profile_book.joined(info.worker_id, info.namespace)
+        self.apply_profile(entry, PrefillModel(prior=coef))
+        self.profiles[info.worker_id] = {"state": "restored", "coef": list(coef)}
+        log.info("worker %s priced with its saved prefill profile %s", info.worker_id, coef)
+        return True
 
     def inherit_profile(self, entry: WorkerEntry) -> None:
         """Price a joining worker like its profiled peers of the same namespace until its own
@@ -191,6 +208,8 @@ class RouterState:
         self.apply_profile(entry, model)
         self.profiles[wid] = {"state": "done", "coef": list(model.coef),
                               "samples": [list(s) for s in samples]}
+        if self.saved_profiles is not None:
+            self.saved_profiles.put(wid, entry.info.namespace, model.coef)
         log.info("worker %s profiled: prefill coef %s", wid, model.coef)
 
     def profiling_pending(self) -> int:

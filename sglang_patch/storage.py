@@ -194,7 +194,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             views = page_views(host, index)
             chunks: Sequence[Any] = (views if views is not None else
                                      [bytes_view(host.get_data_page(index, flat=True)
-                                                  .contiguous())])
+                                                 .contiguous())])
             res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
             results.append(res.stored)
             aliased = target != key
