@@ -34,7 +34,7 @@ import httpx
 
 from benchmarks.cluster import EngineSet, LocalCluster, RouterSpec
 from benchmarks.replay import stream_ids
-from benchmarks.replay_stats import RequestResult, percentile
+from benchmarks.replay_stats import RequestResult, SloTargets, summarize
 from radix_global.trace import block_prompt
 
 CONDITIONS = ("warm", "disk", "recompute")
@@ -51,13 +51,13 @@ def message(condition: int, c: int, i: int) -> list[int]:
     return block_prompt([9_000_000 + 1_000 * condition + 100 * c + i], MESSAGE_TOKENS)
 
 
-async def turns(url: str, prompts: list[list[int]]) -> list[RequestResult]:
-    """All at once; the results in order."""
+async def turns(url: str, prompts: list[list[int]]) -> tuple[list[RequestResult], float]:
+    """All at once; the results in order, and the wall time."""
     t0 = time.perf_counter()
     async with httpx.AsyncClient(timeout=600) as client:
         done = await asyncio.gather(*(stream_ids(client, url, ids, OUTPUT_TOKENS, i, t0)
                                       for i, ids in enumerate(prompts)))
-    return [r for r, _ in done]
+    return [r for r, _ in done], time.perf_counter() - t0
 
 
 def start(cluster: LocalCluster, model_dir: str, disk: Path | None) -> tuple[Any, Any]:
@@ -80,16 +80,6 @@ def reboot(cluster: LocalCluster, router: Any, engines: Any) -> None:
     """Engines, router and the shm pool gone: what a host's reboot leaves is the disk."""
     cluster.stop_engines(engines)
     cluster.stop(router)
-
-
-def summary(results: list[RequestResult]) -> dict[str, Any]:
-    ok = [r for r in results if r.status == "ok" and r.ttft_s is not None]
-    ttfts = [r.ttft_s for r in ok if r.ttft_s is not None]
-    return {"ok": len(ok), "requests": len(results), "ttft_p50_s": percentile(ttfts, 50),
-            "ttft_p90_s": percentile(ttfts, 90),
-            "storage_tokens": sum(r.pool_tokens_loaded for r in ok),
-            "cached_tokens": sum(r.cached_tokens for r in ok),
-            "prompt_tokens": sum(r.prompt_tokens for r in ok)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -124,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 router, engines = start(cluster, args.model_dir, disk if disk_on else None)
             k = CONDITIONS.index(cond)
             for c in args.concurrency:
-                out[cond][c] = summary(asyncio.run(turns(router.url, nxt[(k, c)])))
+                results, wall = asyncio.run(turns(router.url, nxt[(k, c)]))
+                out[cond][c] = summarize(results, SloTargets(), wall)
                 print(f"{cond} C={c}: {out[cond][c]}", file=sys.stderr)
     report = {"history_tokens": args.history - args.history % 256,
               "message_tokens": MESSAGE_TOKENS,
@@ -137,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         for c in args.concurrency:
             s = out[cond][c]
             print(f"{cond:10} {c:>3} {s['ttft_p50_s']:>8.3f}s {s['ttft_p90_s']:>7.3f}s "
-                  f"{s['storage_tokens']:>13}")
+                  f"{s['pool_tokens_loaded']:>13}")
     for c, ratio in report["recompute_over_disk_p50"].items():
         print(f"recompute / disk at p50, C={c}: {ratio:.2f}x")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

@@ -100,6 +100,11 @@ def median_spread(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def spread_text(v: dict[str, float], fmt: str) -> str:
+    """A :func:`median_spread` as ``median (min-max)``."""
+    return f"{v['median']:{fmt}} ({v['min']:{fmt}}-{v['max']:{fmt}})"
+
+
 def main(argv: list[str] | None = None) -> int:
     args_in = sys.argv[1:] if argv is None else argv
     if args_in[:1] == ["--client"]:
@@ -144,8 +149,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _line(row: dict[str, Any]) -> str:
     def gb(key: str) -> str:
-        v = row[key]
-        return f"{v['median']:.2f} ({v['min']:.2f}-{v['max']:.2f})"
+        return spread_text(row[key], ".2f")
 
     link = "unshaped" if row["link_mbit"] is None else f"{row['link_mbit']:.0f} Mbit/s"
     return (f"{link:<12} {row['case']:<22} write {gb('write_gbps')} GB/s  read "

@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from benchmarks.mooncake_bench import median_spread
+from benchmarks.mooncake_bench import median_spread, spread_text
 
 PAGE = 16
 SUFFIX = 16
@@ -102,8 +102,7 @@ def run(model_dir: str, lengths: list[int], repeats: int, links: list[float]
 
 def _line(row: dict[str, Any]) -> str:
     def s(key: str) -> str:
-        v = row[key]
-        return f"{v['median']:.3f} ({v['min']:.3f}-{v['max']:.3f}) s"
+        return spread_text(row[key], ".3f") + " s"
 
     link = "unshaped" if row["link_mbit"] is None else f"{row['link_mbit']:.0f} Mbit/s"
     return (f"{link:<12} {row['prompt_tokens']:>5} tokens ({row['kv_bytes'] / 1e6:.1f} MB KV)  "

@@ -39,7 +39,7 @@ from typing import Any
 import httpx
 
 from benchmarks.cluster import EngineSet, LocalCluster, RouterSpec, flush_caches
-from benchmarks.mooncake_bench import median_spread
+from benchmarks.mooncake_bench import median_spread, spread_text
 from benchmarks.replay import stream_ids
 from benchmarks.replay_stats import RequestResult, SloTargets, summarize
 from radix_global.trace import block_prompt
@@ -188,9 +188,7 @@ def spread(summaries: list[dict[str, Any]]) -> dict[str, Any]:
 
 def print_table(report: dict[str, Any]) -> None:
     """Median (min-max) over the repeats."""
-    def cell(v: dict[str, float], fmt: str) -> str:
-        return f"{v['median']:{fmt}} ({v['min']:{fmt}}-{v['max']:{fmt}})"
-
+    cell = spread_text
     print(f"{'mode':7} {'TTFT mean s':>20} {'TTFT p90 s':>20} {'reuse':>20} {'from pool':>22}")
     for mode, s in report["modes"].items():
         print(f"{mode:7} {cell(s['ttft_mean_s'], '.3f'):>20} {cell(s['ttft_p90_s'], '.3f'):>20} "

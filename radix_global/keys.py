@@ -166,6 +166,12 @@ def pool_key(digest: bytes) -> PoolPageKey:
     return PoolPageKey(digest.hex())
 
 
+def storage_page_key(key: str) -> PageKey:
+    """:func:`page_key` of a storage key (:func:`pool_key`'s hex digest, as SGLang hands it to
+    the HiCache backend)."""
+    return PageKey(int.from_bytes(bytes.fromhex(key[:16]), "big", signed=True))
+
+
 def page_keys(
     tokens: Sequence[int],
     page_size: int,

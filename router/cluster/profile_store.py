@@ -3,7 +3,8 @@
 A restarted router prices a returning worker (same worker id, same namespace) with the profile it
 had fitted before, at once, instead of the default prior until a new profiling run is done. The
 file is JSON, ``{"version": 1, "profiles": {"<worker id>": {"namespace": NS, "coef": [4
-floats]}}}``, rewritten whole (temporary file, rename) after each fit; a missing, unreadable or
+floats]}}}``, rewritten whole (``radix_global.snapshot.write_snapshot``: temporary file,
+sync, rename) after each fit; a missing, unreadable or
 malformed file is an empty store (logged), never a failed start.
 """
 
@@ -14,6 +15,8 @@ import logging
 import math
 import os
 from pathlib import Path
+
+from radix_global.snapshot import write_snapshot
 
 log = logging.getLogger("radix_global.router")
 
@@ -54,10 +57,7 @@ class ProfileStore:
         self._profiles[worker_id] = (namespace, tuple(coef))
         data = {"version": VERSION, "profiles": {
             w: {"namespace": ns, "coef": list(c)} for w, (ns, c) in self._profiles.items()}}
-        tmp = self.path.with_name(self.path.name + f".tmp-{os.getpid()}")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps(data))
-            os.replace(tmp, self.path)
+            write_snapshot(self.path, json.dumps(data).encode())  # atomic, synced
         except OSError as exc:  # the profile still prices this run; only the restart loses it
             log.warning("cannot save prefill profiles to %s: %r", self.path, exc)

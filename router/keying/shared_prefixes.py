@@ -24,7 +24,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from radix_global.aliases import AliasPair, alias_pairs, shared_pages
-from radix_global.keys import page_key
+from radix_global.keys import page_keys, storage_page_key
 from radix_global.types import Namespace, PageKey, PoolPageKey
 
 log = logging.getLogger("radix_global.router.tenants")
@@ -136,6 +136,7 @@ class SharedPrefixes:
     def __init__(self, specs: Iterable[PrefixSpec] = (), share_past_prefix: bool = False) -> None:
         self._specs: dict[str, PrefixSpec] = {}
         self._tokens: dict[str, tuple[int, ...] | None] = {}  # name -> tokens (None: unusable)
+        self._canonical: dict[tuple[str, int], list[PageKey]] = {}  # (name, page size) -> keys
         # The negative control of the isolation test only (docs/interfaces.md s. 15).
         self.share_past_prefix = share_past_prefix
         for spec in specs:
@@ -158,6 +159,7 @@ class SharedPrefixes:
 
     def remove(self, name: str) -> bool:
         self._tokens.pop(name, None)
+        self._canonical = {k: v for k, v in self._canonical.items() if k[0] != name}
         return self._specs.pop(name, None) is not None
 
     def needs_tokenizer(self, model: str) -> bool:
@@ -193,6 +195,17 @@ class SharedPrefixes:
         if best is not None and self.share_past_prefix:
             return SharedMatch(best.name, tuple(tokens), len(tokens) // page_size)
         return best
+
+
+    def canonical_keys(self, match: SharedMatch, page_size: int) -> list[PageKey]:
+        """The canonical (unsalted) page keys of a match's shared pages: hashed once per prefix
+        and page size, not per request."""
+        if self.share_past_prefix:  # the shared part is the request itself
+            return page_keys(match.tokens[: match.pages * page_size], page_size)
+        keys = self._canonical.get((match.name, page_size))
+        if keys is None:
+            keys = self._canonical[(match.name, page_size)] = page_keys(match.tokens, page_size)
+        return keys[: match.pages]
 
 
 def _tokenize(spec: PrefixSpec, encoder: Encoder) -> tuple[int, ...] | None:
@@ -267,7 +280,7 @@ class AliasBook:
         """Every alias of the chains recorded under ``head`` (the chain's first storage key),
         head first; none for an unknown head."""
         out: dict[str, AliasPair] = {}
-        for e in self._heads.get((namespace, page_key(bytes.fromhex(head))), ()):
+        for e in self._heads.get((namespace, storage_page_key(head)), ()):
             pairs = self._pairs.get(e)
             if pairs is None:
                 pairs = self._pairs[e] = alias_pairs(e.tokens, e.page_size, e.salt)

@@ -227,7 +227,7 @@ async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namesp
         return []
     state.aliases.record(namespace, first, salt, match, page_size)
     state.totals["shared_prefix_requests"] += 1
-    return page_keys(ids[: match.pages * page_size], page_size)
+    return prefixes.canonical_keys(match, page_size)
 
 
 def _positive(value: object) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
-from radix_global.keys import page_key
+from radix_global.keys import storage_page_key
 from radix_global.types import PageKey
 
 log = logging.getLogger(__name__)
@@ -57,10 +57,6 @@ def http_fetch(router_url: str, namespace: str, token: str | None, timeout_s: fl
 class _Head(NamedTuple):
     expires: float
     salted: tuple[str, ...]  # this head's alias keys
-
-
-def _tag(key: str) -> PageKey:
-    return page_key(bytes.fromhex(key))
 
 
 def _is_key(value: object) -> bool:
@@ -170,7 +166,7 @@ class AliasResolver:
             self._heads[head] = _Head(now + self.ttl_s, tuple(s for s, _ in pairs))
             for salted, canonical in pairs:
                 self._canonical[salted] = canonical
-                known = self._aliases.setdefault(_tag(canonical), set())
+                known = self._aliases.setdefault(storage_page_key(canonical), set())
                 known.add(salted)
             while len(self._aliases) > MAX_KNOWN_ALIASES:
                 self._aliases.popitem(last=False)

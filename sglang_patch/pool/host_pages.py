@@ -8,12 +8,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from radix_global.types import PageKey
+from radix_global.keys import storage_page_key
 
-
-def page_key_of(hex_key: str) -> PageKey:
-    """PageKey = signed int64 of the digest's first 8 bytes (interfaces.md section 3)."""
-    return PageKey(int.from_bytes(bytes.fromhex(hex_key[:16]), "big", signed=True))
+page_key_of = storage_page_key  # a storage key's PageKey (interfaces.md section 3)
 
 
 def bytes_view(t: torch.Tensor) -> np.ndarray:

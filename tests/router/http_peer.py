@@ -129,3 +129,16 @@ class Upstream:
                              "choices": [{"index": 0, "message": {"role": "assistant",
                                                                   "content": "hi"}}],
                              "usage": usage})
+
+
+def registered_workers(client: Any, n: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
+    """The router's ``/admin/workers`` once ``n`` workers have registered (``client``: an
+    ``httpx.Client`` on the router), bounded by ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    workers: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        workers = client.get("/admin/workers").json()["workers"]
+        if len(workers) >= n:
+            return workers
+        time.sleep(0.5)
+    raise AssertionError(f"{len(workers)} of {n} workers registered: {workers}")

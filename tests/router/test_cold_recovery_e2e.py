@@ -28,7 +28,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_peer import ServerThread
+from http_peer import ServerThread, registered_workers
 from pd_workers import PAGE, Worker, prompt, spawn, stop, wait_healthy
 
 from radix_global.keys import page_digests, page_keys
@@ -71,13 +71,7 @@ class Site:
 
     def ready(self) -> dict[str, Any]:
         wait_healthy([self.worker], 900)
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
-            workers = self.client.get("/admin/workers").json()["workers"]
-            if workers:
-                return dict(workers[0])
-            time.sleep(0.5)
-        raise AssertionError("the worker did not register")
+        return registered_workers(self.client, 1)[0]
 
     def held(self, namespace: str, holder: str, ids: list[int]) -> int:
         match = self.state.index.view.match(Namespace(namespace), page_keys(ids, PAGE),

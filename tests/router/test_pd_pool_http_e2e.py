@@ -32,7 +32,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_peer import ServerThread
+from http_peer import ServerThread, registered_workers
 from pd_workers import ENGINE_FLAGS, PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
 from router.config import RouterConfig
@@ -97,13 +97,7 @@ def test_pool_handoff_through_the_router(tiny_model_dir: Path) -> None:
 
 
 def _registered(client: httpx.Client) -> dict[str, str]:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        roles = {w["worker_id"]: w["role"] for w in client.get("/admin/workers").json()["workers"]}
-        if len(roles) == 3:
-            return roles
-        time.sleep(0.5)
-    raise AssertionError(f"workers did not register: {roles}")
+    return {w["worker_id"]: w["role"] for w in registered_workers(client, 3)}
 
 
 def _scenario(client: httpx.Client, w: dict[str, Worker]) -> None:

@@ -33,7 +33,7 @@ from typing import Any
 
 import httpx
 import pytest
-from http_peer import ServerThread
+from http_peer import ServerThread, registered_workers
 from pd_workers import PAGE, Worker, prompt, spawn, stop, wait_healthy
 
 from radix_global.keys import page_keys
@@ -91,16 +91,6 @@ def test_platform_prompt_shared_tenant_content_isolated(tiny_model_dir: Path,
         destroy_pool(pool_id)
 
 
-def _registered(c: httpx.Client) -> dict[str, Any]:
-    deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:
-        workers = c.get("/admin/workers").json()["workers"]
-        if workers:
-            return dict(workers[0])
-        time.sleep(0.5)
-    raise AssertionError("the worker did not register")
-
-
 def _wait_in_pool(state: RouterState, pool: PoolId, keys: list[Any], what: str) -> None:
     """Until the router's index shows ``keys`` in the pool (write-through is asynchronous)."""
     deadline = time.monotonic() + 90
@@ -115,7 +105,7 @@ def _wait_in_pool(state: RouterState, pool: PoolId, keys: list[Any], what: str) 
 
 
 def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> None:
-    info = _registered(c)
+    info = registered_workers(c, 1)[0]
     assert info["pool_aliases"] is True, info
     direct = httpx.Client(base_url=w.url, timeout=300)
 

@@ -153,3 +153,17 @@ def test_an_entry_recorded_under_a_colliding_64_bit_head_is_not_answered():
     book.record(NS, key_b, "tenant:a", match, 4)  # as if tenant:a's head had key_b's 64 bits
     assert book.pairs(NS, head_b) == []
     assert head_a != head_b
+
+
+def test_canonical_keys_are_the_unsalted_chain_of_the_shared_pages():
+    prefixes = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)])
+    request = [*P[:10], 9, 9]
+    m = prefixes.match("tiny", request, 4)
+    assert m is not None
+    assert prefixes.canonical_keys(m, 4) == page_keys(request[:8], 4)
+    full = prefixes.match("tiny", list(P), 4)
+    assert full is not None and prefixes.canonical_keys(full, 4) == page_keys(list(P), 4)
+    unsafe = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)], share_past_prefix=True)
+    long = [*P, *range(8)]
+    um = unsafe.match("tiny", long, 4)
+    assert um is not None and unsafe.canonical_keys(um, 4) == page_keys(long, 4)
