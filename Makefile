@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 export PYTHONHASHSEED := 0
 
-.PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench model
+.PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench bench-pressure model
 
 bootstrap: .venv/.complete
 .venv/.complete: scripts/bootstrap.sh constraints/requirements-main.txt constraints/lock-main.txt pyproject.toml
@@ -34,3 +34,7 @@ lint: bootstrap
 
 bench: bootstrap
 	$(PY) -m benchmarks.bench
+
+# Issue 15's scenario: small local caches, two workloads over a load sweep (~35 minutes).
+bench-pressure: bootstrap
+	$(PY) -m benchmarks.pressure_bench

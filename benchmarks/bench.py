@@ -24,6 +24,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -124,6 +125,16 @@ def clear_pool(engines: Engines) -> int:
         pool.close()
 
 
+def clear_storage_dir(spec: EngineSet) -> int:
+    """Remove every file of the engines' SGLang ``file`` L3 backend (``spec.storage_dir``)."""
+    if spec.storage_dir is None:
+        return 0
+    files = [f for f in Path(spec.storage_dir).glob("*") if f.is_file()]
+    for f in files:
+        f.unlink(missing_ok=True)
+    return len(files)
+
+
 def warm_up(engines: Engines, requests: int = 2) -> None:
     """A few requests straight to every engine before measuring: the first prefill of a fresh
     engine pays one-time costs (our engines also create the shared-memory pool on the first
@@ -157,45 +168,53 @@ def wait_routable(router: Proc, timeout_s: float = 120.0) -> None:
 
 
 class Runner:
-    """Runs contenders on one cluster, keeping one engine set (of one kind) at a time."""
+    """Runs contenders on one cluster, keeping one engine set at a time. ``specs``: the engine
+    set each contender's ``engines`` key names (default: ``stock`` and ``ours`` from ``cfg``)."""
 
-    def __init__(self, cluster: LocalCluster, cfg: BenchConfig) -> None:
+    def __init__(self, cluster: LocalCluster, cfg: BenchConfig,
+                 specs: Mapping[str, EngineSet] | None = None) -> None:
         self.cluster, self.cfg = cluster, cfg
+        self.specs = dict(specs or {k: EngineSet(k, cfg.model_dir, n=cfg.engines,
+                                                 page_size=cfg.page_size)
+                                    for k in ("stock", "ours")})
         self.engines: Engines | None = None
+        self.current: str | None = None  # the key of the running engine set
         self.router_port = free_port()  # ours engines register here, across router restarts
 
-    def engines_for(self, kind: str) -> Engines | None:
-        """The running engine set if it is of ``kind``; otherwise stop it and return None."""
-        if self.engines is not None and self.engines.spec.kind != kind:
+    def engines_for(self, key: str) -> Engines | None:
+        """The running engine set if it is ``key``'s; otherwise stop it and return None."""
+        if self.engines is not None and self.current != key:
             self.cluster.stop_engines(self.engines)
             self.engines = None
         return self.engines
 
-    def start_engines(self, kind: str) -> Engines:
-        spec = EngineSet(kind, self.cfg.model_dir, n=self.cfg.engines,
-                         page_size=self.cfg.page_size)
+    def start_engines(self, key: str) -> Engines:
+        spec = self.specs[key]
         t = time.monotonic()
-        print(f"starting {spec.n} {kind} engines ...", flush=True)
-        router_url = f"http://127.0.0.1:{self.router_port}" if kind == "ours" else None
-        self.engines = self.cluster.start_engines(spec, router_url=router_url, tag=f"{kind}-")
+        print(f"starting {spec.n} {key} engines ...", flush=True)
+        router_url = f"http://127.0.0.1:{self.router_port}" if spec.kind == "ours" else None
+        self.engines = self.cluster.start_engines(spec, router_url=router_url, tag=f"{key}-")
+        self.current = key
         print(f"  engines up in {time.monotonic() - t:.0f} s", flush=True)
         warm_up(self.engines)
         flush_caches(self.engines.urls)
         clear_pool(self.engines)
+        clear_storage_dir(spec)
         return self.engines
 
     def prepare(self, c: Contender) -> tuple[Engines, Proc, dict[str, Any]]:
-        """Engines of the contender's kind with empty caches, and its router in front.
+        """Engines of the contender's set with empty caches, and its router in front.
         Our engines register with the router, so for them the router starts first."""
         engines = self.engines_for(c.engines)
         info: dict[str, Any] = {}
         if engines is not None:
             info["flush_refused"] = flush_caches(engines.urls)
             info["pool_pages_cleared"] = clear_pool(engines)
-        if engines is None and c.engines == "ours":
+            info["storage_files_cleared"] = clear_storage_dir(engines.spec)
+        if engines is None and self.specs[c.engines].kind == "ours":
             router = self.cluster.start_router(c.router, None, port=self.router_port,
                                                tag="ours-", model_dir=self.cfg.model_dir)
-            engines = self.start_engines("ours")
+            engines = self.start_engines(c.engines)
         else:
             engines = engines or self.start_engines(c.engines)
             router = self.cluster.start_router(c.router, engines, port=self.router_port,
@@ -205,11 +224,13 @@ class Runner:
         wait_routable(router)
         return engines, router, info
 
-    def run(self, c: Contender, plan: list[PlannedRequest], kv_bytes: int) -> dict[str, Any]:
+    def run(self, c: Contender, plan: list[PlannedRequest], kv_bytes: int,
+            duration_s: float | None = None) -> dict[str, Any]:
+        """Replay ``plan`` (sent over ``duration_s``, default the config's) through ``c``."""
         _, router, info = self.prepare(c)
         try:
-            opts = ClientOptions(request_timeout_s=600.0,
-                                 max_duration_s=self.cfg.duration_s * 4 + 120)
+            duration = self.cfg.duration_s if duration_s is None else duration_s
+            opts = ClientOptions(request_timeout_s=600.0, max_duration_s=duration * 4 + 120)
             slo = SloTargets(self.cfg.ttft_slo_s, self.cfg.tbt_slo_s)
             report = replay(plan, router.url, opts, slo, kv_bytes, label=c.name[:28])
         finally:

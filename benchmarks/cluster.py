@@ -48,6 +48,7 @@ from sglang_patch.ports import free_port
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
 MAX_ENGINES = 3
+FILE_BACKEND_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"  # SGLang's HiCacheFile reads it
 
 
 @dataclass(frozen=True)
@@ -59,8 +60,12 @@ class EngineSet:
     max_total_tokens: int = 32768
     kv_events: bool = True  # stock only: publish KV events for our router
     pool_capacity_gb: float = 0.5  # ours only
+    hicache_ratio: float = 2.0  # ours: the HiCache host tier, x the device KV pool
     pool_root: str = "/dev/shm/radix-global"
     extra_args: tuple[str, ...] = ()
+    # stock only: the folder of SGLang's own ``file`` L3 backend, shared by the set's engines
+    # (given with ``--hicache-storage-backend file`` in ``extra_args``)
+    storage_dir: str | None = None
     # One core per engine (round robin over this process's cores), like one GPU per instance:
     # unpinned engines each run as many compute threads as there are cores, so two computing at
     # once oversubscribe them and the cluster behaves like neither one server nor two.
@@ -98,6 +103,10 @@ class Engines(NamedTuple):
 
 
 def cpu_env() -> dict[str, str]:
+    # The CPU HiCache patches must reach stock engines too (--enable-hierarchical-cache): the
+    # child environment lists the patch modules this process has imported.
+    from sglang_patch import hicache_cpu  # noqa: F401
+
     return cpu_compat.child_env({**os.environ})
 
 
@@ -122,7 +131,8 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
     return [sys.executable, "-m", "radix_global_cli", "sglang", *common,
             "--radix-global", router_url, "--worker-id", worker_id or f"eng-{index}-{port}",
             "--pool-id", pool_id, *(["--pool-root", spec.pool_root] if spec.pool_root else []),
-            "--pool-capacity-gb", str(spec.pool_capacity_gb), "--hicache-ratio", "2",
+            "--pool-capacity-gb", str(spec.pool_capacity_gb),
+            "--hicache-ratio", str(spec.hicache_ratio),
             "--hicache-storage-prefetch-policy", "wait_complete", "--heartbeat-interval", "1"]
 
 
@@ -187,6 +197,9 @@ class LocalCluster:
             pool_id = f"bench-{uuid.uuid4().hex[:8]}"
             self.pools.append((pool_id, spec.pool_root))
         env = cpu_env()
+        if spec.storage_dir is not None:
+            Path(spec.storage_dir).mkdir(parents=True, exist_ok=True)
+            env[FILE_BACKEND_DIR_ENV] = spec.storage_dir
         procs = []
         for i in range(spec.n):
             port = free_port()

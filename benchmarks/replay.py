@@ -92,6 +92,11 @@ def apply_chunk(result: RequestResult, chunk: dict[str, Any], now: float, state:
         result.pool_tokens_loaded = _int_or_none(details.get("storage")) or 0
 
 
+def _header_int(headers: httpx.Headers, name: str) -> int | None:
+    value = headers.get(name)
+    return int(value) if value and value.isdigit() else None
+
+
 def _int_or_none(v: Any) -> int | None:
     return int(v) if isinstance(v, int | float) else None
 
@@ -112,8 +117,8 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
                                  timeout=opts.request_timeout_s) as resp:
             result.http_status = resp.status_code
             result.worker = resp.headers.get("x-radix-worker")
-            prefix = resp.headers.get("x-radix-prefix-tokens")
-            result.router_prefix_tokens = int(prefix) if prefix and prefix.isdigit() else None
+            result.router_prefix_tokens = _header_int(resp.headers, "x-radix-prefix-tokens")
+            result.router_fetch_tokens = _header_int(resp.headers, "x-radix-fetch-tokens")
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 result.status = "rejected" if resp.status_code in REJECT_STATUSES else "failed"

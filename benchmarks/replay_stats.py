@@ -46,6 +46,7 @@ class RequestResult:
     pool_tokens_loaded: int = 0
     worker: str | None = None  # where our router sent it (x-radix-worker); peers do not say
     router_prefix_tokens: int | None = None  # the prefix our router expected there
+    router_fetch_tokens: int | None = None  # of it, what our router planned to fetch from L3
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""HiCache (SGLang's host-memory KV tier) on ``--device cpu``: three patches, registered with
+"""HiCache (SGLang's host-memory KV tier) on ``--device cpu``: four patches, registered with
 ``sglang_patch.cpu_compat`` and applied only for device ``cpu``.
 
 - ``hicache-host-alloc-plain``: SGLang allocates the host KV pool through
@@ -14,6 +14,12 @@
   ``HICACHE_HOST_MEMORY_RESERVE_BYTES`` = 10 GiB of RAM free for the rest of a GPU server. On a
   small CPU box (24 GiB, shared by several engines) that refuses even a 0.1 GB pool, so device
   ``cpu`` reserves 1 GiB instead (SGLang's own free-memory check still runs).
+
+- ``hicache-host-unpinned``: a host pool keeps ``pin_memory`` and asks torch for pinned memory
+  again when it builds the staging pages of an L3 read (``get_dummy_flat_data_page``, used by
+  SGLang's own ``file`` storage backend); torch has no pinned allocator without an accelerator,
+  so every L3 prefetch failed ("pin_memory=True requires a CUDA or other accelerator backend").
+  A host pool on device ``cpu`` is built unpinned.
 
 How they reach SGLang's scheduler process: ``cpu_compat.child_env()`` lists this module in
 ``RADIX_GLOBAL_CPU_PATCH_MODULES``, and the ``child_site/sitecustomize.py`` of every spawned
@@ -93,6 +99,32 @@ def _install_reserve() -> None:
     base.HICACHE_HOST_MEMORY_RESERVE_BYTES = CPU_HOST_RESERVE_BYTES
 
 
+UNPINNED_REASON = (
+    "a host pool asks torch for pinned staging pages on an L3 read (get_dummy_flat_data_page, "
+    "SGLang's file backend); without an accelerator torch has no pinned allocator, so a host "
+    "pool on device 'cpu' is built unpinned"
+)
+
+
+def _install_unpinned() -> None:
+    import functools
+
+    from sglang.srt.mem_cache.pool_host import base
+
+    init = base.HostKVCache.__init__
+    if getattr(init, "radix_global_unpinned", False):
+        return
+
+    @functools.wraps(init)
+    def unpinned_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        if kwargs.get("device") == "cpu":
+            kwargs["pin_memory"] = False
+        init(self, *args, **kwargs)
+
+    unpinned_init.radix_global_unpinned = True  # type: ignore[attr-defined]
+    base.HostKVCache.__init__ = unpinned_init  # type: ignore[method-assign]
+
+
 def _is_cpu(device: str) -> bool:
     return device == "cpu"
 
@@ -106,4 +138,7 @@ cpu_compat.register_patch(
 )
 cpu_compat.register_patch(
     cpu_compat.Patch("hicache-host-reserve-small", RESERVE_REASON, _is_cpu, _install_reserve)
+)
+cpu_compat.register_patch(
+    cpu_compat.Patch("hicache-host-unpinned", UNPINNED_REASON, _is_cpu, _install_unpinned)
 )

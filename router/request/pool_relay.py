@@ -141,6 +141,7 @@ class PoolForward:
             (b"x-radix-worker", str(run.prefill.worker_id).encode()),
             (b"x-radix-decode-worker", str(run.decode.worker_id).encode()),
             (b"x-radix-prefix-tokens", str(self.routed.decision.prefix_tokens).encode()),
+            (b"x-radix-fetch-tokens", str(self.routed.decision.fetch_tokens).encode()),
             (b"x-radix-request-id", inbound.req.request_id.encode())]})
         chunk = first
         try:

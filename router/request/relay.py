@@ -271,6 +271,7 @@ class Forward:
         d = self.routed.decision
         return [(b"x-radix-worker", self.routed.entry.info.worker_id.encode()),
                 (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
+                (b"x-radix-fetch-tokens", str(d.fetch_tokens).encode()),
                 (b"x-radix-request-id", self.engine_rid.encode())]
 
     def _observe_first(self) -> None:

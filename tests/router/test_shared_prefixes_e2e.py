@@ -137,6 +137,7 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
     decision = next(x for x in reversed(c.get("/admin/stats").json()["recent"])
                     if x.get("client_request_id") == "b1")
     assert decision["fetch_tokens"] == len(P), decision
+    assert r.headers["x-radix-fetch-tokens"] == str(len(P)), r.headers  # s.17: "late" reads it
 
     # 2. B sends A's exact conversation: P only; headers as for an unseen conversation.
     seen = as_tenant("b", a1)

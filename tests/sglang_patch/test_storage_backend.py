@@ -8,6 +8,8 @@ the backend touches: ``layout``, ``page_size``, ``kv_buffer``, ``dtype``.
 
 from __future__ import annotations
 
+import contextlib
+
 import multiprocessing as mp
 import traceback
 import uuid
@@ -195,6 +197,14 @@ def _check_cpu_hicache_patches() -> None:
                            dst_indices=torch.tensor([0, 5]), page_size=2)
     assert torch.equal(dst[0][5], src[0][9]) and torch.equal(dst[1][0], src[1][8])
     assert torch.equal(dst[0][1], torch.zeros(4))
+    # a host pool on CPU is unpinned: its L3 staging pages are allocatable (SGLang's file backend)
+    host = mha.MHATokenToKVPoolHost.__new__(mha.MHATokenToKVPoolHost)
+    with contextlib.suppress(Exception):  # only the base constructor's first lines matter here
+        base.HostKVCache.__init__(
+            host, dtype=torch.float32, device_capacity_tokens=16, size_per_token=8,
+            start_layer=0, end_layer=1, host_to_device_ratio=2.0, host_size=0, page_size=4,
+            layout="layer_first", pin_memory=True, device="cpu")
+    assert host.pin_memory is False
 
 
 def _check_shared_prefix_aliases(pool_id: str, endpoint: str) -> None:

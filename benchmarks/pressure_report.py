@@ -1,0 +1,132 @@
+"""The cache-pressure run's outputs: a table, per-point verdicts against the issue's targets
+and a reuse bar chart (``benchmarks/pressure_bench.py``)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+# Issue 15's targets for ours against contender 1 (stock with local HiCache).
+TTFT_RATIO_TARGET = 0.75
+DELIVERED_RATIO_TARGET = 1.3
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def _pct(part: int | None, whole: int) -> str:
+    return "n/a" if part is None else f"{part / whole:.0%}" if whole else "-"
+
+
+def table(rows: Sequence[dict[str, Any]]) -> str:
+    head = ["contender", "workload @ load", "ok", "TTFT mean", "p50", "p90", "p99", "TBT p90",
+            "SLO", "avail", "capt", "deliv", "dev/host/L3 tok", "late", "MB moved"]
+    cells = [head]
+    for r in rows:
+        where = f"{r.get('workload')} @ {r.get('load')}"
+        if r.get("skipped"):
+            cells.append([r["contender"], where, f"skipped: {r['skipped']}",
+                          *[""] * (len(head) - 3)])
+            continue
+        u = r["reuse"]
+        whole = u["prompt_tokens"]
+        tiers = "/".join("-" if u[k] is None else str(u[k])
+                         for k in ("delivered_device", "delivered_host", "delivered_storage"))
+        cells.append([r["contender"], where, f"{r['ok']}/{r['requests']}",
+                      _ms(r["ttft_mean_s"]), _ms(r["ttft_p50_s"]), _ms(r["ttft_p90_s"]),
+                      _ms(r["ttft_p99_s"]), _ms(r["tbt_p90_s"]),
+                      "-" if r["slo_attainment"] is None else f"{r['slo_attainment']:.0%}",
+                      _pct(u["available"], whole), _pct(u["captured"], whole),
+                      _pct(u["delivered"], whole), tiers,
+                      "n/a" if u["late"] is None else str(u["late"]),
+                      "-" if not r.get("bytes_moved") else f"{r['bytes_moved'] / 1e6:.1f}"])
+    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
+    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
+                       for i, (c, w) in enumerate(zip(row, widths, strict=True)))
+             for row in cells]
+    lines.insert(1, "-" * len(lines[0]))
+    return "\n".join(lines)
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return None if a is None or not b else a / b
+
+
+def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: str
+             ) -> list[dict[str, Any]]:
+    """Per (workload, load) point measured for ``ours``: its ratios to ``local`` (contender 1)
+    and ``shared_l3`` (contender 2) and whether the issue's targets were met."""
+    by = {(r["contender"], r["workload"], r["load"]): r for r in rows if not r.get("skipped")}
+    out = []
+    for (name, workload, load), me in by.items():
+        if name != ours:
+            continue
+        base, l3 = by.get((local, workload, load)), by.get((shared_l3, workload, load))
+        v: dict[str, Any] = {"workload": workload, "load": load}
+        text = f"{workload} @ {load}: ours TTFT mean {_ms(me['ttft_mean_s'])} ms, p90 " \
+               f"{_ms(me['ttft_p90_s'])} ms"
+        if base is not None:
+            v["mean_vs_local"] = _ratio(me["ttft_mean_s"], base["ttft_mean_s"])
+            v["p90_vs_local"] = _ratio(me["ttft_p90_s"], base["ttft_p90_s"])
+            v["delivered_vs_local"] = _ratio(me["reuse"]["delivered"],
+                                             base["reuse"]["delivered"])
+            v["meets_local_target"] = (
+                v["mean_vs_local"] is not None and v["p90_vs_local"] is not None
+                and v["mean_vs_local"] <= TTFT_RATIO_TARGET
+                and v["p90_vs_local"] <= TTFT_RATIO_TARGET
+                and (v["delivered_vs_local"] or 0) >= DELIVERED_RATIO_TARGET)
+            text += (f"; vs local HiCache {v['mean_vs_local']:.2f}x mean, "
+                     f"{v['p90_vs_local']:.2f}x p90, delivered reuse "
+                     f"{v['delivered_vs_local'] or 0:.2f}x -> target "
+                     f"{'met' if v['meets_local_target'] else 'MISSED'}")
+        if l3 is not None:
+            v["mean_vs_shared_l3"] = _ratio(me["ttft_mean_s"], l3["ttft_mean_s"])
+            v["p90_vs_shared_l3"] = _ratio(me["ttft_p90_s"], l3["ttft_p90_s"])
+            v["ahead_of_shared_l3"] = bool(
+                v["mean_vs_shared_l3"] is not None and v["p90_vs_shared_l3"] is not None
+                and v["mean_vs_shared_l3"] < 1 and v["p90_vs_shared_l3"] < 1)
+            text += (f"; vs shared file L3 {v['mean_vs_shared_l3']:.2f}x mean, "
+                     f"{v['p90_vs_shared_l3']:.2f}x p90 -> "
+                     f"{'ahead' if v['ahead_of_shared_l3'] else 'NOT ahead'}")
+        v["text"] = text
+        out.append(v)
+    return out
+
+
+def reuse_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
+    """Stacked bars per run: delivered by tier, then the rest of available, of prompt tokens."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return None
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(10, 0.5 * len(rows) + 1.5))
+    labels = []
+    for i, r in enumerate(rows):
+        u = r["reuse"]
+        whole = u["prompt_tokens"] or 1
+        dev, host = u["delivered_device"] or 0, u["delivered_host"] or 0
+        l3 = u["delivered_storage"]
+        other = max(0, u["delivered"] - dev - host - l3)  # an engine that gave no split
+        left = 0.0
+        for value, label in ((dev + other, "device"), (host, "host"), (l3, "L3"),
+                             (max(0, u["available"] - u["delivered"]), "available, not reused")):
+            ax.barh(i, value / whole, left=left, label=label if i == 0 else None,
+                    color={"device": "C0", "host": "C1", "L3": "C2"}.get(label, "0.85"))
+            left += value / whole
+        labels.append(f"{r['contender']} @ {r['load']}")
+    ax.set_yticks(range(len(rows)), labels, fontsize=7)
+    ax.set_xlabel("fraction of prompt tokens")
+    ax.set_title(title)
+    ax.legend(fontsize=7, loc="lower right")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path

@@ -1,0 +1,85 @@
+"""The cache-pressure scenario: its committed configuration, the agent plan, the working set and
+the verdicts against issue 15's targets (pure parts of benchmarks/pressure_*.py)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from benchmarks.pressure_plan import (
+    PressureConfigError,
+    agent_plan,
+    conversation_plan,
+    load_config,
+    working_set_tokens,
+)
+from benchmarks.pressure_report import table, verdicts
+
+SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / (
+    "conversation_multiturn_sample.jsonl")
+
+
+def test_the_committed_scenario_puts_the_caches_under_pressure() -> None:
+    cfg = load_config()
+    assert cfg.local_tokens == cfg.device_tokens * cfg.hicache_ratio
+    plan, _ = conversation_plan(cfg.conversations, SAMPLE, cfg.page_size,
+                                cfg.conversations.durations_s[0])
+    ws = working_set_tokens([p.input_ids for p in plan], cfg.page_size)
+    pool_tokens = cfg.pool_capacity_gb * 1e9 / 6144  # the tiny model's KV bytes per token
+    assert 3 * cfg.local_tokens <= ws <= pool_tokens, (ws, cfg.local_tokens)
+    assert len(cfg.conversations.durations_s) >= 3 and len(cfg.agents.rates) >= 3
+
+
+def test_a_wrong_key_or_value_is_a_clear_error(tmp_path: Path) -> None:
+    text = (Path(__file__).resolve().parents[2] / "benchmarks" / "data" / "pressure.toml"
+            ).read_text()
+    bad = tmp_path / "bad.toml"
+    bad.write_text(text.replace("think_s", "thinking_s"))
+    with pytest.raises(PressureConfigError, match="thinking_s"):
+        load_config(bad)
+    bad.write_text(text.replace("hicache_ratio = 2", "hicache_ratio = 1"))
+    with pytest.raises(PressureConfigError, match="hicache_ratio"):
+        load_config(bad)
+
+
+def test_agent_sessions_grow_their_prompt_and_every_load_sends_the_same_requests() -> None:
+    a = load_config().agents
+    slow, fast = agent_plan(a, 0.25), agent_plan(replace(a), 0.5)
+    assert sorted(map(tuple, (p.input_ids for p in slow))) == sorted(
+        map(tuple, (p.input_ids for p in fast)))
+    assert max(p.send_at_s for p in fast) < max(p.send_at_s for p in slow)
+    assert [p.send_at_s for p in slow] == sorted(p.send_at_s for p in slow)
+    def extends_a_turn(p: Any) -> bool:  # its session's earlier turn is a prefix of it
+        return any(len(q.input_ids) < len(p.input_ids)
+                   and p.input_ids[:len(q.input_ids)] == q.input_ids for q in slow)
+
+    assert sum(map(extends_a_turn, slow)) == len(slow) - a.sessions  # all but first turns
+    systems = {tuple(p.input_ids[:1024]) for p in slow}
+    assert len(systems) == len(a.system_prompts)  # sessions share a few system prompts
+
+
+def test_working_set_counts_distinct_pages() -> None:
+    assert working_set_tokens([[1, 2, 3, 4], [1, 2, 5, 6], [1, 2]], 2) == 6
+
+
+def _row(name: str, mean: float, p90: float, delivered: int) -> dict[str, Any]:
+    reuse = {"prompt_tokens": 1000, "available": 800, "captured": None, "delivered": delivered,
+             "delivered_device": None, "delivered_host": None, "delivered_storage": 0,
+             "late": None}
+    return {"contender": name, "workload": "w", "load": "x1", "ok": 10, "requests": 10,
+            "ttft_mean_s": mean, "ttft_p50_s": mean, "ttft_p90_s": p90, "ttft_p99_s": p90,
+            "tbt_p90_s": 0.01, "slo_attainment": 1.0, "reuse": reuse}
+
+
+def test_verdicts_check_the_targets_against_both_baselines() -> None:
+    rows = [_row("local", 1.0, 2.0, 300), _row("l3", 0.8, 1.6, 500), _row("ours", 0.7, 1.4, 600)]
+    [v] = verdicts(rows, "local", "l3", "ours")
+    assert v["meets_local_target"] and v["ahead_of_shared_l3"], v
+    rows[2] = _row("ours", 0.7, 1.7, 600)  # p90 0.85x of local, behind the shared L3
+    [v] = verdicts(rows, "local", "l3", "ours")
+    assert not v["meets_local_target"] and not v["ahead_of_shared_l3"]
+    assert "MISSED" in v["text"] and "NOT ahead" in v["text"]
+    assert "ours" in table(rows) and "n/a" in table(rows)  # no prediction: captured n/a
