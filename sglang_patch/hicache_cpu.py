@@ -122,7 +122,7 @@ def _install_unpinned() -> None:
         init(self, *args, **kwargs)
 
     unpinned_init.radix_global_unpinned = True  # type: ignore[attr-defined]
-    base.HostKVCache.__init__ = unpinned_init  # type: ignore[method-assign]
+    base.HostKVCache.__init__ = unpinned_init
 
 
 def _is_cpu(device: str) -> bool:

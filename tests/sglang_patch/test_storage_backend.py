@@ -9,7 +9,6 @@ the backend touches: ``layout``, ``page_size``, ``kv_buffer``, ``dtype``.
 from __future__ import annotations
 
 import contextlib
-
 import multiprocessing as mp
 import traceback
 import uuid
