@@ -227,7 +227,10 @@ class Runner:
     def run(self, c: Contender, plan: list[PlannedRequest], kv_bytes: int,
             duration_s: float | None = None) -> dict[str, Any]:
         """Replay ``plan`` (sent over ``duration_s``, default the config's) through ``c``."""
-        _, router, info = self.prepare(c)
+        engines, router, info = self.prepare(c)
+        if engines.spec.storage_dir is not None:  # a late write-through would warm the next run
+            info["storage_files_at_start"] = sum(
+                1 for f in Path(engines.spec.storage_dir).glob("*") if f.is_file())
         try:
             duration = self.cfg.duration_s if duration_s is None else duration_s
             opts = ClientOptions(request_timeout_s=600.0, max_duration_s=duration * 4 + 120)

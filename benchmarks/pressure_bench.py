@@ -25,19 +25,26 @@ and a reuse bar chart per workload next to it.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
-import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
 from benchmarks import bench_report
-from benchmarks.bench import RESULTS, BenchConfig, Contender, Runner, ensure_model, machine
+from benchmarks.bench import (
+    FULL_TRACE,
+    REPO,
+    RESULTS,
+    SAMPLE_TRACE,
+    BenchConfig,
+    Contender,
+    Runner,
+    ensure_model,
+    machine,
+)
 from benchmarks.cluster import ClusterError, EngineSet, LocalCluster, RouterSpec
 from benchmarks.pressure_plan import (
     DEFAULT_CONFIG,
@@ -53,9 +60,6 @@ from benchmarks.replay_plan import PlannedRequest
 from benchmarks.replay_stats import RequestResult
 from benchmarks.reuse import available_tokens, summarize_reuse
 
-REPO = Path(__file__).resolve().parent.parent
-TRACE = REPO.parent / "shared" / "traces" / "conversation_trace.jsonl"
-SAMPLE_TRACE = REPO / "benchmarks" / "data" / "conversation_multiturn_sample.jsonl"
 CACHE_AWARE = RouterSpec("sglang-router", "cache_aware")
 CONTENDERS = (
     Contender("cache_aware + HiCache L1/L2 (stock)", "stock-hicache", CACHE_AWARE, headline=True),
@@ -122,14 +126,6 @@ def breakdown(point: Point, row: dict[str, Any], page_size: int) -> dict[str, An
     return summarize_reuse(results, available)
 
 
-@contextlib.contextmanager
-def _removed(path: str) -> Iterator[None]:
-    try:
-        yield
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
 def run(cfg: PressureConfig, contenders: list[Contender], pts: list[Point], model_dir: str,
         run_dir: Path) -> list[dict[str, Any]]:
     kv_bytes = kv_bytes_per_token(model_dir)
@@ -137,8 +133,8 @@ def run(cfg: PressureConfig, contenders: list[Contender], pts: list[Point], mode
                             page_size=cfg.page_size, ttft_slo_s=cfg.ttft_slo_s,
                             tbt_slo_s=cfg.tbt_slo_s)
     rows: list[dict[str, Any]] = []
-    storage_dir = tempfile.mkdtemp(prefix="radix-global-file-l3-", dir="/dev/shm")
-    with LocalCluster(run_dir) as cluster, _removed(storage_dir):
+    with (tempfile.TemporaryDirectory(prefix="radix-global-file-l3-", dir="/dev/shm")
+          as storage_dir, LocalCluster(run_dir) as cluster):
         runner = Runner(cluster, bench_cfg, engine_specs(cfg, model_dir, storage_dir))
         for c in sorted(contenders, key=lambda c: (ENGINE_ORDER.index(c.engines), c.name)):
             for pt in pts:
@@ -159,7 +155,7 @@ def run(cfg: PressureConfig, contenders: list[Contender], pts: list[Point], mode
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="pressure_bench", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
-    p.add_argument("--trace", default=str(TRACE if TRACE.exists() else SAMPLE_TRACE))
+    p.add_argument("--trace", default=str(FULL_TRACE if FULL_TRACE.exists() else SAMPLE_TRACE))
     p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--workloads", nargs="+", default=["conversations", "agents"],
                    choices=["conversations", "agents"])

@@ -104,13 +104,20 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> PressureConfig:
     cfg = _build(PressureConfig, {**raw, "conversations": conv, "agents": agents}, str(path))
     assert isinstance(cfg, PressureConfig)
     a = cfg.agents
-    if (cfg.device_tokens < cfg.conversations.max_prompt_tokens or cfg.hicache_ratio <= 1
+    longest_agent = max(a.system_prompts, default=0) + a.max_turns * (
+        a.message_tokens + a.answer_tokens)
+    if (cfg.device_tokens < max(cfg.conversations.max_prompt_tokens, longest_agent)
+            or cfg.hicache_ratio <= 1
             or not cfg.conversations.durations_s or not a.rates
             or not 1 <= a.min_turns <= a.max_turns or min(a.rates) <= 0
-            or min(cfg.conversations.durations_s) <= 0):
+            or min(cfg.conversations.durations_s) <= 0 or a.sessions < 1
+            or not a.system_prompts
+            or any(n <= 0 or n % SYSTEM_BLOCK_TOKENS for n in a.system_prompts)):
         raise PressureConfigError(
-            f"{path}: need device_tokens >= max_prompt_tokens, hicache_ratio > 1, a non-empty "
-            "positive load sweep per workload and 1 <= min_turns <= max_turns")
+            f"{path}: need device_tokens >= the longest prompt of either workload, "
+            "hicache_ratio > 1, a non-empty positive load sweep per workload, sessions >= 1, "
+            "1 <= min_turns <= max_turns and system prompts of whole "
+            f"{SYSTEM_BLOCK_TOKENS}-token blocks")
     return cfg
 
 

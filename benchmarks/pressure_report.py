@@ -54,6 +54,10 @@ def _ratio(a: float | None, b: float | None) -> float | None:
     return None if a is None or not b else a / b
 
 
+def _x(v: float | None) -> str:
+    return "n/a" if v is None else f"{v:.2f}x"
+
+
 def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: str
              ) -> list[dict[str, Any]]:
     """Per (workload, load) point measured for ``ours``: its ratios to ``local`` (contender 1)
@@ -77,9 +81,9 @@ def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: s
                 and v["mean_vs_local"] <= TTFT_RATIO_TARGET
                 and v["p90_vs_local"] <= TTFT_RATIO_TARGET
                 and (v["delivered_vs_local"] or 0) >= DELIVERED_RATIO_TARGET)
-            text += (f"; vs local HiCache {v['mean_vs_local']:.2f}x mean, "
-                     f"{v['p90_vs_local']:.2f}x p90, delivered reuse "
-                     f"{v['delivered_vs_local'] or 0:.2f}x -> target "
+            text += (f"; vs local HiCache {_x(v['mean_vs_local'])} mean, "
+                     f"{_x(v['p90_vs_local'])} p90, delivered reuse "
+                     f"{_x(v['delivered_vs_local'])} -> target "
                      f"{'met' if v['meets_local_target'] else 'MISSED'}")
         if l3 is not None:
             v["mean_vs_shared_l3"] = _ratio(me["ttft_mean_s"], l3["ttft_mean_s"])
@@ -87,8 +91,8 @@ def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: s
             v["ahead_of_shared_l3"] = bool(
                 v["mean_vs_shared_l3"] is not None and v["p90_vs_shared_l3"] is not None
                 and v["mean_vs_shared_l3"] < 1 and v["p90_vs_shared_l3"] < 1)
-            text += (f"; vs shared file L3 {v['mean_vs_shared_l3']:.2f}x mean, "
-                     f"{v['p90_vs_shared_l3']:.2f}x p90 -> "
+            text += (f"; vs shared file L3 {_x(v['mean_vs_shared_l3'])} mean, "
+                     f"{_x(v['p90_vs_shared_l3'])} p90 -> "
                      f"{'ahead' if v['ahead_of_shared_l3'] else 'NOT ahead'}")
         v["text"] = text
         out.append(v)
@@ -113,12 +117,15 @@ def reuse_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path 
         whole = u["prompt_tokens"] or 1
         dev, host = u["delivered_device"] or 0, u["delivered_host"] or 0
         l3 = u["delivered_storage"]
-        other = max(0, u["delivered"] - dev - host - l3)  # an engine that gave no split
+        l3 = l3 or 0
+        unsplit = max(0, u["delivered"] - dev - host - l3)  # an engine that gave no split
         left = 0.0
-        for value, label in ((dev + other, "device"), (host, "host"), (l3, "L3"),
+        for value, label in ((dev, "device"), (host, "host"), (l3, "L3"),
+                             (unsplit, "cached, tier not reported"),
                              (max(0, u["available"] - u["delivered"]), "available, not reused")):
             ax.barh(i, value / whole, left=left, label=label if i == 0 else None,
-                    color={"device": "C0", "host": "C1", "L3": "C2"}.get(label, "0.85"))
+                    color={"device": "C0", "host": "C1", "L3": "C2",
+                           "cached, tier not reported": "C4"}.get(label, "0.85"))
             left += value / whole
         labels.append(f"{r['contender']} @ {r['load']}")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)

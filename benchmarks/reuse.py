@@ -56,13 +56,14 @@ def available_tokens(prompts: Sequence[Sequence[int]], results: Sequence[Request
                      page_size: int) -> list[int]:
     """Per request (same order as ``prompts``/``results``): the available prefix (s.17).
 
-    A request's prefix becomes available at its first token (``sent_s + ttft_s``); a request
-    that never got one (rejected, failed) makes nothing available. Ties count as finished.
+    A request's prefix becomes available at its first token (``sent_s + ttft_s``), even if its
+    stream broke later; one that never got a token (rejected, failed before it) makes nothing
+    available. Ties count as finished.
     """
     if len(prompts) != len(results):
         raise ValueError(f"{len(prompts)} prompts but {len(results)} results")
     finishes = sorted((r.sent_s + r.ttft_s, i) for i, r in enumerate(results)
-                      if r.status == "ok" and r.ttft_s is not None)
+                      if r.ttft_s is not None)
     trie = PageTrie(page_size)
     out = [0] * len(results)
     k = 0
@@ -80,6 +81,14 @@ def _total(values: Sequence[int | None]) -> int | None:
         v for v in values if v is not None)
 
 
+def _storage(r: RequestResult) -> int | None:
+    """Tokens the engine loaded from L3; None when it cached some but gave no split (SGLang
+    sends none for a request with nothing cached: that is 0 in every tier)."""
+    if r.cached_tokens and r.device_cached_tokens is None and r.host_cached_tokens is None:
+        return None
+    return r.pool_tokens_loaded
+
+
 def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
                     ) -> dict[str, Any]:
     """Totals over the ``ok`` requests and where the tokens were lost (s.17)."""
@@ -88,14 +97,16 @@ def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
     ok = [(r, a) for r, a in zip(results, available, strict=True) if r.status == "ok"]
     prompt = sum(r.prompt_tokens for r, _ in ok)
     captured = _total([r.router_prefix_tokens for r, _ in ok])
-    late = _total([None if r.router_fetch_tokens is None
-                   else max(0, r.router_fetch_tokens - r.pool_tokens_loaded) for r, _ in ok])
+    storage = [_storage(r) for r, _ in ok]
+    # like the router's fetch shortfall: a request whose engine gave no split is left out
+    late = None if any(r.router_fetch_tokens is None for r, _ in ok) else sum(
+        max(0, r.router_fetch_tokens - s) for (r, _), s in zip(ok, storage, strict=True)
+        if r.router_fetch_tokens is not None and s is not None)
     lost_capture = lost_delivery = 0
     for r, a in ok:
         c = a if r.router_prefix_tokens is None else min(r.router_prefix_tokens, a)
         lost_capture += a - c
         lost_delivery += c - min(r.cached_tokens, c)
-    # SGLang sends no split for a request with nothing cached: that is 0 in every tier.
     tiers = {tier: _total([0 if r.cached_tokens == 0 else getattr(r, f"{tier}_cached_tokens")
                            for r, _ in ok]) for tier in ("device", "host")}
     out: dict[str, Any] = {
@@ -105,7 +116,7 @@ def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
         "delivered": sum(r.cached_tokens for r, _ in ok),
         "delivered_device": tiers["device"],
         "delivered_host": tiers["host"],
-        "delivered_storage": sum(r.pool_tokens_loaded for r, _ in ok),
+        "delivered_storage": _total(storage),
         "late": late,
         "lost": {"not_available": prompt - sum(a for _, a in ok),
                  "not_captured": None if captured is None else lost_capture,

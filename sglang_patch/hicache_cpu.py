@@ -117,9 +117,8 @@ def _install_unpinned() -> None:
 
     @functools.wraps(init)
     def unpinned_init(self: Any, *args: Any, **kwargs: Any) -> None:
-        if kwargs.get("device") == "cpu":
-            kwargs["pin_memory"] = False
-        init(self, *args, **kwargs)
+        # host pools always live in host memory; only on a CPU engine is there nothing to pin for
+        init(self, *args, **{**kwargs, "pin_memory": False})
 
     unpinned_init.radix_global_unpinned = True  # type: ignore[attr-defined]
     base.HostKVCache.__init__ = unpinned_init

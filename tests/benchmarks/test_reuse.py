@@ -22,7 +22,7 @@ def brute_available(prompts: list[list[int]], results: list[RequestResult], page
     for ids, r in zip(prompts, results, strict=True):
         best = 0
         for q_ids, q in zip(prompts, results, strict=True):
-            if q.status != "ok" or q.ttft_s is None or q.sent_s + q.ttft_s > r.sent_s:
+            if q.ttft_s is None or q.sent_s + q.ttft_s > r.sent_s:
                 continue
             n = 0
             while n < min(len(ids), len(q_ids)) and ids[n] == q_ids[n]:
@@ -45,6 +45,9 @@ def test_rejected_requests_make_nothing_available_and_the_last_token_is_computed
     results = [result(0, 0.0, None, 48, status="rejected"), result(1, 1.0, 0.1, 48),
                result(2, 2.0, 0.1, 48)]
     # 1 found nothing (0 was rejected); 2 shares all 48 tokens with 1 but must compute the last
+    assert available_tokens([ids, ids, ids], results, 16) == [0, 0, 32]
+    # a stream that broke after its first token had finished its prefill
+    results[1] = result(1, 1.0, 0.1, 48, status="failed")
     assert available_tokens([ids, ids, ids], results, 16) == [0, 0, 32]
 
 
@@ -81,8 +84,11 @@ def test_breakdown_says_where_tokens_were_lost() -> None:
     assert (s["prompt_tokens"], s["available"], s["captured"], s["delivered"]) == (200, 64, 48, 40)
     assert s["late"] == 16 and s["delivered_storage"] == 16
     assert s["delivered_device"] == 24  # request 0 had nothing cached: no split, 0 per tier
-    rs[0] = result(0, 0.0, 0.1, 100, cached_tokens=8)  # cached, but no split reported
-    assert summarize_reuse(rs, [0, 64, 80])["delivered_device"] is None
+    rs[0] = result(0, 0.0, 0.1, 100, cached_tokens=8, router_prefix_tokens=0,
+                   router_fetch_tokens=8)  # cached, but no split reported: tiers unknown
+    s = summarize_reuse(rs, [0, 64, 80])
+    assert s["delivered_device"] is None and s["delivered_storage"] is None
+    assert s["late"] == 16  # the request without a split is left out, as the router does
     assert s["lost"] == {"not_available": 136, "not_captured": 16, "not_delivered": 8}
     assert s["available_fraction"] == pytest.approx(0.32)
 
