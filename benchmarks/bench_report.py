@@ -28,17 +28,19 @@ def _cell(value: Any, fmt: str) -> str:
     return fmt.format(value)
 
 
-def table(rows: Sequence[dict[str, Any]]) -> str:
-    """Plain-text table, one row per contender (``rows``: summary dicts plus ``contender``)."""
-    cells = [[h for h, _, _ in COLUMNS]]
+def table(rows: Sequence[dict[str, Any]],
+          columns: Sequence[tuple[str, str, str]] = COLUMNS, left: int = 1) -> str:
+    """Plain-text table, one row per contender (``rows``: summary dicts plus ``contender``);
+    ``columns``: (header, key, format) each; the first ``left`` columns are left-aligned."""
+    cells = [[h for h, _, _ in columns]]
     for row in rows:
         if row.get("skipped"):
-            cells.append([row["contender"], f"skipped: {row['skipped']}"]
-                         + [""] * (len(COLUMNS) - 2))
+            cells.append([_cell(row.get(key), fmt) for _, key, fmt in columns[:left]]
+                         + [f"skipped: {row['skipped']}"] + [""] * (len(columns) - left - 1))
             continue
-        cells.append([_cell(row.get(key), fmt) for _, key, fmt in COLUMNS])
-    widths = [max(len(r[i]) for r in cells) for i in range(len(COLUMNS))]
-    lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w)
+        cells.append([_cell(row.get(key), fmt) for _, key, fmt in columns])
+    widths = [max(len(r[i]) for r in cells) for i in range(len(columns))]
+    lines = ["  ".join(c.ljust(w) if i < left else c.rjust(w)
                        for i, (c, w) in enumerate(zip(r, widths, strict=True))) for r in cells]
     lines.insert(1, "-" * len(lines[0]))
     return "\n".join(lines)

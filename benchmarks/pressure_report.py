@@ -7,47 +7,42 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks import bench_report
+
 # Issue 15's targets for ours against contender 1 (stock with local HiCache).
 TTFT_RATIO_TARGET = 0.75
 DELIVERED_RATIO_TARGET = 1.3
+
+
+COLUMNS = (("contender", "contender", "{}"), ("workload @ load", "where", "{}"),
+           ("ok", "ok_of", "{}"), ("TTFT mean", "ttft_mean_s", "ms"), ("p50", "ttft_p50_s", "ms"),
+           ("p90", "ttft_p90_s", "ms"), ("p99", "ttft_p99_s", "ms"),
+           ("TBT p90", "tbt_p90_s", "ms"), ("SLO", "slo_attainment", "pct"),
+           ("avail", "available_fraction", "pct"), ("capt", "captured_fraction", "pct"),
+           ("deliv", "delivered_fraction", "pct"), ("dev/host/L3 tok", "tiers", "{}"),
+           ("late", "late", "{}"), ("MB moved", "bytes_moved", "mb"))
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
-def _pct(part: int | None, whole: int) -> str:
-    return "n/a" if part is None else f"{part / whole:.0%}" if whole else "-"
+def _flat(r: dict[str, Any]) -> dict[str, Any]:
+    """One run as the table's cells read it: its summary and its reuse breakdown side by side."""
+    out = {**r, "where": f"{r.get('workload')} @ {r.get('load')}"}
+    if r.get("skipped"):
+        return out
+    u = r["reuse"]
+    tiers = "/".join("-" if u[k] is None else str(u[k])
+                     for k in ("delivered_device", "delivered_host", "delivered_storage"))
+    return {**out, **{k: u[k] for k in ("available_fraction", "captured_fraction",
+                                        "delivered_fraction", "late")},
+            "ok_of": f"{r['ok']}/{r['requests']}", "tiers": tiers,
+            "bytes_moved": r.get("bytes_moved") or None}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    head = ["contender", "workload @ load", "ok", "TTFT mean", "p50", "p90", "p99", "TBT p90",
-            "SLO", "avail", "capt", "deliv", "dev/host/L3 tok", "late", "MB moved"]
-    cells = [head]
-    for r in rows:
-        where = f"{r.get('workload')} @ {r.get('load')}"
-        if r.get("skipped"):
-            cells.append([r["contender"], where, f"skipped: {r['skipped']}",
-                          *[""] * (len(head) - 3)])
-            continue
-        u = r["reuse"]
-        whole = u["prompt_tokens"]
-        tiers = "/".join("-" if u[k] is None else str(u[k])
-                         for k in ("delivered_device", "delivered_host", "delivered_storage"))
-        cells.append([r["contender"], where, f"{r['ok']}/{r['requests']}",
-                      _ms(r["ttft_mean_s"]), _ms(r["ttft_p50_s"]), _ms(r["ttft_p90_s"]),
-                      _ms(r["ttft_p99_s"]), _ms(r["tbt_p90_s"]),
-                      "-" if r["slo_attainment"] is None else f"{r['slo_attainment']:.0%}",
-                      _pct(u["available"], whole), _pct(u["captured"], whole),
-                      _pct(u["delivered"], whole), tiers,
-                      "n/a" if u["late"] is None else str(u["late"]),
-                      "-" if not r.get("bytes_moved") else f"{r['bytes_moved'] / 1e6:.1f}"])
-    widths = [max(len(row[i]) for row in cells) for i in range(len(head))]
-    lines = ["  ".join(c.ljust(w) if i < 2 else c.rjust(w)
-                       for i, (c, w) in enumerate(zip(row, widths, strict=True)))
-             for row in cells]
-    lines.insert(1, "-" * len(lines[0]))
-    return "\n".join(lines)
+    return bench_report.table([_flat(r) for r in rows], COLUMNS, left=2)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:

@@ -68,7 +68,8 @@ def test_working_set_counts_distinct_pages() -> None:
 def _row(name: str, mean: float, p90: float, delivered: int) -> dict[str, Any]:
     reuse = {"prompt_tokens": 1000, "available": 800, "captured": None, "delivered": delivered,
              "delivered_device": None, "delivered_host": None, "delivered_storage": 0,
-             "late": None}
+             "late": None, "available_fraction": 0.8, "captured_fraction": None,
+             "delivered_fraction": delivered / 1000}
     return {"contender": name, "workload": "w", "load": "x1", "ok": 10, "requests": 10,
             "ttft_mean_s": mean, "ttft_p50_s": mean, "ttft_p90_s": p90, "ttft_p99_s": p90,
             "tbt_p90_s": 0.01, "slo_attainment": 1.0, "reuse": reuse}
@@ -82,4 +83,7 @@ def test_verdicts_check_the_targets_against_both_baselines() -> None:
     [v] = verdicts(rows, "local", "l3", "ours")
     assert not v["meets_local_target"] and not v["ahead_of_shared_l3"]
     assert "MISSED" in v["text"] and "NOT ahead" in v["text"]
-    assert "ours" in table(rows) and "n/a" in table(rows)  # no prediction: captured n/a
+    lines = table(rows).splitlines()
+    assert len(lines) == 2 + len(rows) and lines[-1].startswith("ours")
+    head = lines[0].split()
+    assert lines[-1].split()[head.index("capt") + 2] == "-"  # no prediction (2: "workload @")
