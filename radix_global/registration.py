@@ -22,6 +22,7 @@ class RegistrationError(ValueError):
 # slot (and a subscriber socket), each page size a tree; no real engine is near them.
 MAX_DP_SIZE = 1024
 MAX_PAGE_SIZE = 65536
+MAX_FETCH_MIN_TOKENS = 1 << 20
 MAX_ID_CHARS = 256
 MAX_URL_CHARS = 2048
 _TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",
@@ -68,6 +69,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # (docs/interfaces.md s. 16): the router prices a fetch from the disk with it.
     pool_disk_id: str | None = None
     pool_disk_read_Bps: float | None = None
+    # The shortest pool run (tokens beyond its own cache) its engine loads at all: SGLang skips
+    # a storage prefetch under its ``prefetch_threshold`` (256 by default, at least a page) and
+    # recomputes. The router plans no shorter fetch for it (s. 2). 0: any run.
+    pool_fetch_min_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -97,6 +102,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.pool_disk_read_Bps is not None and not (
                 math.isfinite(self.pool_disk_read_Bps) and self.pool_disk_read_Bps > 0):
             raise RegistrationError("pool_disk_read_Bps must be a positive number or absent")
+        if not 0 <= self.pool_fetch_min_tokens <= MAX_FETCH_MIN_TOKENS:
+            raise RegistrationError(f"pool_fetch_min_tokens must be in [0, "
+                                    f"{MAX_FETCH_MIN_TOKENS}], got {self.pool_fetch_min_tokens}")
         if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
             raise RegistrationError(
                 f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")

@@ -43,6 +43,7 @@ log = logging.getLogger("radix_global.sglang")
 SGLANG_VERSION = "0.5.23"
 REQUIRED_MODULES = ("torch", "zmq", "msgspec", "xxhash", "numpy", "httpx")
 READY_TIMEOUT_ENV = "RADIX_GLOBAL_READY_TIMEOUT"
+SGLANG_PREFETCH_THRESHOLD = 256  # HiCache's default storage prefetch threshold, in tokens
 
 
 def check_environment(plan: LaunchPlan) -> None:
@@ -121,12 +122,13 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
     bootstrap = server.get("disaggregation_bootstrap_port")
     # A pool hand-off prefill worker (--role prefill alone) runs no bootstrap server.
     native_prefill = flag_value(plan.sglang_argv, "--disaggregation-mode") == "prefill"
+    page_size = int(server.get("page_size") or 1)
     return WorkerInfo(
         worker_id=plan.flags.worker_id or f"sgl-{plan.advertise_host.strip('[]')}-{plan.port}",
         url=plan.url,
         model=str(server.get("served_model_name") or plan.model_path),
         namespace=namespace,
-        page_size=int(server.get("page_size") or 1),
+        page_size=page_size,
         role=plan.role,
         dp_size=int(server.get("dp_size") or 1),
         engine="sglang",
@@ -140,8 +142,18 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
         kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
         pool_aliases="pool_aliases_url" in plan.backend_config,
+        pool_fetch_min_tokens=fetch_min_tokens(plan.backend_config, page_size),
         **_disk_fields(plan),
     )
+
+
+def fetch_min_tokens(backend_config: dict[str, Any], page_size: int) -> int:
+    """The shortest storage hit SGLang prefetches: its ``prefetch_threshold`` (extra config,
+    default 256 tokens), at least one page (``HiCacheController``)."""
+    if not backend_config:
+        return 0
+    return max(int(backend_config.get("prefetch_threshold", SGLANG_PREFETCH_THRESHOLD)),
+               page_size)
 
 
 def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:

@@ -69,6 +69,7 @@ class WorkerState(NamedTuple):
     kv_headroom_tokens: int | None = None  # free KV capacity in tokens (decode selection)
     pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
     pool_disk_id: PoolId | None = None  # its pool's persistent disk tier, a holder (s. 16)
+    pool_fetch_min_tokens: int = 0  # its engine loads no shorter pool run (recomputes it)
 
     @property
     def slot(self) -> Slot:

@@ -6,8 +6,10 @@ import collections
 import json
 import socket
 
+import msgspec
 import pytest
 
+from radix_global.registration import RegistrationError
 from radix_global.types import Role
 from sglang_patch.launch_plan import LaunchError, build_plan, flag_value
 
@@ -159,6 +161,22 @@ def test_cpu_workers_register_their_host_as_compute_domain():
     gpu_argv = [a for a in BASE if a not in ("--device", "cpu")]
     gpu = worker_info(build_plan(gpu_argv, ports=(1, 2, 3)), server, "m@1")
     assert gpu.compute_domain is None
+
+
+def test_registered_fetch_minimum_is_sglangs_prefetch_threshold():
+    from sglang_patch.launch_server import worker_info
+
+    server = {"page_size": 16, "served_model_name": "m"}
+    assert worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1"
+                       ).pool_fetch_min_tokens == 256  # SGLang's default
+    # a pool hand-off decode worker prefetches any page; a user's threshold is kept
+    decode = build_plan([*BASE, "--role", "decode"], ports=(1, 2, 3))
+    assert worker_info(decode, server, "m@1").pool_fetch_min_tokens == 16
+    extra = '{"prefetch_threshold": 64}'
+    user = build_plan([*BASE, "--hicache-storage-backend-extra-config", extra], ports=(1, 2, 3))
+    assert worker_info(user, server, "m@1").pool_fetch_min_tokens == 64
+    with pytest.raises(RegistrationError, match="pool_fetch_min_tokens"):
+        msgspec.structs.replace(worker_info(user, server, "m@1"), pool_fetch_min_tokens=-1)
 
 
 def test_registered_bootstrap_port_only_for_a_native_prefill_worker():

@@ -176,8 +176,8 @@ class ConductorPolicy(RoutingPolicy):
         if pool is None or not self._worth_fetching(local_pages, pool_pages):
             return recompute
         fetch_tokens = min(n, pool_pages * ps) - local_tokens
-        if fetch_tokens <= 0:
-            return recompute
+        if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
+            return recompute  # the engine would not load so short a run: it recomputes it
         transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
         prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
         fetch = CandidateEstimate(

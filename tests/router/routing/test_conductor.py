@@ -95,6 +95,18 @@ def test_fetch_threshold_ratio_and_minimum_length() -> None:
     assert d.route(request(0), ws, 0.0).fetch_tokens == 4 * PS
 
 
+def test_no_fetch_planned_below_the_engines_prefetch_threshold() -> None:
+    """SGLang loads no storage hit under its prefetch threshold (registered as
+    ``pool_fetch_min_tokens``): a shorter planned fetch was "late" in every case of the
+    cache-pressure run, so the router prices it as what happens, a recompute."""
+    idx = index_with(("w0", 0, Tier.HOST, 40), (POOL, 0, Tier.POOL, 64))  # 24 pages = 384 tok
+    for threshold, fetched in ((256, 24 * PS), (385, 0), (0, 24 * PS)):
+        ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_fetch_min_tokens=threshold)]
+        dec = driver(idx).route(request(0), ws, 0.0)
+        assert dec.fetch_tokens == fetched, (threshold, dec)
+        assert dec.prefix_tokens == 40 * PS + fetched
+
+
 def test_slow_link_prefers_recomputation_unless_told_to_follow_the_threshold_only() -> None:
     idx_stores = ((POOL, 0, Tier.POOL, 64),)
     ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL)]
