@@ -5,7 +5,9 @@ engine's KV events say so (a busy CPU engine publishes them seconds later, after
 multi-turn conversation's next turn often arrives in that window; without this memory it looks
 cold everywhere and is priced by load alone. ``approx_cache`` uses it as its whole view of the
 cluster (engines without events, like SGLang router's ``cache_aware``); ``conductor`` uses it next
-to the index, for ``ttl_s`` seconds, after which the index (events, evictions) is the only truth.
+to the index, for ``ttl_s`` seconds or until ``settle_s`` after the request finished (``settle``),
+whichever comes first; then the index (events, evictions) is the only truth. Under cache pressure
+an engine evicts a finished prompt's pages within seconds, and only its events say so.
 
 Page keys are chained hashes: a key stands for its whole prefix, so a slot's "tree" is a set and
 its match is the leading run of the prompt's keys it holds. Each slot's memory is an LRU bounded
@@ -31,31 +33,41 @@ class RoutedPrefixes:
             raise ValueError("ttl_s must be > 0 (or None)")
         self.max_pages_per_slot = max_pages_per_slot
         self.ttl_s = ttl_s
-        self._pages: dict[Slot, OrderedDict[PageKey, float]] = {}
+        self._pages: dict[Slot, OrderedDict[PageKey, float]] = {}  # key -> expiry time
 
     def add(self, slot: Slot, keys: Sequence[PageKey], now: float) -> None:
         """``keys`` (one prompt, in order) were routed to ``slot`` at ``now``."""
         if not keys:
             return
         held = self._pages.setdefault(slot, OrderedDict())
+        expiry = float("inf") if self.ttl_s is None else now + self.ttl_s
         # Deepest page first, so the prefix ends up most recent and the LRU trims leaves first.
         for key in reversed(keys):
-            held[key] = now
+            held[key] = expiry
             held.move_to_end(key)
         while len(held) > self.max_pages_per_slot:
             held.popitem(last=False)
         self._expire(held, now)
 
+    def settle(self, slot: Slot, keys: Sequence[PageKey], now: float, within_s: float) -> None:
+        """``keys`` were computed on ``slot`` (the request finished): the engine's events for
+        them are out within ``within_s``, so stop standing in for the index after that."""
+        held = self._pages.get(slot)
+        if held:
+            until = now + within_s
+            for key in keys:
+                if key in held and held[key] > until:
+                    held[key] = until
+
     def match(self, slot: Slot, keys: Sequence[PageKey], now: float) -> int:
-        """Leading pages of ``keys`` routed to ``slot`` within the last ``ttl_s`` seconds."""
+        """Leading pages of ``keys`` routed to ``slot`` and not expired at ``now``."""
         held = self._pages.get(slot)
         if not held:
             return 0
-        oldest = float("-inf") if self.ttl_s is None else now - self.ttl_s
         count = 0
         for key in keys:
             t = held.get(key)
-            if t is None or t < oldest:
+            if t is None or t < now:
                 break
             count += 1
         return count
@@ -68,12 +80,10 @@ class RoutedPrefixes:
             del self._pages[slot]
 
     def _expire(self, held: OrderedDict[PageKey, float], now: float) -> None:
-        # Least recently routed first; stop at the first page still young enough.
-        if self.ttl_s is None:
-            return
-        oldest = now - self.ttl_s
+        # Least recently routed first; stop at the first page not expired (a settled page
+        # further on is dropped by a later call, and ``match`` ignores it meanwhile).
         while held:
             key, t = next(iter(held.items()))
-            if t >= oldest:
+            if t >= now:
                 break
             del held[key]

@@ -4,9 +4,11 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
 
 - local hit: the longest prefix ``c`` itself holds on GPU or host (``HolderMatch.host`` of
   ``(c.worker_id, c.dp_rank)``); another worker's GPU/host cache is NOT reachable by ``c``. A
-  prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds counts as held too
+  prompt this router sent to ``c`` in the last ``routed_ttl_s`` seconds, and until
+  ``routed_settle_s`` after that request finished, counts as held too
   (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
   model already puts the new request behind it, while KV events arrive only after the batch;
+  after that the index knows better (an engine under cache pressure evicts it within seconds);
 - fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``, the other
   segments of its store, its disk tier ``c.pool_disk_id``, each priced at its own bandwidth); for
   a salted
@@ -50,6 +52,7 @@ from router.routing.contract import (
     PolicyConfigError,
     RouteRequest,
     RoutingPolicy,
+    Slot,
     WorkerState,
     no_workers,
     prefill_candidates,
@@ -70,13 +73,15 @@ class ConductorPolicy(RoutingPolicy):
         tie_rel: float = 0.01,
         price_top_k: int | None = 8,
         routed_ttl_s: float = 30.0,
+        routed_settle_s: float = 5.0,
         slo: SloConfig | None = None,
     ) -> None:
         if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
-                price_top_k is not None and price_top_k < 1) or routed_ttl_s < 0:
+                price_top_k is not None and price_top_k < 1) or routed_ttl_s < 0 or (
+                routed_settle_s < 0):
             raise PolicyConfigError(
                 "need fetch_ratio >= 1, min_fetch_pages >= 1, tie_s >= 0, tie_rel >= 0, "
-                "price_top_k >= 1 (or None), routed_ttl_s >= 0 (0: off)"
+                "price_top_k >= 1 (or None), routed_ttl_s >= 0 (0: off), routed_settle_s >= 0"
             )
         self.price_top_k = price_top_k
         self.fetch_ratio = fetch_ratio
@@ -88,6 +93,8 @@ class ConductorPolicy(RoutingPolicy):
         # admission; none: no TTFT admission unless a request carries its own SLO.
         self.slo = slo or SloConfig()
         self._routed = RoutedPrefixes(ttl_s=routed_ttl_s) if routed_ttl_s > 0 else None
+        self.routed_settle_s = routed_settle_s
+        self._open: dict[str, tuple[Slot, Sequence[PageKey]]] = {}  # routed, not finished
         self._turn = 0
         self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
 
@@ -129,10 +136,17 @@ class ConductorPolicy(RoutingPolicy):
         self._turn += 1
         if self._routed is not None and decision.worker_id is not None:
             self._routed.add(decision.slot, req.page_keys, now)
+            self._open[req.request_id] = (decision.slot, req.page_keys)
+
+    def on_finished(self, request_id: str, ok: bool, now: float) -> None:
+        opened = self._open.pop(request_id, None)
+        if opened is not None and self._routed is not None:
+            self._routed.settle(*opened, now, self.routed_settle_s)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         if self._routed is not None:
             self._routed.forget_worker(worker_id)
+        self._open = {r: o for r, o in self._open.items() if o[0][0] != worker_id}
 
     def estimate(
         self,

@@ -54,3 +54,31 @@ def test_next_turn_follows_a_prompt_routed_before_its_events_arrived() -> None:
     # Negative control: without the routed memory the holder looks cold and busy, so it loses.
     first, second, prefix = _turns(routed_ttl_s=0)
     assert second != first and prefix == 0
+
+
+def test_settled_pages_stand_in_for_the_index_only_a_little_longer() -> None:
+    memory = RoutedPrefixes(ttl_s=30.0)
+    memory.add(SLOT, KEYS[:8], now=0.0)
+    memory.settle(SLOT, KEYS[:4], now=1.0, within_s=5.0)  # those 4 were computed, finished at 1 s
+    assert memory.match(SLOT, KEYS[:8], now=5.9) == 8
+    assert memory.match(SLOT, KEYS[:8], now=6.1) == 0  # the leading run is the index's now
+    assert memory.match(SLOT, KEYS[4:8], now=6.1) == 4  # not settled: ttl as before
+    memory.settle(SLOT, KEYS[:8], now=2.0, within_s=60.0)  # settling never extends the ttl
+    assert memory.match(SLOT, KEYS[4:8], now=30.5) == 0
+
+
+def test_a_finished_turn_evicted_under_pressure_is_not_counted_after_settling() -> None:
+    """Turn 1 finished on w0 and its pages were evicted there (the index, from the engine's
+    events, has none); a turn 2 arriving 10 s later is priced by the index, not by what this
+    router once sent there."""
+    def second_prefix(**policy: object) -> int:
+        d = driver(index_with(), **policy)
+        ws = workers(2)
+        first = d.route(RouteRequest("t1", NS, 32 * PS, KEYS[:32], PS), ws, 0.0)
+        d.finished("t1", True, 1.0)
+        second = d.route(RouteRequest("t2", NS, 64 * PS, KEYS[:64], PS), ws, 11.0)
+        return second.prefix_tokens if second.worker_id == first.worker_id else 0
+
+    assert second_prefix() == 0
+    # Negative control: standing in for the whole ttl (the old rule) predicts 32 pages held.
+    assert second_prefix(routed_settle_s=30.0) == 32 * PS
