@@ -69,6 +69,13 @@ def cdf_plot(ttfts: dict[str, list[float]], path: Path, title: str) -> Path | No
     ax.set_title(title)
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
+    return save_figure(fig, path)
+
+
+def save_figure(fig: Any, path: Path) -> Path:
+    """Write a matplotlib figure as a PNG (folders made) and release it."""
+    import matplotlib.pyplot as plt
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

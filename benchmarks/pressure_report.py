@@ -127,8 +127,4 @@ def reuse_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path 
     ax.set_xlabel("fraction of prompt tokens")
     ax.set_title(title)
     ax.legend(fontsize=7, loc="lower right")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return path
+    return bench_report.save_figure(fig, path)
