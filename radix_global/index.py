@@ -187,8 +187,10 @@ class GlobalIndex:
         }
 
     @classmethod
-    def restore(cls, data: dict[str, Any]) -> GlobalIndex:
+    def restore(cls, data: dict[str, Any], shift_s: float = 0.0) -> GlobalIndex:
         """Rebuild an index from ``snapshot()`` data; raises ``MalformedEventError`` on bad data.
+        ``shift_s`` moves every hotness stamp (and each tree's clock): a snapshot taken on
+        another clock keeps the ages of its hits, not their absolute times.
 
         Every value is checked for its type and range (not coerced): what the index holds after a
         restore must be what ``snapshot()`` writes and the wire carries (int64 keys, uint32 dp
@@ -202,14 +204,14 @@ class GlobalIndex:
                 raise MalformedEventError(f"half_life_s must be > 0, got {half_life}")
             index = cls(half_life)
             for space in _list(data["namespaces"], "namespaces"):
-                index._restore_space(space)
+                index._restore_space(space, shift_s)
         except IndexRefusal:
             raise
         except Exception as exc:  # RecursionError, MemoryError...: still a bad snapshot
             raise MalformedEventError(f"bad snapshot: {type(exc).__name__}: {exc}"[:300]) from exc
         return index
 
-    def _restore_space(self, space: Any) -> None:
+    def _restore_space(self, space: Any, shift_s: float) -> None:
         if not isinstance(space, dict):
             raise MalformedEventError("a snapshot namespace must be a map")
         ns, page_size = space["namespace"], space["page_size"]
@@ -217,7 +219,7 @@ class GlobalIndex:
             raise MalformedEventError("a snapshot namespace needs a name of its own")
         self.register_namespace(Namespace(ns), _int(page_size, 1, _UINT32_MAX, "page_size"))
         tree = self._trees[Namespace(ns)]
-        tree.clock = _number(space["clock"], "clock")
+        tree.clock = _number(space["clock"], "clock") + shift_s
         made: list[Node] = []
         for node in _list(space["nodes"], "nodes"):
             if not isinstance(node, list) or len(node) != 5:
@@ -234,7 +236,7 @@ class GlobalIndex:
                 tier = Tier(_int(loc[2], min(Tier), max(Tier), "tier"))
                 locations.add(Location(cast(HolderId, loc[0]), dp, tier))
             made.append(tree.graft(parent, page_keys, frozenset(locations),
-                                   _number(hits, "hits"), _number(stamp, "stamp")))
+                                   _number(hits, "hits"), _number(stamp, "stamp") + shift_s))
         if any(not n.locset.locs and not n.children for n in made):
             raise MalformedEventError("a snapshot leaf holds no location")
 

@@ -244,7 +244,7 @@ class IndexServer:
                 log.warning("ignoring snapshot (starting empty as asked): %s", exc)
             else:
                 self.state = ServiceState(index, cfg.heartbeat_timeout_s)
-                await self.state.restore_workers(snap.workers)
+                await self.state.restore_workers(snap.workers, snap.feeds)
                 log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
         self._server = grpc.aio.server()
         pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)

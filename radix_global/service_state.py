@@ -18,7 +18,7 @@ from radix_global.index import GlobalIndex
 from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
-from radix_global.snapshot import IndexSnapshot, SnapshotError
+from radix_global.snapshot import FeedPosition, IndexSnapshot, SnapshotError
 from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, PoolId, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
@@ -66,9 +66,11 @@ class ServiceState:
         )
 
     # ---- workers --------------------------------------------------------------------------
-    async def register(self, info: WorkerInfo) -> bool:
+    async def register(self, info: WorkerInfo,
+                       resume: list[FeedPosition] | None = None) -> bool:
         """Add or replace a worker; True when its KV events are now followed (False: it has no
         endpoint, or the endpoint could not be subscribed; the worker is registered either way).
+        ``resume``: its feeds' positions in a restored snapshot (``KVEventSubscriber.add_worker``).
 
         Raises ``IdConflictError`` (pool id vs worker id) or ``PageSizeMismatchError`` before
         changing anything."""
@@ -82,7 +84,8 @@ class ServiceState:
         if self.workers.get(wid) == info and self.subscriber.heartbeat(wid):
             return self.subscriber.subscribed(wid)
         self.workers[wid] = info
-        return await self.subscriber.add_worker(info)  # a changed record: old entries dropped
+        # a changed record: old entries dropped
+        return await self.subscriber.add_worker(info, resume=resume)
 
     async def deregister(self, worker_id: WorkerId) -> None:
         """Forget a worker and drop its index entries (a pool's entries stay: the pool lives on;
@@ -109,16 +112,22 @@ class ServiceState:
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:
         workers = list(self.workers.values())
-        return IndexSnapshot(self.clock(), self.index.snapshot(), workers)
+        feeds = {w: p for w in self.workers
+                 if (p := self.subscriber.positions(w)) is not None and p}
+        return IndexSnapshot(self.clock(), self.index.snapshot(), workers, feeds)
 
-    async def restore_workers(self, workers: list[WorkerInfo]) -> None:
+    async def restore_workers(self, workers: list[WorkerInfo],
+                              feeds: dict[str, list[FeedPosition]] | None = None) -> None:
         """Re-register a snapshot's workers, without dropping the restored entries, and follow
-        their events again. Their heartbeat clock restarts now, so a worker gone while the
-        service was down is removed after one timeout. The first live event of a worker shows a
-        seq gap: the subscriber replays it or drops the worker's entries and resyncs."""
+        their events again from the saved feed positions (``docs/interfaces.md`` s.18). Their
+        heartbeat clock restarts now, so a worker gone while the service was down is removed
+        after one timeout. Without a position (an older file), the first live event shows a seq
+        gap: the subscriber replays it or drops the worker's entries and resyncs."""
         for info in workers:
+            resume = (feeds or {}).get(info.worker_id)
             try:
-                await self.register(info)
+                await self.register(info, resume if resume and len(resume) == info.dp_size
+                                    else None)
             except Exception as exc:  # one bad record must not stop the restore
                 log.warning("snapshot worker %s not restored: %s", info.worker_id, exc)
 

@@ -45,16 +45,28 @@ class SnapshotError(Exception):
     """A snapshot file that cannot be read: names the file and what is wrong with it."""
 
 
+class FeedPosition(msgspec.Struct, frozen=True, array_like=True):
+    """Where one KV-event feed stood: the last seq applied (-1: none) and the xxh64 of that
+    batch's payload, which tells the same engine's batch from a restarted engine's batch of the
+    same seq (``docs/interfaces.md`` s.18)."""
+
+    seq: int
+    digest: int
+
+
 class IndexSnapshot(msgspec.Struct, frozen=True):
-    """Everything the index service needs to come back: the index state and who was registered.
+    """Everything an index needs to come back: the index state and who was registered.
 
     ``index`` is the plain data of ``GlobalIndex.snapshot()`` (or ``ShardedIndex.snapshot()``);
-    ``created_at`` is wall-clock seconds, the clock of the service's hotness decay.
+    ``created_at`` is the clock of the hotness decay: wall-clock seconds for the service, the
+    router's monotonic clock for its embedded index. ``feeds``: worker id -> the position of
+    each dp rank's KV-event feed (absent in older files: no worker resumes its stream).
     """
 
     created_at: float
     index: Any
     workers: list[WorkerInfo] = []
+    feeds: dict[str, list[FeedPosition]] = {}
 
 
 class _Body(msgspec.Struct):
@@ -63,6 +75,7 @@ class _Body(msgspec.Struct):
     created_at: float
     index: Any
     workers: list[msgspec.Raw] = []
+    feeds: dict[str, list[FeedPosition]] = {}
 
 
 class SnapshotWritten(msgspec.Struct, frozen=True):
@@ -102,7 +115,7 @@ def decode_snapshot(data: bytes, source: str = "<bytes>") -> IndexSnapshot:
             workers.append(msgspec.msgpack.decode(record, type=WorkerInfo))
         except Exception as exc:
             log.warning("%s: a worker record is left out: %s", source, str(exc)[:300])
-    return IndexSnapshot(raw.created_at, raw.index, workers)
+    return IndexSnapshot(raw.created_at, raw.index, workers, raw.feeds)
 
 
 def write_snapshot(path: str | Path, data: bytes) -> SnapshotWritten:

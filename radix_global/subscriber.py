@@ -42,10 +42,11 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
+import xxhash
 import zmq
 import zmq.asyncio
 
@@ -53,6 +54,7 @@ from radix_global.events import EngineKind, EventDecoder
 from radix_global.ops import IndexOp, IndexRefusal, MalformedEventError
 from radix_global.registration import WorkerInfo
 from radix_global.replay import request_replay
+from radix_global.snapshot import FeedPosition
 from radix_global.types import HolderId, Namespace, PoolId, WorkerId
 
 log = logging.getLogger(__name__)
@@ -112,6 +114,8 @@ class _Publisher:
     decoder: EventDecoder  # the worker's, or (pool stream) one with holder = pool id
     is_pool: bool = False
     last_seq: int | None = None  # None: nothing applied yet
+    last_digest: int = 0  # xxh64 of the payload of last_seq (FeedPosition)
+    resumed: bool = False  # last_seq came from a restored snapshot: _resume checks it first
     # Seqs (first, last) a replay (join catch-up, gap fill) applied ahead of the live stream,
     # until live passes them: a live seq in there is a copy of a replayed batch, not a restart.
     replayed: tuple[int, int] | None = None
@@ -160,12 +164,18 @@ class KVEventSubscriber:
 
     # ---- membership -----------------------------------------------------------------------
     async def add_worker(
-        self, info: WorkerInfo, lora_extra_keys: Mapping[str, str] | None = None
+        self, info: WorkerInfo, lora_extra_keys: Mapping[str, str] | None = None,
+        resume: Sequence[FeedPosition] | None = None,
     ) -> bool:
         """Start following ``info`` (replaces a previous registration of the same id); True when
         every rank's KV events are now subscribed. A rank whose endpoint cannot be subscribed is
         logged and counted, and the worker stays registered (heartbeats, timeout) all the same.
-        ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map."""
+        ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map.
+
+        ``resume``: one position per dp rank, saved with index entries of this worker that were
+        restored (``docs/interfaces.md`` s.18). Each rank's feed continues from its position
+        (seq -1: none, a fresh join) instead of joining afresh, and drops the worker's entries
+        when the engine cannot show it is the one that sent that batch."""
         wid = WorkerId(info.worker_id)
         if wid in self._feeds:
             await self.remove_worker(wid)
@@ -187,6 +197,8 @@ class KVEventSubscriber:
         if info.kv_events_endpoint is None:
             return False  # heartbeat-only worker: nothing to subscribe to
         subscribed = True
+        if resume is not None and len(resume) != info.dp_size:
+            raise ValueError(f"{len(resume)} feed positions for {info.dp_size} dp ranks")
         for rank in range(info.dp_size):
             replay = info.kv_events_replay_endpoint
             try:
@@ -196,12 +208,23 @@ class KVEventSubscriber:
                 self._subscribe_failed(wid, info.kv_events_endpoint, exc)
                 subscribed = False
                 continue
+            at = resume[rank] if resume is not None and resume[rank].seq >= 0 else None
             subscribed &= self._start(feed, rank, endpoint, replay_at, decoder,
-                                      f"kv-sub-{wid}-{rank}")
+                                      f"kv-sub-{wid}-{rank}", at)
         return subscribed
 
+    def positions(self, worker_id: WorkerId) -> list[FeedPosition] | None:
+        """Where each of the worker's KV-event feeds stands (rank order; seq -1: nothing
+        applied), for a snapshot; None for an unknown worker."""
+        feed = self._feeds.get(worker_id)
+        if feed is None:
+            return None
+        ranks = sorted((p for p in feed.publishers if not p.is_pool), key=lambda p: p.rank)
+        return [FeedPosition(-1 if p.last_seq is None else p.last_seq, p.last_digest)
+                for p in ranks]
+
     def _start(self, feed: _Feed, rank: int, endpoint: str, replay: str | None,
-               decoder: EventDecoder, name: str) -> bool:
+               decoder: EventDecoder, name: str, at: FeedPosition | None = None) -> bool:
         """Connect a SUB to one publisher and follow it; False (counted) when it cannot."""
         pool = decoder is not feed.decoder
         sock: zmq.asyncio.Socket | None = None
@@ -215,6 +238,8 @@ class KVEventSubscriber:
             self._subscribe_failed(WorkerId(feed.info.worker_id), endpoint, exc)
             return False
         pub = _Publisher(rank, endpoint, replay, decoder, is_pool=pool)
+        if at is not None:
+            pub.last_seq, pub.last_digest, pub.resumed = at.seq, at.digest, True
         pub.task = asyncio.create_task(self._follow(feed, pub, sock), name=name)
         feed.publishers.append(pub)
         return True
@@ -311,7 +336,10 @@ class KVEventSubscriber:
         try:
             if pub.replay_endpoint is not None:
                 try:
-                    await self._catch_up(feed, pub)
+                    if pub.resumed:
+                        await self._resume(feed, pub)
+                    else:
+                        await self._catch_up(feed, pub)
                 except Exception:  # a failed catch-up only costs history, never the feed
                     log.exception("%s: catch-up replay failed", feed.info.worker_id)
             while True:
@@ -363,6 +391,7 @@ class KVEventSubscriber:
 
     def _apply(self, pub: _Publisher, payload: bytes) -> None:
         """Decode and apply one batch. Never raises (the caller has advanced the seq already)."""
+        pub.last_digest = xxhash.xxh64_intdigest(payload)
         decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
         for op in decoded.ops:
@@ -385,6 +414,36 @@ class KVEventSubscriber:
         self._counts["resyncs"] += 1
         self._index.remove_holder(WorkerId(feed.info.worker_id))
         feed.decoder.forget()
+
+    async def _resume(self, feed: _Feed, pub: _Publisher) -> None:
+        """Continue a restored feed: the publisher must still buffer the saved batch itself,
+        byte for byte (the same engine, nothing lost), and what follows it is applied. Otherwise
+        (a restarted engine, lost history, a failed replay) the restored entries are dropped and
+        the feed joins afresh."""
+        assert pub.replay_endpoint is not None and pub.last_seq is not None
+        saved = pub.last_seq
+        self._counts["replays"] += 1
+        batches = await request_replay(self._ctx, pub.replay_endpoint, saved,
+                                       self.replay_timeout_s)
+        if batches and batches[0][0] == saved \
+                and xxhash.xxh64_intdigest(batches[0][1]) == pub.last_digest:
+            for s, payload in batches[1:]:
+                if s != pub.last_seq + 1:
+                    break  # a gap inside the answer: the live stream shows it and resyncs
+                pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
+                pub.last_seq = s
+                self._apply(pub, payload)
+            return
+        if batches is None:
+            self._counts["replay_failures"] += 1
+        log.warning("%s rank %d: the engine does not hold restored batch %d (%s): its restored "
+                    "entries are dropped", feed.info.worker_id, pub.rank, saved,
+                    "replay failed" if batches is None else
+                    "nothing buffered" if not batches else f"buffer starts at {batches[0][0]}"
+                    if batches[0][0] != saved else "another payload: a restarted engine")
+        self._resync(feed, pub, 0)
+        pub.last_seq = None
+        await self._catch_up(feed, pub)
 
     async def _catch_up(self, feed: _Feed, pub: _Publisher) -> None:
         """Apply what the publisher still buffers from before we joined (seq 0 on). Live messages
