@@ -58,6 +58,10 @@ class RouterConfig:
     port: int = 30080
     workers: tuple[str, ...] = ()  # base URLs of workers given on the command line
     index_url: str | None = None  # standalone index service; None = embedded index
+    # The embedded index's snapshot (docs/interfaces.md s.18): restored at start, written every
+    # index_snapshot_interval_s (0 = only at shutdown) and at shutdown.
+    index_snapshot: str | None = None
+    index_snapshot_interval_s: float = 60.0
     policy: str = "conductor"
     policy_options: dict[str, Any] = field(default_factory=dict)  # get_policy(**...), checked
     admin_token: str | None = None  # unset: admin API from loopback only
@@ -160,6 +164,12 @@ class RouterConfig:
             except ValueError as exc:
                 raise ConfigError(str(exc)) from exc
             object.__setattr__(self, f.name, value)
+        if self.index_snapshot and self.index_url:
+            raise ConfigError("index_snapshot is for the embedded index; with index_url the index "
+                              "service keeps its own (radix-global index serve --snapshot PATH)")
+        if self.index_snapshot_interval_s < 0:
+            raise ConfigError(f"index_snapshot_interval_s must be >= 0, got "
+                              f"{self.index_snapshot_interval_s}")
         if self.pd_mode not in {m.value for m in PdMode}:
             raise ConfigError(f"pd_mode must be native or pool, got {self.pd_mode!r}")
         if self.log_level.upper() not in ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"):

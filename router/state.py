@@ -63,8 +63,11 @@ class RouterState:
             (e.info.worker_id, key_mismatch(e, config.mismatch_min_requests))
             for e in self.registry.all()]
         self.lora_extra_keys = configured_extra_keys(config.lora_paths)  # name -> SGLang's key
-        self.index: ClusterIndex = open_index(config.index_url, config.resolved_admin_token(),
-                                              lora_extra_keys=self.lora_extra_keys)
+        self.index: ClusterIndex = open_index(
+            config.index_url, config.resolved_admin_token(), lora_extra_keys=self.lora_extra_keys,
+            snapshot_path=config.index_snapshot,
+            snapshot_interval_s=config.index_snapshot_interval_s,
+            restore_grace_s=config.heartbeat_timeout_s, clock=clock)
         self.index.bind_metrics(self.metrics.registry)
         # One SLO for the conductor's TTFT admission and the driver's decode admission (no
         # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from

@@ -6,6 +6,12 @@ ZMQ KV-event subscription per registered worker (``radix_global.subscriber``). T
 ``--index HOST:PORT`` selects the standalone gRPC index service instead
 (``router/cluster/remote_index.py``).
 
+With ``snapshot_path`` the embedded index is saved there every ``snapshot_interval_s`` and at
+stop, and restored at start, so a restarted router routes to the holders at once
+(``docs/interfaces.md`` s.18): a returning worker keeps its restored entries only if it registers
+the same record again, and its feeds continue from the saved positions; one that does not return
+within ``restore_grace_s`` loses them.
+
 Both links answer the same questions: ``view`` (what the policies ``match`` against, never
 blocking the loop), ``direct_view`` and ``hot_prefixes`` (off the request path: hot-prefix
 warming; blocking when ``remote``), membership (``check``, ``worker_added``, ``worker_removed``,
@@ -15,9 +21,11 @@ warming; blocking when ``remote``), membership (``check``, ``worker_added``, ``w
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import importlib
 import logging
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from prometheus_client import CollectorRegistry
@@ -25,6 +33,16 @@ from prometheus_client import CollectorRegistry
 from radix_global.index import GlobalIndex
 from radix_global.ops import HotPrefix, IndexRefusal
 from radix_global.pool_ids import is_segment
+from radix_global.registration import WorkerInfo
+from radix_global.snapshot import (
+    FeedPosition,
+    IndexSnapshot,
+    SnapshotError,
+    encode_snapshot,
+    load_on_start,
+    snapshot_every,
+    write_snapshot,
+)
 from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.registry import ConflictError, WorkerEntry
 from router.cluster.remote_index import RemoteIndex
@@ -38,8 +56,20 @@ class EmbeddedIndex:
 
     remote = False  # its queries are in-process calls: on the event loop
 
-    def __init__(self, lora_extra_keys: Mapping[str, str] | None = None) -> None:
-        self.index = GlobalIndex()
+    def __init__(self, lora_extra_keys: Mapping[str, str] | None = None, *,
+                 snapshot_path: str | None = None, snapshot_interval_s: float = 0.0,
+                 restore_grace_s: float = 20.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.snapshot_path = snapshot_path
+        self.snapshot_interval_s = snapshot_interval_s
+        self.restore_grace_s = restore_grace_s
+        self._clock = clock
+        self.restore_outcome = "off" if snapshot_path is None else "none"
+        self._infos: dict[WorkerId, WorkerInfo] = {}  # followed workers: what a snapshot names
+        # Workers whose entries were restored and who have not registered again yet.
+        self._restored: dict[WorkerId, tuple[WorkerInfo, list[FeedPosition]]] = {}
+        # Restored before the policies take ``view``: the object they hold is never replaced.
+        self.index = self._restore(snapshot_path) if snapshot_path else GlobalIndex()
         self._lora_extra_keys = dict(lora_extra_keys or {})  # adapter name -> SGLang extra key
         self._subscriber: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -74,11 +104,82 @@ class EmbeddedIndex:
         else:
             log.warning("%s: KV events are not consumed, routing is cache-blind",
                         self._subscriber_error)
+        if self.snapshot_path is None:
+            return
+        asyncio.get_running_loop().call_later(self.restore_grace_s, self._expire_restored)
+        if self.snapshot_interval_s > 0:
+            self._spawn(snapshot_every(self.snapshot_interval_s, self.snapshot_path,
+                                       self.take_snapshot))
 
     async def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.snapshot_path is not None:  # before the feeds close: closing drops entries
+            try:
+                written = await asyncio.to_thread(write_snapshot, self.snapshot_path,
+                                                  encode_snapshot(self.take_snapshot()))
+                log.info("index snapshot written: %s (%d bytes)", written.path,
+                         written.size_bytes)
+            except OSError as exc:
+                log.error("index snapshot to %s failed: %r", self.snapshot_path, exc)
         if self._subscriber is not None:
             await self._subscriber.close()
             self._subscriber = None
+
+    # ---- snapshots (docs/interfaces.md s.18) ----------------------------------------------
+    def take_snapshot(self) -> IndexSnapshot:
+        """The index, the followed workers and where each of their feeds stands, on the loop.
+        Restored workers not back yet are kept as they were, so a second restart within the
+        grace period does not lose them."""
+        feeds: dict[str, list[FeedPosition]] = {}
+        for wid in self._infos:
+            positions = self._subscriber.positions(wid) if self._subscriber else None
+            if positions is not None:
+                feeds[wid] = positions
+        workers = list(self._infos.values())
+        for wid, (info, positions) in self._restored.items():
+            workers.append(info)
+            feeds[wid] = positions
+        return IndexSnapshot(self._clock(), self.index.snapshot(), workers, feeds)
+
+    def _restore(self, path: str) -> GlobalIndex:
+        """The snapshot's index, or an empty one. A bad file is logged and the router starts
+        empty: a cache-blind router still serves, a router that refuses to start does not."""
+        try:
+            snap = load_on_start(path)
+            if snap is None:
+                return GlobalIndex()
+            if not isinstance(snap.index, dict):
+                raise SnapshotError(f"{path}: the index state is not a map")
+            index = GlobalIndex.restore(snap.index, shift_s=self._clock() - snap.created_at)
+        except (SnapshotError, IndexRefusal) as exc:
+            self.restore_outcome = f"unreadable: {str(exc)[:300]}"
+            log.error("index snapshot not restored, starting empty: %s", exc)
+            return GlobalIndex()
+        self.index = index  # _drop below reads it
+        for info in snap.workers:
+            positions = snap.feeds.get(info.worker_id)
+            if positions is not None and len(positions) == info.dp_size:
+                self._restored[WorkerId(info.worker_id)] = (info, positions)
+            else:  # nothing to continue its stream from: its entries cannot be trusted
+                self._drop(info)
+        self.restore_outcome = f"restored {len(self._restored)} workers"
+        log.info("index snapshot %s restored: %s", path, self.restore_outcome)
+        return index
+
+    def _expire_restored(self) -> None:
+        for info, _ in self._restored.values():
+            log.warning("worker %s did not come back within %.0f s: its restored index entries "
+                        "are dropped", info.worker_id, self.restore_grace_s)
+            self._drop(info)
+        self._restored.clear()
+
+    def _drop(self, info: WorkerInfo) -> None:
+        self.index.remove_holder(WorkerId(info.worker_id))
+        if info.pool_id is not None and is_segment(info.pool_id):
+            self.index.remove_holder(PoolId(info.pool_id))
 
     def check(self, entry: WorkerEntry) -> None:
         """Refuse a registration the index would refuse (page size of a known namespace)."""
@@ -93,10 +194,22 @@ class EmbeddedIndex:
             self.index.register_namespace(Namespace(info.namespace), info.page_size)
         except IndexRefusal as exc:
             raise ConflictError(str(exc)) from exc
+        wid = WorkerId(info.worker_id)
+        restored = self._restored.pop(wid, None)
+        resume = None
+        if restored is not None and restored[0] == info:
+            resume = restored[1]
+        elif restored is not None:
+            log.info("worker %s registered another record: its restored entries are dropped",
+                     wid)
+            self._drop(restored[0])
+        self._infos[wid] = info
         if self._subscriber is not None and info.kv_events_endpoint:
-            self._spawn(self._subscriber.add_worker(info, lora_extra_keys=entry.lora))
+            self._spawn(self._subscriber.add_worker(info, lora_extra_keys=entry.lora,
+                                                    resume=resume))
 
     def worker_removed(self, entry: WorkerEntry) -> None:
+        self._infos.pop(WorkerId(entry.info.worker_id), None)
         if self._subscriber is not None:
             self._spawn(self._subscriber.remove_worker(WorkerId(entry.info.worker_id)))
         self.index.remove_holder(WorkerId(entry.info.worker_id))
@@ -121,7 +234,9 @@ class EmbeddedIndex:
         task.add_done_callback(self._tasks.discard)
 
     def stats(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"mode": "embedded"}
+        out: dict[str, Any] = {"mode": "embedded", "snapshot": {
+            "path": self.snapshot_path, "restore": self.restore_outcome,
+            "restored_waiting": sorted(self._restored)}}
         stats = self.index.stats()
         out.update(stats._asdict() if hasattr(stats, "_asdict") else {"stats": str(stats)})
         if self._subscriber is not None and hasattr(self._subscriber, "stats"):
@@ -136,10 +251,16 @@ ClusterIndex = EmbeddedIndex | RemoteIndex
 
 def open_index(index_url: str | None, admin_token: str | None = None,
                match_timeout_s: float = 0.1,
-               lora_extra_keys: Mapping[str, str] | None = None) -> ClusterIndex:
+               lora_extra_keys: Mapping[str, str] | None = None, *,
+               snapshot_path: str | None = None, snapshot_interval_s: float = 0.0,
+               restore_grace_s: float = 20.0,
+               clock: Callable[[], float] = time.monotonic) -> ClusterIndex:
     """Embedded index by default; ``index_url`` (host:port of ``radix-global index serve``)
     selects the standalone service. ``lora_extra_keys``: adapter name -> SGLang extra key, for
-    re-keying LoRA stores (embedded index only)."""
+    re-keying LoRA stores; the snapshot options and the clock: :class:`EmbeddedIndex` (embedded
+    index only: ``RouterConfig`` refuses a snapshot with ``index_url``)."""
     if index_url is None:
-        return EmbeddedIndex(lora_extra_keys)
+        return EmbeddedIndex(lora_extra_keys, snapshot_path=snapshot_path,
+                             snapshot_interval_s=snapshot_interval_s,
+                             restore_grace_s=restore_grace_s, clock=clock)
     return RemoteIndex(index_url, admin_token, match_timeout_s)
