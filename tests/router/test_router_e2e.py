@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -20,6 +22,8 @@ from chat_e2e import cached_tokens, chat, reply, text, wait_indexed, wait_router
 from http_peer import ServerThread, free_port
 from servers import sglang_server
 
+from radix_global.keys import page_keys
+from radix_global.types import Namespace, WorkerId
 from router.config import RouterConfig
 from router.http.app import build_app
 from router.state import RouterState
@@ -81,5 +85,82 @@ def test_conversation_lands_where_its_history_is_cached(workers):
         with httpx.Client(base_url=other, timeout=300) as direct:
             r = chat(direct, probe, max_tokens=4)
         assert cached_tokens(r) == 0
+    finally:
+        server.stop()
+
+
+def _router(urls: list[str], **options: Any) -> tuple[RouterState, ServerThread]:
+    state = RouterState(RouterConfig(workers=tuple(urls), policy="conductor",
+                                     health_check_interval_s=1.0, **options))
+    return state, ServerThread(build_app(state)).start()
+
+
+def _history_pages(state: RouterState, worker: str, messages: list[dict[str, str]],
+                   model: str) -> int:
+    keys = page_keys(state.tokenizers.get(model).encode_chat(messages), PAGE)
+    ns = Namespace(state.registry.models()["tiny"])
+    held = state.index.index.match(ns, keys, time.monotonic()).matched.get((WorkerId(worker), 0))
+    return 0 if held is None else held.gpu
+
+
+def test_a_restarted_router_routes_to_the_holders_from_its_snapshot(workers, tmp_path: Path):
+    """docs/interfaces.md s.18. Router A serves turn 1 of two conversations and stops; router B
+    starts from A's index snapshot (and its saved prefill profiles) and, before any new KV event,
+    sends turn 2 to the worker holding the history, which the engine confirms. Control: a router
+    started without the snapshot (same engines, same moment) holds none of the history. After
+    turn 2 the engines' events continue B's restored streams without a resync."""
+    model, urls = workers
+    snap, profiles = str(tmp_path / "index.snap"), str(tmp_path / "profiles.json")
+    convs = {k: [{"role": "system", "content": text(10 + k, 200)},
+                 {"role": "user", "content": text(500 + k, 40)}] for k in (1, 2)}
+    home: dict[int, str] = {}
+    state, server = _router(urls, index_snapshot=snap, profiles_file=profiles)
+    try:
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            wait_router_ready(state)
+            state.tokenizers.get(model).load()
+            for k, messages in convs.items():
+                r = chat(c, messages, max_tokens=4)
+                home[k] = r.headers["x-radix-worker"]
+                messages.append({"role": "assistant", "content": reply(r) or "ok"})
+                wait_indexed(state, home[k], messages[:-1], model, PAGE)
+    finally:
+        server.stop()  # writes the snapshot
+    assert Path(snap).stat().st_size > 0
+
+    def started(state: RouterState) -> None:
+        deadline = time.monotonic() + 60
+        while len(state.registry) < 2 or state.profiling_pending():
+            assert time.monotonic() < deadline, "router did not discover both workers"
+            time.sleep(0.2)
+        state.tokenizers.get(model).load()
+
+    blind, server = _router(urls, profiles_file=profiles)  # the control: no snapshot
+    try:
+        started(blind)
+        assert all(_history_pages(blind, home[k], m[:-1], model) == 0 for k, m in convs.items())
+    finally:
+        server.stop()
+
+    state, server = _router(urls, index_snapshot=snap, profiles_file=profiles)
+    try:
+        started(state)
+        assert all(p["state"] == "restored" for p in state.profiles.values()), state.profiles
+        for k, messages in convs.items():
+            assert _history_pages(state, home[k], messages[:-1], model) > 200 // PAGE
+        assert state.index.stats()["subscriber"]["batches"] == 0  # nothing new came in
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            for k, messages in convs.items():
+                messages.append({"role": "user", "content": text(600 + k, 40)})
+                r = chat(c, messages, max_tokens=4)
+                assert r.headers["x-radix-worker"] == home[k], (k, r.headers, home)
+                assert int(r.headers["x-radix-prefix-tokens"]) >= 200
+                assert cached_tokens(r) >= int(r.headers["x-radix-prefix-tokens"]) - PAGE
+                messages.append({"role": "assistant", "content": reply(r) or "ok"})
+                wait_indexed(state, home[k], messages[:-1], model, PAGE)
+        events = state.index.stats()["subscriber"]
+        assert events["batches"] > 0 and events["resyncs"] == 0 and events["gaps"] == 0, events
+        for k, messages in convs.items():  # the restored history is still there
+            assert _history_pages(state, home[k], messages[:3], model) > 200 // PAGE
     finally:
         server.stop()
