@@ -112,7 +112,7 @@ class ServiceState:
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:
         workers = list(self.workers.values())
-        feeds = {w: p for w in self.workers
+        feeds: dict[str, list[FeedPosition]] = {w: p for w in self.workers
                  if (p := self.subscriber.positions(w)) is not None and p}
         return IndexSnapshot(self.clock(), self.index.snapshot(), workers, feeds)
 

@@ -5,10 +5,16 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
+import msgspec
 import pytest
+import xxhash
 
 from radix_global.registration import WorkerInfo
 from radix_global.snapshot import (
+    _HEADER,
+    FORMAT_VERSION,
+    MAGIC,
+    FeedPosition,
     IndexSnapshot,
     SnapshotError,
     decode_snapshot,
@@ -36,6 +42,22 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
     assert back == _snap()
     assert back.workers[0] == WORKER
     assert not [p for p in path.parent.iterdir() if p.name != "index.snap"], "temp file left"
+
+
+def test_feed_positions_round_trip_and_an_older_file_has_none() -> None:
+    """docs/interfaces.md s.18: ``feeds`` is optional, so a file written before it existed
+    still reads (no worker resumes its stream); a wrong shape is a clear error."""
+    snap = IndexSnapshot(1.0, STATE, [WORKER], {"sgl-0": [FeedPosition(41, 2**64 - 1)]})
+    assert decode_snapshot(encode_snapshot(snap)) == snap
+    old = msgspec.msgpack.encode({"created_at": 1.0, "index": STATE, "workers": []})
+
+    def framed(body: bytes) -> bytes:
+        return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), xxhash.xxh64_intdigest(body)) + body
+
+    assert decode_snapshot(framed(old)).feeds == {}
+    bad = msgspec.msgpack.encode({"created_at": 1.0, "index": STATE, "feeds": {"w": [[1]]}})
+    with pytest.raises(SnapshotError, match="undecodable body"):
+        decode_snapshot(framed(bad))
 
 
 def test_rewrite_replaces_the_old_snapshot(tmp_path: Path) -> None:

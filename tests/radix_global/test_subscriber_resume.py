@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import zmq
-from test_subscriber import A, B, TOPIC, ScriptedPublisher, env, held, info, stored, until
+from test_subscriber import TOPIC, A, B, ScriptedPublisher, env, held, info, stored, until
 
 from radix_global.index import GlobalIndex
 from radix_global.snapshot import FeedPosition
