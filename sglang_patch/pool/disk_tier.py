@@ -2,8 +2,9 @@
 
 One file per page, ``DIR/<2 hex>/<SHA-256 of the pool key>.page``: a checksummed header (the
 page's tag and its parent's, tokens per page, the pool key) and the page's bytes with their own
-checksum. Writes go to a temporary file in the same folder, are synced and renamed, so a reader
-never sees a torn page and a killed writer leaves only a temporary file, deleted at the next open.
+checksum. Writes go to a temporary file in the same folder, are synced, renamed and the folder
+synced, so a reader never sees a torn page, a killed writer leaves only a temporary file (deleted
+at the next open), and a page announced as stored survives a power loss.
 A damaged or truncated file is a miss and is removed. Capacity: LRU by modification time (a read
 touches the file), counted by this process over what the scan at open found.
 
@@ -38,6 +39,14 @@ from sglang_patch.pool.disk_format import (
 )
 
 log = logging.getLogger(__name__)
+
+
+def _sync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 class WriteResult(NamedTuple):
     on_disk: bool  # the page is on disk now (written, or there already)
@@ -152,6 +161,7 @@ class DiskTier:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
+            _sync_dir(path.parent)  # the rename is durable only once the folder entry is
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()

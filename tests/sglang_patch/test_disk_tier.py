@@ -44,6 +44,20 @@ def test_pages_survive_a_reopen_bit_exactly(tmp_path):
     assert read(again, key(2)) is None
 
 
+def test_a_page_is_synced_then_its_folder_after_the_rename(tmp_path, monkeypatch):
+    """Durability order: the file's bytes, the rename, then the folder entry (else a power loss
+    can lose a page that was announced as stored)."""
+    calls: list[str] = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: (calls.append(os.readlink(f"/proc/self/fd/{fd}")),
+                                                 real_fsync(fd))[1])
+    monkeypatch.setattr(os, "replace", lambda a, b: (calls.append("rename"), real_replace(a, b))[1])
+    disk = DiskTier(tmp_path, 1 << 20)
+    disk.write(key(1), page(1), 11, None, 4)
+    (path,) = tmp_path.rglob("*.page")
+    assert calls[-2:] == ["rename", str(path.parent)] and TMP_PREFIX in calls[-3]
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "header", "empty"])
 def test_a_damaged_file_is_a_miss_and_is_removed(tmp_path, damage):
     disk = DiskTier(tmp_path, 1 << 20)
