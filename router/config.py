@@ -150,6 +150,10 @@ class RouterConfig:
     warm_rate_pages_per_s: float = _WARM.rate_pages_per_s
     warm_burst_pages: float = _WARM.burst_pages
     warm_cooldown_s: float = _WARM.cooldown_s
+    # A joining worker is sent its namespace's hottest prefixes it does not hold, up to this many
+    # pages (0 = off) within join_warm_timeout_s (router/cluster/warming.py, interfaces s.18).
+    join_warm_pages: int = 0
+    join_warm_timeout_s: float = 60.0
 
     def __post_init__(self) -> None:
         """Types (lists become tuples, ints floats where floats are wanted), choices, the
@@ -167,6 +171,8 @@ class RouterConfig:
         if self.index_snapshot and self.index_url:
             raise ConfigError("index_snapshot is for the embedded index; with index_url the index "
                               "service keeps its own (radix-global index serve --snapshot PATH)")
+        if self.join_warm_pages < 0 or self.join_warm_timeout_s <= 0:
+            raise ConfigError("join_warm_pages must be >= 0 and join_warm_timeout_s > 0")
         if self.index_snapshot_interval_s < 0:
             raise ConfigError(f"index_snapshot_interval_s must be >= 0, got "
                               f"{self.index_snapshot_interval_s}")

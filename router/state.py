@@ -88,7 +88,8 @@ class RouterState:
         self.health.bind_metrics(self.metrics.registry)
         self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
                                       self.routing.cost.outstanding, config.warm_interval_s,
-                                      config.warm_config(), clock=clock)
+                                      config.warm_config(), join_pages=config.join_warm_pages,
+                                      join_timeout_s=config.join_warm_timeout_s, clock=clock)
         self.warmer.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
         tenants_file = read_tenants_file(config.tenants_file)
@@ -143,6 +144,7 @@ class RouterState:
         if not self.restore_profile(entry):
             self.inherit_profile(entry)
             self.start_profile(entry)
+        self.warmer.joined(entry)
         self.refresh_gauges()
 
     def restore_profile(self, entry: WorkerEntry) -> bool:

@@ -40,6 +40,8 @@ _HELP = {
     "workers": "worker base URLs (URL[#field=value&...]), health-checked over HTTP",
     "index_url": "standalone index service (default: embedded index)",
     "index_snapshot": "embedded index: restore from this file at start, save it at shutdown",
+    "join_warm_pages": "pages of hot prefixes sent to a joining worker; 0 = off",
+    "join_warm_timeout_s": "time budget of a joining worker's pre-warming",
     "index_snapshot_interval_s": "also save the index snapshot every this many seconds; 0 = off",
     "policy": "random | round_robin | least_load | approx_cache | conductor",
     "policy_options": "the policy's options as KEY=VALUE (e.g. fetch_ratio=1.5)",

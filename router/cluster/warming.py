@@ -15,6 +15,11 @@ warmed from here and is counted as ``no_tokens``.
 Outcomes are counted in ``router_warm_actions_total{outcome}``: ``sent`` (the engine answered),
 ``failed`` (error or timeout), ``no_tokens``, ``unsupported`` (not an SGLang engine), ``busy``
 (``max_in_flight`` warm requests already running).
+
+A worker that joins is pre-warmed once (``join_pages`` > 0, ``docs/interfaces.md`` s.18): the
+hottest prefixes of its namespace it does not hold, within a page and a time budget; pages by
+outcome in ``router_join_warm_pages_total{outcome}`` (``sent``, ``failed``, ``no_tokens``,
+``budget``).
 """
 
 from __future__ import annotations
@@ -30,9 +35,11 @@ from typing import Any
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
+from radix_global.ops import HolderMatch, HotPrefix
 from radix_global.types import Namespace, PageKey
 from router.cluster.index_link import ClusterIndex
-from router.cluster.registry import WorkerRegistry
+from router.cluster.prefix_tokens import PrefixTokens
+from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.cluster.replication import WarmAction, WarmConfig, WarmupPlanner
 from router.cluster.slots import worker_states
 from router.routing.contract import Slot, WorkerState
@@ -40,65 +47,8 @@ from router.routing.contract import Slot, WorkerState
 log = logging.getLogger("radix_global.router.cluster.warming")
 
 OUTCOMES = ("sent", "failed", "no_tokens", "unsupported", "busy")
-
-
-class PrefixTokens:
-    """Token ids of routed prompts, findable by any of their page keys. Pure; bounded LRU.
-
-    Page keys are chained digests, so a key names its whole prefix: the ids of ``keys`` are the
-    first ``len(keys) * page_size`` ids of a remembered prompt containing ``keys[-1]`` at
-    position ``len(keys) - 1``.
-    """
-
-    def __init__(self, max_pages: int = 200_000) -> None:
-        if max_pages < 1:
-            raise ValueError("max_pages must be >= 1")
-        self.max_pages = max_pages
-        self._prompts: collections.OrderedDict[int, tuple[str, tuple[PageKey, ...],
-                                                          list[int], int]] = \
-            collections.OrderedDict()
-        self._where: dict[tuple[str, PageKey], tuple[int, int]] = {}  # -> (prompt id, pages)
-        self._pages = 0
-        self._next = 0
-
-    def remember(self, namespace: str, keys: Sequence[PageKey], ids: Sequence[int],
-                 page_size: int) -> None:
-        pages = min(len(keys), len(ids) // page_size) if page_size > 0 else 0
-        if pages == 0 or pages > self.max_pages:
-            return
-        last = self._where.get((namespace, keys[pages - 1]))
-        if last is not None and last[1] == pages:  # already known: refresh its prompt
-            self._prompts.move_to_end(last[0])
-            return
-        pid = self._next
-        self._next += 1
-        own = tuple(keys[:pages])
-        self._prompts[pid] = (namespace, own, list(ids[: pages * page_size]), page_size)
-        for i, key in enumerate(own):
-            self._where[(namespace, key)] = (pid, i + 1)
-        self._pages += pages
-        while self._pages > self.max_pages:
-            self._evict()
-
-    def tokens(self, namespace: str, keys: Sequence[PageKey]) -> list[int] | None:
-        if not keys:
-            return None
-        hit = self._where.get((namespace, keys[-1]))
-        if hit is None or hit[1] != len(keys):
-            return None
-        _, _, ids, page_size = self._prompts[hit[0]]
-        self._prompts.move_to_end(hit[0])
-        return ids[: len(keys) * page_size]
-
-    def _evict(self) -> None:
-        pid, (namespace, keys, _, _) = self._prompts.popitem(last=False)
-        self._pages -= len(keys)
-        for key in keys:
-            if self._where.get((namespace, key), (None,))[0] == pid:
-                del self._where[(namespace, key)]
-
-    def __len__(self) -> int:
-        return len(self._prompts)
+JOIN_OUTCOMES = ("sent", "failed", "no_tokens", "budget")
+_NONE = HolderMatch(0, 0, 0)
 
 
 class HotPrefixWarmer:
@@ -112,7 +62,8 @@ class HotPrefixWarmer:
     def __init__(self, index: ClusterIndex, registry: WorkerRegistry, client: httpx.AsyncClient,
                  outstanding: Callable[[Slot], int], interval_s: float = 0.0,
                  config: WarmConfig | None = None, top_k: int = 16, max_in_flight: int = 2,
-                 timeout_s: float = 60.0, max_pages: int = 200_000,
+                 timeout_s: float = 60.0, max_pages: int = 200_000, join_pages: int = 0,
+                 join_timeout_s: float = 60.0,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.index, self.registry, self.client = index, registry, client
         self.outstanding = outstanding
@@ -121,22 +72,31 @@ class HotPrefixWarmer:
         self.prefixes = PrefixTokens(max_pages)
         self.top_k, self.max_in_flight, self.timeout_s = top_k, max_in_flight, timeout_s
         self.clock = clock
+        self.join_pages, self.join_timeout_s = join_pages, join_timeout_s
         self.outcomes: collections.Counter[str] = collections.Counter()
+        self.join_outcomes: collections.Counter[str] = collections.Counter()  # outcome -> pages
         self._metric: Counter | None = None
+        self._join_metric: Counter | None = None
         self._task: asyncio.Task[None] | None = None
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: set[asyncio.Task[Any]] = set()
         self._sent = 0
         self._rid_prefix = f"{id(self):x}"
 
     @property
     def enabled(self) -> bool:
-        return self.interval_s > 0
+        """Warming of either kind is on: routed prompts' token ids are remembered."""
+        return self.interval_s > 0 or self.join_pages > 0
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._metric = Counter("router_warm_actions", "Hot-prefix warm actions by outcome",
                                ["outcome"], registry=registry)
         for outcome in OUTCOMES:
             self._metric.labels(outcome)
+        self._join_metric = Counter("router_join_warm_pages",
+                                    "Pages of hot prefixes sent to joining workers, by outcome",
+                                    ["outcome"], registry=registry)
+        for outcome in JOIN_OUTCOMES:
+            self._join_metric.labels(outcome)
 
     def remember(self, namespace: str, keys: Sequence[PageKey], ids: Sequence[int],
                  page_size: int, prefix_tokens: int) -> None:
@@ -178,7 +138,7 @@ class HotPrefixWarmer:
                     self._count("busy")
                     continue
                 task = asyncio.get_running_loop().create_task(
-                    self._send(entry.info.url, entry.info.dp_size, action, ids))
+                    self._send_action(entry.info.url, entry.info.dp_size, action, ids))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
                 started.append(action)
@@ -196,19 +156,86 @@ class HotPrefixWarmer:
             return await asyncio.to_thread(plan)
         return plan()  # the in-process index is owned by the loop: asked on it
 
-    async def _send(self, url: str, dp_size: int, action: WarmAction, ids: list[int]) -> None:
+    async def _send(self, url: str, dp_size: int, dp_rank: int, ids: list[int],
+                    timeout_s: float | None = None) -> bool:
+        """One prefix-only request (``max_new_tokens=1``); True when the engine answered 200."""
         self._sent += 1
         body: dict[str, Any] = {"input_ids": ids, "rid": f"warm-{self._rid_prefix}-{self._sent}",
                                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
         if dp_size > 1:
-            body["routed_dp_rank"] = action.dp_rank
+            body["routed_dp_rank"] = dp_rank
         try:
-            resp = await self.client.post(f"{url}/generate", json=body, timeout=self.timeout_s)
-            ok = resp.status_code == 200
+            resp = await self.client.post(f"{url}/generate", json=body,
+                                          timeout=timeout_s or self.timeout_s)
+            return resp.status_code == 200
         except httpx.HTTPError as exc:
             log.info("warm request to %s failed: %r", url, exc)
-            ok = False
+            return False
+
+    async def _send_action(self, url: str, dp_size: int, action: WarmAction,
+                           ids: list[int]) -> None:
+        ok = await self._send(url, dp_size, action.dp_rank, ids)
         self._count("sent" if ok else "failed")
+
+    # ---- a worker joining a warm cluster (docs/interfaces.md s.18) ------------------------
+    def joined(self, entry: WorkerEntry) -> None:
+        """Pre-warm a worker that just joined, in the background (``join_pages`` > 0, SGLang
+        engines, on the server loop)."""
+        if self.join_pages <= 0 or entry.info.engine != "sglang":
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # registered outside the server loop (tests): nothing to run on
+            return
+        task = loop.create_task(self.warm_joined(entry))
+        self._in_flight.add(task)
+        task.add_done_callback(self._in_flight.discard)
+
+    async def warm_joined(self, entry: WorkerEntry) -> int:
+        """Send the joined worker its namespace's hottest prefixes, hottest first, one at a
+        time, within ``join_pages`` pages and ``join_timeout_s`` seconds; skip what it holds
+        already (a worker coming back to a restored index) and what a longer prefix sent
+        covers. Its engine loads them from the pool where the pool holds them, and computes
+        the rest while it has little else to do. Returns the pages sent."""
+        info, ns = entry.info, Namespace(entry.info.namespace)
+        deadline = self.clock() + self.join_timeout_s
+        index = self.index
+
+        def plan() -> list[tuple[HotPrefix, int]]:
+            hot = index.hot_prefixes(ns, self.top_k, self.clock())
+            view = index.direct_view
+            return [(h, view.match(ns, list(h.keys), self.clock()).matched.get(
+                (entry.worker_id, 0), _NONE).host) for h in hot]
+
+        try:
+            hot = await asyncio.to_thread(plan) if index.remote else plan()
+        except Exception as exc:  # an unknown namespace (nothing hot yet), a remote index down
+            log.info("join warming of %s: no hot prefixes (%r)", info.worker_id, exc)
+            return 0
+        wanted = [h for h in hot if h[1] < h[0].pages]
+        covered = {h.keys[:i] for h, _ in wanted for i in range(1, h.pages)}  # by longer ones
+        pages = 0
+        for prefix, _ in sorted(wanted, key=lambda h: -h[0].hit_rate):
+            if prefix.keys in covered:
+                continue
+            ids = self.prefixes.tokens(ns, prefix.keys)
+            if ids is None:
+                outcome = "no_tokens"
+            elif pages + prefix.pages > self.join_pages or self.clock() >= deadline:
+                outcome = "budget"
+            elif await self._send(info.url, info.dp_size, 0, ids,
+                                  min(self.timeout_s, deadline - self.clock())):
+                outcome, pages = "sent", pages + prefix.pages
+            else:
+                outcome = "failed"
+            self._count_join(outcome, prefix.pages)
+        log.info("worker %s pre-warmed with %d pages of hot prefixes", info.worker_id, pages)
+        return pages
+
+    def _count_join(self, outcome: str, pages: int) -> None:
+        self.join_outcomes[outcome] += pages
+        if self._join_metric is not None:
+            self._join_metric.labels(outcome).inc(pages)
 
     async def _loop(self) -> None:
         while True:
@@ -219,7 +246,7 @@ class HotPrefixWarmer:
                 log.exception("warming round failed")
 
     def start(self) -> None:
-        if self.enabled and self._task is None:
+        if self.interval_s > 0 and self._task is None:
             self._task = asyncio.get_running_loop().create_task(self._loop())
 
     async def stop(self) -> None:

@@ -16,8 +16,8 @@ from radix_global.keys import page_keys
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
 from router.cluster.discovery import cli_worker_id
+from router.cluster.prefix_tokens import PrefixTokens
 from router.cluster.replication import WarmConfig, WarmupPlanner
-from router.cluster.warming import PrefixTokens
 from router.routing.contract import Decision, RouteRequest
 
 PS = 4
