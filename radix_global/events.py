@@ -110,6 +110,16 @@ def short(value: Any) -> str:
         return f"<unprintable {type(value).__name__}>"
 
 
+class RekeyedPage(msgspec.Struct, frozen=True, array_like=True):
+    """One entry of a decoder's re-keying map as a snapshot keeps it (``docs/interfaces.md``
+    s.18): without it, a restored page's removal or child cannot be translated."""
+
+    engine_hash: int | bytes
+    key: int
+    digest: bytes
+    copies: list[tuple[int, int]]  # (dp rank, tier)
+
+
 class _Rekeyed:
     """What an engine hash stands for in our key space, and which copies of it exist."""
 
@@ -185,6 +195,25 @@ class EventDecoder:
     def forget(self) -> None:
         """Drop the re-keying map (the holder's entries were dropped from the index: resync)."""
         self._rekeyed.clear()
+
+    def rekeyed_pages(self) -> list[RekeyedPage]:
+        return [RekeyedPage(h, e.key, e.digest, sorted((r, int(t)) for r, t in e.copies))
+                for h, e in self._rekeyed.items()]
+
+    def restore_rekeyed(self, pages: list[RekeyedPage]) -> None:
+        """Take a snapshot's re-keying map; ``MalformedEventError`` for an entry that cannot be
+        one (the map is then left empty)."""
+        try:
+            restored: dict[EngineHash | bytes, _Rekeyed] = {}
+            for p in pages:
+                if not -(2**63) <= p.key < 2**63:
+                    raise ValueError(f"page key {p.key} is not an int64")
+                entry = _Rekeyed(PageKey(p.key), p.digest)
+                entry.copies = {(r, Tier(t)) for r, t in p.copies}
+                restored[_engine_hash(p.engine_hash)] = entry
+        except (ValueError, IndexRefusal) as exc:
+            raise MalformedEventError(f"bad re-keying entry in a snapshot: {exc}") from exc
+        self._rekeyed = restored
 
     def _forget_rank(self, dp_rank: int) -> None:
         """Drop that rank's copies from the re-keying map (other ranks keep theirs)."""

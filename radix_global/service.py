@@ -42,10 +42,9 @@ from radix_global.shards import stats_dict
 from radix_global.snapshot import (
     SnapshotError,
     SnapshotWritten,
-    encode_snapshot,
     load_on_start,
     snapshot_every,
-    write_snapshot,
+    write_now,
 )
 from radix_global.types import HolderId, Namespace, PageKey, WorkerId
 from radix_global.wire import (
@@ -283,9 +282,7 @@ class IndexServer:
     async def snapshot_now(self) -> SnapshotWritten:
         if not self.config.snapshot_path:
             raise SnapshotError("no snapshot path configured (--snapshot PATH)")
-        data = encode_snapshot(self.state.take_snapshot())  # on the loop: a consistent state
-        self._last_snapshot = await asyncio.to_thread(write_snapshot, self.config.snapshot_path,
-                                                      data)
+        self._last_snapshot = await write_now(self.config.snapshot_path, self.state.take_snapshot)
         return self._last_snapshot
 
     def snapshot_stats(self) -> dict[str, Any]:

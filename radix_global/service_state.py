@@ -18,7 +18,7 @@ from radix_global.index import GlobalIndex
 from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
-from radix_global.snapshot import FeedPosition, IndexSnapshot, SnapshotError
+from radix_global.snapshot import FeedState, IndexSnapshot, SnapshotError
 from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Namespace, PoolId, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
@@ -66,8 +66,7 @@ class ServiceState:
         )
 
     # ---- workers --------------------------------------------------------------------------
-    async def register(self, info: WorkerInfo,
-                       resume: list[FeedPosition] | None = None) -> bool:
+    async def register(self, info: WorkerInfo, resume: FeedState | None = None) -> bool:
         """Add or replace a worker; True when its KV events are now followed (False: it has no
         endpoint, or the endpoint could not be subscribed; the worker is registered either way).
         ``resume``: its feeds' positions in a restored snapshot (``KVEventSubscriber.add_worker``).
@@ -112,12 +111,11 @@ class ServiceState:
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:
         workers = list(self.workers.values())
-        feeds: dict[str, list[FeedPosition]] = {w: p for w in self.workers
-                 if (p := self.subscriber.positions(w)) is not None and p}
-        return IndexSnapshot(self.clock(), self.index.snapshot(), workers, feeds)
+        return IndexSnapshot(self.clock(), self.index.snapshot(), workers,
+                             self.subscriber.feed_states())
 
     async def restore_workers(self, workers: list[WorkerInfo],
-                              feeds: dict[str, list[FeedPosition]] | None = None) -> None:
+                              feeds: dict[str, FeedState] | None = None) -> None:
         """Re-register a snapshot's workers, without dropping the restored entries, and follow
         their events again from the saved feed positions (``docs/interfaces.md`` s.18). Their
         heartbeat clock restarts now, so a worker gone while the service was down is removed
@@ -126,8 +124,11 @@ class ServiceState:
         for info in workers:
             resume = (feeds or {}).get(info.worker_id)
             try:
-                await self.register(info, resume if resume and len(resume) == info.dp_size
-                                    else None)
+                try:
+                    await self.register(info, resume)
+                except ValueError as exc:  # a state that cannot be its: resync from live
+                    log.warning("snapshot feeds of %s not resumed: %s", info.worker_id, exc)
+                    await self.register(info)
             except Exception as exc:  # one bad record must not stop the restore
                 log.warning("snapshot worker %s not restored: %s", info.worker_id, exc)
 

@@ -25,6 +25,7 @@ import logging
 import os
 import struct
 import time
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,7 @@ from typing import Any
 import msgspec
 import xxhash
 
+from radix_global.events import RekeyedPage
 from radix_global.registration import WorkerInfo
 
 log = logging.getLogger(__name__)
@@ -54,19 +56,28 @@ class FeedPosition(msgspec.Struct, frozen=True, array_like=True):
     digest: int
 
 
+class FeedState(msgspec.Struct, frozen=True):
+    """What a worker's KV-event feeds need to continue after a restore: each dp rank's
+    position, and the decoder's re-keying map (salted, LoRA and vLLM pages are known by our
+    keys, their removals and children by the engine's hashes)."""
+
+    positions: list[FeedPosition]
+    rekeyed: list[RekeyedPage] = []
+
+
 class IndexSnapshot(msgspec.Struct, frozen=True):
     """Everything an index needs to come back: the index state and who was registered.
 
     ``index`` is the plain data of ``GlobalIndex.snapshot()`` (or ``ShardedIndex.snapshot()``);
     ``created_at`` is the clock of the hotness decay: wall-clock seconds for the service, the
-    router's monotonic clock for its embedded index. ``feeds``: worker id -> the position of
-    each dp rank's KV-event feed (absent in older files: no worker resumes its stream).
+    router's monotonic clock for its embedded index. ``feeds``: worker id -> its feeds' state
+    (absent in older files: no worker resumes its stream).
     """
 
     created_at: float
     index: Any
     workers: list[WorkerInfo] = []
-    feeds: dict[str, list[FeedPosition]] = {}
+    feeds: dict[str, FeedState] = {}
 
 
 class _Body(msgspec.Struct):
@@ -75,7 +86,7 @@ class _Body(msgspec.Struct):
     created_at: float
     index: Any
     workers: list[msgspec.Raw] = []
-    feeds: dict[str, list[FeedPosition]] = {}
+    feeds: dict[str, FeedState] = {}
 
 
 class SnapshotWritten(msgspec.Struct, frozen=True):
@@ -123,7 +134,8 @@ def write_snapshot(path: str | Path, data: bytes) -> SnapshotWritten:
     start = time.perf_counter()
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}")
+    # unique: a periodic write still running in its thread must not share the stop's file
+    tmp = target.with_name(f".{target.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         with open(tmp, "wb") as fh:
             fh.write(data)
@@ -169,17 +181,21 @@ def load_on_start(path: str | Path, start_empty_on_error: bool = False) -> Index
         return None
 
 
+async def write_now(path: str | Path, take: Callable[[], IndexSnapshot]) -> SnapshotWritten:
+    """Take and encode a snapshot on the event loop (the index is only touched there, and the
+    state cannot change under the encoder), and write it in a thread."""
+    data = encode_snapshot(take())
+    return await asyncio.to_thread(write_snapshot, path, data)
+
+
 async def snapshot_every(
     interval_s: float, path: str | Path, take: Callable[[], IndexSnapshot]
 ) -> None:
-    """Write a snapshot every ``interval_s`` seconds until cancelled; a failed write is logged.
-
-    ``take`` runs on the event loop (the index is only touched there); encoding too, so that the
-    state cannot change under the encoder; only the file I/O goes to a thread.
-    """
+    """Write a snapshot every ``interval_s`` seconds until cancelled; a failed write is logged
+    (any error: one bad round must not end the periodic snapshots)."""
     while True:
         await asyncio.sleep(interval_s)
         try:
-            await asyncio.to_thread(write_snapshot, path, encode_snapshot(take()))
-        except OSError as exc:
-            log.error("periodic snapshot to %s failed: %s", path, exc)
+            await write_now(path, take)
+        except Exception as exc:
+            log.error("periodic snapshot to %s failed: %r", path, exc)

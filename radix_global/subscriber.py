@@ -42,7 +42,7 @@ import asyncio
 import logging
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import NamedTuple, Protocol
 
@@ -54,7 +54,7 @@ from radix_global.events import EngineKind, EventDecoder
 from radix_global.ops import IndexOp, IndexRefusal, MalformedEventError
 from radix_global.registration import WorkerInfo
 from radix_global.replay import request_replay
-from radix_global.snapshot import FeedPosition
+from radix_global.snapshot import FeedPosition, FeedState
 from radix_global.types import HolderId, Namespace, PoolId, WorkerId
 
 log = logging.getLogger(__name__)
@@ -165,18 +165,26 @@ class KVEventSubscriber:
     # ---- membership -----------------------------------------------------------------------
     async def add_worker(
         self, info: WorkerInfo, lora_extra_keys: Mapping[str, str] | None = None,
-        resume: Sequence[FeedPosition] | None = None,
+        resume: FeedState | None = None,
     ) -> bool:
         """Start following ``info`` (replaces a previous registration of the same id); True when
         every rank's KV events are now subscribed. A rank whose endpoint cannot be subscribed is
         logged and counted, and the worker stays registered (heartbeats, timeout) all the same.
         ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map.
 
-        ``resume``: one position per dp rank, saved with index entries of this worker that were
-        restored (``docs/interfaces.md`` s.18). Each rank's feed continues from its position
-        (seq -1: none, a fresh join) instead of joining afresh, and drops the worker's entries
-        when the engine cannot show it is the one that sent that batch."""
+        ``resume``: the feeds' state saved with index entries of this worker that were restored
+        (``docs/interfaces.md`` s.18): the decoder's re-keying map, and one position per dp rank
+        from which that rank's feed continues (seq -1: none, a fresh join); a rank whose engine
+        cannot show it is the one that sent that batch drops the worker's entries. A state that
+        cannot be this worker's raises ``ValueError`` before anything changes."""
         wid = WorkerId(info.worker_id)
+        if resume is not None:
+            if len(resume.positions) != info.dp_size:
+                raise ValueError(f"{len(resume.positions)} feed positions for {info.dp_size} "
+                                 "dp ranks")
+            if not all(-1 <= p.seq <= MAX_SEQ and 0 <= p.digest < 2**64
+                       for p in resume.positions):
+                raise ValueError("a feed position outside int64 seqs / uint64 digests")
         if wid in self._feeds:
             await self.remove_worker(wid)
         self._index.register_namespace(Namespace(info.namespace), info.page_size)
@@ -186,6 +194,11 @@ class KVEventSubscriber:
             wid, Namespace(info.namespace), info.page_size, engine, lora_extra_keys=lora,
             dp_size=info.dp_size,
         )
+        if resume is not None:
+            try:
+                decoder.restore_rekeyed(resume.rekeyed)
+            except MalformedEventError as exc:
+                raise ValueError(str(exc)) from exc
         feed = _Feed(info, decoder, self._clock())
         self._feeds[wid] = feed
         if info.pool_events_endpoint is not None and info.pool_id is not None:
@@ -197,8 +210,6 @@ class KVEventSubscriber:
         if info.kv_events_endpoint is None:
             return False  # heartbeat-only worker: nothing to subscribe to
         subscribed = True
-        if resume is not None and len(resume) != info.dp_size:
-            raise ValueError(f"{len(resume)} feed positions for {info.dp_size} dp ranks")
         for rank in range(info.dp_size):
             replay = info.kv_events_replay_endpoint
             try:
@@ -208,20 +219,24 @@ class KVEventSubscriber:
                 self._subscribe_failed(wid, info.kv_events_endpoint, exc)
                 subscribed = False
                 continue
-            at = resume[rank] if resume is not None and resume[rank].seq >= 0 else None
+            at = resume.positions[rank] if resume is not None else None
             subscribed &= self._start(feed, rank, endpoint, replay_at, decoder,
                                       f"kv-sub-{wid}-{rank}", at)
         return subscribed
 
-    def positions(self, worker_id: WorkerId) -> list[FeedPosition] | None:
-        """Where each of the worker's KV-event feeds stands (rank order; seq -1: nothing
-        applied), for a snapshot; None for an unknown worker."""
+    def feed_state(self, worker_id: WorkerId) -> FeedState | None:
+        """What a snapshot keeps of the worker's KV-event feeds (positions in rank order, seq -1:
+        nothing applied); None for an unknown worker or one without every rank subscribed."""
         feed = self._feeds.get(worker_id)
-        if feed is None:
+        if feed is None or not self.subscribed(worker_id):
             return None
         ranks = sorted((p for p in feed.publishers if not p.is_pool), key=lambda p: p.rank)
-        return [FeedPosition(-1 if p.last_seq is None else p.last_seq, p.last_digest)
-                for p in ranks]
+        return FeedState([FeedPosition(-1 if p.last_seq is None else p.last_seq, p.last_digest)
+                          for p in ranks], feed.decoder.rekeyed_pages())
+
+    def feed_states(self) -> dict[str, FeedState]:
+        """Every followed worker's :meth:`feed_state` (those that have one), for a snapshot."""
+        return {w: st for w in self._feeds if (st := self.feed_state(w)) is not None}
 
     def _start(self, feed: _Feed, rank: int, endpoint: str, replay: str | None,
                decoder: EventDecoder, name: str, at: FeedPosition | None = None) -> bool:
@@ -238,7 +253,7 @@ class KVEventSubscriber:
             self._subscribe_failed(WorkerId(feed.info.worker_id), endpoint, exc)
             return False
         pub = _Publisher(rank, endpoint, replay, decoder, is_pool=pool)
-        if at is not None:
+        if at is not None and at.seq >= 0:
             pub.last_seq, pub.last_digest, pub.resumed = at.seq, at.digest, True
         pub.task = asyncio.create_task(self._follow(feed, pub, sock), name=name)
         feed.publishers.append(pub)
@@ -342,6 +357,9 @@ class KVEventSubscriber:
                         await self._catch_up(feed, pub)
                 except Exception:  # a failed catch-up only costs history, never the feed
                     log.exception("%s: catch-up replay failed", feed.info.worker_id)
+                    if pub.resumed:  # unchecked restored entries must not stay trusted
+                        self._resync(feed, pub, 0)
+                        pub.last_seq, pub.resumed = None, False
             while True:
                 frames = await sock.recv_multipart()
                 try:
@@ -419,7 +437,8 @@ class KVEventSubscriber:
         """Continue a restored feed: the publisher must still buffer the saved batch itself,
         byte for byte (the same engine, nothing lost), and what follows it is applied. Otherwise
         (a restarted engine, lost history, a failed replay) the restored entries are dropped and
-        the feed joins afresh."""
+        the feed joins afresh (catch-up from seq 0, unless the replay failed: the live stream
+        then decides)."""
         assert pub.replay_endpoint is not None and pub.last_seq is not None
         saved = pub.last_seq
         self._counts["replays"] += 1
@@ -427,23 +446,30 @@ class KVEventSubscriber:
                                        self.replay_timeout_s)
         if batches and batches[0][0] == saved \
                 and xxhash.xxh64_intdigest(batches[0][1]) == pub.last_digest:
-            for s, payload in batches[1:]:
-                if s != pub.last_seq + 1:
-                    break  # a gap inside the answer: the live stream shows it and resyncs
-                pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
-                pub.last_seq = s
-                self._apply(pub, payload)
+            pub.resumed = False
+            self._apply_run(pub, batches[1:])
             return
+        why = ("replay failed" if batches is None else "nothing buffered" if not batches
+               else f"buffer starts at {batches[0][0]}" if batches[0][0] != saved
+               else "another payload: a restarted engine")
+        log.warning("%s rank %d: the engine does not hold restored batch %d (%s): its restored "
+                    "entries are dropped", feed.info.worker_id, pub.rank, saved, why)
+        self._resync(feed, pub, 0)
+        pub.last_seq, pub.resumed = None, False
         if batches is None:
             self._counts["replay_failures"] += 1
-        log.warning("%s rank %d: the engine does not hold restored batch %d (%s): its restored "
-                    "entries are dropped", feed.info.worker_id, pub.rank, saved,
-                    "replay failed" if batches is None else
-                    "nothing buffered" if not batches else f"buffer starts at {batches[0][0]}"
-                    if batches[0][0] != saved else "another payload: a restarted engine")
-        self._resync(feed, pub, 0)
-        pub.last_seq = None
-        await self._catch_up(feed, pub)
+        else:
+            await self._catch_up(feed, pub)
+
+    def _apply_run(self, pub: _Publisher, batches: list[tuple[int, bytes]]) -> None:
+        """Apply replayed batches while they continue ``last_seq`` (the first gap stops: the live
+        stream shows it); they are ahead of live, whose copies are then duplicates."""
+        for s, payload in batches:
+            if pub.last_seq is not None and s != pub.last_seq + 1:
+                break
+            pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
+            pub.last_seq = s
+            self._apply(pub, payload)
 
     async def _catch_up(self, feed: _Feed, pub: _Publisher) -> None:
         """Apply what the publisher still buffers from before we joined (seq 0 on). Live messages
@@ -454,13 +480,8 @@ class KVEventSubscriber:
         if batches is None:
             self._counts["replay_failures"] += 1
             return
-        for s, payload in batches:
-            if pub.last_seq is not None and s != pub.last_seq + 1:
-                break
-            # a buffer that no longer holds seq 0 starts later: that history is lost anyway
-            pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
-            pub.last_seq = s
-            self._apply(pub, payload)
+        # a buffer that no longer holds seq 0 starts later: that history is lost anyway
+        self._apply_run(pub, batches)
 
     async def _fill_gap(self, feed: _Feed, pub: _Publisher, seq: int) -> bool:
         """Replay the batches before ``seq``; True when all of them were applied."""

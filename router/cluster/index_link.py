@@ -35,13 +35,12 @@ from radix_global.ops import HotPrefix, IndexRefusal
 from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.snapshot import (
-    FeedPosition,
+    FeedState,
     IndexSnapshot,
     SnapshotError,
-    encode_snapshot,
     load_on_start,
     snapshot_every,
-    write_snapshot,
+    write_now,
 )
 from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.registry import ConflictError, WorkerEntry
@@ -67,7 +66,9 @@ class EmbeddedIndex:
         self.restore_outcome = "off" if snapshot_path is None else "none"
         self._infos: dict[WorkerId, WorkerInfo] = {}  # followed workers: what a snapshot names
         # Workers whose entries were restored and who have not registered again yet.
-        self._restored: dict[WorkerId, tuple[WorkerInfo, list[FeedPosition]]] = {}
+        self._restored: dict[WorkerId, tuple[WorkerInfo, FeedState]] = {}
+        self._grace: asyncio.TimerHandle | None = None
+        self._periodic: asyncio.Task[None] | None = None
         # Restored before the policies take ``view``: the object they hold is never replaced.
         self.index = self._restore(snapshot_path) if snapshot_path else GlobalIndex()
         self._lora_extra_keys = dict(lora_extra_keys or {})  # adapter name -> SGLang extra key
@@ -106,42 +107,44 @@ class EmbeddedIndex:
                         self._subscriber_error)
         if self.snapshot_path is None:
             return
-        asyncio.get_running_loop().call_later(self.restore_grace_s, self._expire_restored)
+        loop = asyncio.get_running_loop()
+        self._grace = loop.call_later(self.restore_grace_s, self._expire_restored)
         if self.snapshot_interval_s > 0:
-            self._spawn(snapshot_every(self.snapshot_interval_s, self.snapshot_path,
-                                       self.take_snapshot))
+            self._periodic = loop.create_task(snapshot_every(
+                self.snapshot_interval_s, self.snapshot_path, self.take_snapshot))
 
     async def stop(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
-        if self.snapshot_path is not None:  # before the feeds close: closing drops entries
-            try:
-                written = await asyncio.to_thread(write_snapshot, self.snapshot_path,
-                                                  encode_snapshot(self.take_snapshot()))
+        """Finish pending membership changes, write the last snapshot, then close the feeds
+        (closing drops their entries)."""
+        if self._grace is not None:
+            self._grace.cancel()
+        if self._periodic is not None:
+            self._periodic.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._periodic
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            if self.snapshot_path is not None:
+                written = await write_now(self.snapshot_path, self.take_snapshot)
                 log.info("index snapshot written: %s (%d bytes)", written.path,
                          written.size_bytes)
-            except OSError as exc:
-                log.error("index snapshot to %s failed: %r", self.snapshot_path, exc)
-        if self._subscriber is not None:
-            await self._subscriber.close()
-            self._subscriber = None
+        except Exception as exc:  # the router still stops; the next start uses an older file
+            log.error("index snapshot to %s failed: %r", self.snapshot_path, exc)
+        finally:
+            if self._subscriber is not None:
+                await self._subscriber.close()
+                self._subscriber = None
 
     # ---- snapshots (docs/interfaces.md s.18) ----------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:
-        """The index, the followed workers and where each of their feeds stands, on the loop.
-        Restored workers not back yet are kept as they were, so a second restart within the
-        grace period does not lose them."""
-        feeds: dict[str, list[FeedPosition]] = {}
-        for wid in self._infos:
-            positions = self._subscriber.positions(wid) if self._subscriber else None
-            if positions is not None:
-                feeds[wid] = positions
-        workers = list(self._infos.values())
-        for wid, (info, positions) in self._restored.items():
+        """The index, the followed workers and their feeds' state, on the loop. Restored
+        workers not back yet are kept as they were, so a second restart within the grace period
+        does not lose them."""
+        feeds = self._subscriber.feed_states() if self._subscriber is not None else {}
+        workers = [i for w, i in self._infos.items() if w in feeds]  # else: nothing to resume
+        for wid, (info, state) in self._restored.items():
             workers.append(info)
-            feeds[wid] = positions
+            feeds[wid] = state
         return IndexSnapshot(self._clock(), self.index.snapshot(), workers, feeds)
 
     def _restore(self, path: str) -> GlobalIndex:
@@ -160,9 +163,9 @@ class EmbeddedIndex:
             return GlobalIndex()
         self.index = index  # _drop below reads it
         for info in snap.workers:
-            positions = snap.feeds.get(info.worker_id)
-            if positions is not None and len(positions) == info.dp_size:
-                self._restored[WorkerId(info.worker_id)] = (info, positions)
+            state = snap.feeds.get(info.worker_id)
+            if state is not None and len(state.positions) == info.dp_size:
+                self._restored[WorkerId(info.worker_id)] = (info, state)
             else:  # nothing to continue its stream from: its entries cannot be trusted
                 self._drop(info)
         self.restore_outcome = f"restored {len(self._restored)} workers"
@@ -177,9 +180,20 @@ class EmbeddedIndex:
         self._restored.clear()
 
     def _drop(self, info: WorkerInfo) -> None:
+        """Drop a worker's entries, and its Mooncake segment's (it leaves the store with it)."""
         self.index.remove_holder(WorkerId(info.worker_id))
         if info.pool_id is not None and is_segment(info.pool_id):
             self.index.remove_holder(PoolId(info.pool_id))
+
+    async def _follow(self, entry: WorkerEntry, resume: FeedState | None) -> None:
+        try:
+            await self._subscriber.add_worker(entry.info, lora_extra_keys=entry.lora,
+                                              resume=resume)
+        except ValueError as exc:  # a saved state that cannot be this worker's
+            log.warning("worker %s: restored feeds refused (%s): its entries are dropped",
+                        entry.info.worker_id, exc)
+            self._drop(entry.info)
+            await self._subscriber.add_worker(entry.info, lora_extra_keys=entry.lora)
 
     def check(self, entry: WorkerEntry) -> None:
         """Refuse a registration the index would refuse (page size of a known namespace)."""
@@ -205,17 +219,13 @@ class EmbeddedIndex:
             self._drop(restored[0])
         self._infos[wid] = info
         if self._subscriber is not None and info.kv_events_endpoint:
-            self._spawn(self._subscriber.add_worker(info, lora_extra_keys=entry.lora,
-                                                    resume=resume))
+            self._spawn(self._follow(entry, resume))
 
     def worker_removed(self, entry: WorkerEntry) -> None:
         self._infos.pop(WorkerId(entry.info.worker_id), None)
         if self._subscriber is not None:
             self._spawn(self._subscriber.remove_worker(WorkerId(entry.info.worker_id)))
-        self.index.remove_holder(WorkerId(entry.info.worker_id))
-        pool = entry.info.pool_id
-        if pool is not None and is_segment(pool):  # its segment left the store with it
-            self.index.remove_holder(PoolId(pool))
+        self._drop(entry.info)
 
     def heartbeat(self, worker_id: str) -> None:
         return None  # liveness is tracked by the registry; the subscriber's timeout is unused
@@ -231,7 +241,12 @@ class EmbeddedIndex:
         order on the loop, keeping a reference so they are not garbage-collected."""
         task = asyncio.get_running_loop().create_task(coro)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._done)
+
+    def _done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("index membership change failed: %r", task.exception())
 
     def stats(self) -> dict[str, Any]:
         out: dict[str, Any] = {"mode": "embedded", "snapshot": {

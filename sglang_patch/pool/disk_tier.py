@@ -153,7 +153,9 @@ class DiskTier:
         head = pack_head(key, payload_len, h.intdigest(), tag, parent, page_size)
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if not path.parent.is_dir():
+                path.parent.mkdir(parents=True, exist_ok=True)
+                _sync_dir(path.parent.parent)  # the new subfolder's own entry
             with open(tmp, "wb") as f:
                 f.write(head)
                 for v in views:
@@ -161,12 +163,15 @@ class DiskTier:
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-            _sync_dir(path.parent)  # the rename is durable only once the folder entry is
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             log.warning("radix-global: disk tier write failed: %r", exc)
             return WriteResult(False, False, [])
+        try:  # the rename is durable only once the folder entry is
+            _sync_dir(path.parent)
+        except OSError as exc:  # the page is there and readable; only a power loss could lose it
+            log.warning("radix-global: disk tier folder sync failed: %r", exc)
         size = len(head) + payload_len
         with self._lock:
             old = self._lru.get(name)

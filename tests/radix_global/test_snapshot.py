@@ -9,12 +9,14 @@ import msgspec
 import pytest
 import xxhash
 
+from radix_global.events import RekeyedPage
 from radix_global.registration import WorkerInfo
 from radix_global.snapshot import (
     _HEADER,
     FORMAT_VERSION,
     MAGIC,
     FeedPosition,
+    FeedState,
     IndexSnapshot,
     SnapshotError,
     decode_snapshot,
@@ -47,7 +49,9 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 def test_feed_positions_round_trip_and_an_older_file_has_none() -> None:
     """docs/interfaces.md s.18: ``feeds`` is optional, so a file written before it existed
     still reads (no worker resumes its stream); a wrong shape is a clear error."""
-    snap = IndexSnapshot(1.0, STATE, [WORKER], {"sgl-0": [FeedPosition(41, 2**64 - 1)]})
+    rekeyed = [RekeyedPage(b"\x01" * 32, -5, b"\x02" * 32, [(0, 1)]), RekeyedPage(7, 8, b"", [])]
+    snap = IndexSnapshot(1.0, STATE, [WORKER],
+                         {"sgl-0": FeedState([FeedPosition(41, 2**64 - 1)], rekeyed)})
     assert decode_snapshot(encode_snapshot(snap)) == snap
     old = msgspec.msgpack.encode({"created_at": 1.0, "index": STATE, "workers": []})
 
@@ -55,7 +59,8 @@ def test_feed_positions_round_trip_and_an_older_file_has_none() -> None:
         return _HEADER.pack(MAGIC, FORMAT_VERSION, len(body), xxhash.xxh64_intdigest(body)) + body
 
     assert decode_snapshot(framed(old)).feeds == {}
-    bad = msgspec.msgpack.encode({"created_at": 1.0, "index": STATE, "feeds": {"w": [[1]]}})
+    bad = msgspec.msgpack.encode({"created_at": 1.0, "index": STATE,
+                                  "feeds": {"w": {"positions": [[1]]}}})
     with pytest.raises(SnapshotError, match="undecodable body"):
         decode_snapshot(framed(bad))
 

@@ -14,7 +14,14 @@ import pytest
 
 from radix_global.ops import StorePages
 from radix_global.registration import WorkerInfo
-from radix_global.snapshot import FeedPosition, IndexSnapshot, encode_snapshot, write_snapshot
+from radix_global.snapshot import (
+    FeedPosition,
+    FeedState,
+    IndexSnapshot,
+    encode_snapshot,
+    write_snapshot,
+)
+from radix_global.subscriber import KVEventSubscriber
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from router.cluster.index_link import EmbeddedIndex
 from router.cluster.registry import Source, WorkerEntry
@@ -131,7 +138,7 @@ def test_a_snapshot_without_feed_positions_restores_no_worker(tmp_path: Path) ->
     assert link.restore_outcome == "restored 0 workers"
     assert held(link, "wa") == 0 and held(link, "shm-h") == 8  # the pool lives on
     write_snapshot(path, encode_snapshot(IndexSnapshot(
-        0.0, donor.index.snapshot(), [info("wa")], {"wa": [FeedPosition(3, 7)] * 2})))
+        0.0, donor.index.snapshot(), [info("wa")], {"wa": FeedState([FeedPosition(3, 7)] * 2)})))
     assert held(EmbeddedIndex(snapshot_path=str(path), clock=Clock(0.0)), "wa") == 0  # 2 != 1 rank
 
 
@@ -158,3 +165,30 @@ def test_config_refuses_a_snapshot_for_the_index_service() -> None:
         RouterConfig(index_url="127.0.0.1:5", index_snapshot="/tmp/x")
     with pytest.raises(ConfigError, match=">= 0"):
         RouterConfig(index_snapshot_interval_s=-1)
+
+
+@pytest.mark.asyncio
+async def test_the_saved_feed_state_is_handed_to_the_returning_worker_only(tmp_path: Path
+                                                                           ) -> None:
+    path = tmp_path / "index.snap"
+    await first_router(path, info("wa", 5001), info("wb", 5002), clock=Clock(0.0))
+    link = EmbeddedIndex(snapshot_path=str(path), clock=Clock(0.0))
+    await link.start()
+    calls: dict[str, object] = {}
+
+    async def add_worker(i: WorkerInfo, lora_extra_keys: object = None,
+                         resume: object = None) -> bool:
+        calls[i.worker_id] = resume
+        return True
+
+    link._subscriber.add_worker = add_worker
+    try:
+        link.worker_added(entry(info("wa", 5001)))
+        link.worker_added(entry(info("wb", 5009)))  # changed record
+        link.worker_added(entry(info("wc", 5003)))  # never known
+        await asyncio.sleep(0.05)
+        assert calls["wa"] == FeedState([FeedPosition(-1, 0)]) and calls["wb"] is None
+        assert calls["wc"] is None
+    finally:
+        link._subscriber.add_worker = KVEventSubscriber.add_worker.__get__(link._subscriber)
+        await link.stop()

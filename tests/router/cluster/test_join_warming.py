@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
+import msgspec
 import pytest
 from prometheus_client import CollectorRegistry
 
@@ -124,3 +126,39 @@ def test_config_checks_the_budgets() -> None:
     with pytest.raises(ConfigError, match="join_warm_pages"):
         RouterConfig(join_warm_pages=-1)
     assert RouterConfig(join_warm_pages=256).join_warm_pages == 256
+
+
+@pytest.mark.parametrize("join_pages", [64, 0])
+def test_a_worker_registering_with_the_router_is_warmed(upstreams, router_factory,
+                                                        join_pages: int) -> None:
+    """Through the router: a prefix reused on worker a is remembered; worker b registers over
+    the admin API and receives it as a warm request, counted in the metric (control: off)."""
+    (pa, a), (pb, b) = upstreams(), upstreams()
+    router = router_factory(workers=(a.url,), policy="conductor", join_warm_pages=join_pages)
+    router.wait_workers(1)
+    (entry,) = router.state.registry.all()
+    ns = Namespace(entry.info.namespace)
+    router.state.index.index.apply(StorePages(ns, Location(entry.worker_id, 0, Tier.GPU), None,
+                                              page_keys(HOT, PS)))
+    with router.client() as c:
+        for i in range(3):  # reused: routed to its holder, hot, its token ids remembered
+            assert c.post("/generate", json={"input_ids": HOT + [60 + i] * 5}).status_code == 200
+        record = msgspec.structs.replace(entry.info, worker_id="late-b", url=b.url)
+        assert c.post("/admin/workers", content=msgspec.json.encode(record)).status_code == 201
+        deadline = time.monotonic() + 5
+        while join_pages and not warm_requests(pb) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.3)
+        metrics = c.get("/metrics").text
+    got = warm_requests(pb)
+    assert warm_requests(pa) == []
+    if not join_pages:
+        assert got == []
+        return
+    assert [r["input_ids"] for r in got] == [HOT]
+    assert 'router_join_warm_pages_total{outcome="sent"} 8.0' in metrics
+
+
+def warm_requests(peer) -> list[dict]:
+    return [body for path, body in peer.requests
+            if path == "/generate" and str(body.get("rid", "")).startswith("warm-")]
