@@ -1,0 +1,150 @@
+"""One engine of each kind alone: cold prefill time by prompt length and decode time per token.
+
+    python -m benchmarks.engine_probe [--kinds stock-hicache stock-file ours]
+        [--sizes 256 512 1024 2048] [--repeats 3] [--output-tokens 32] [--out FILE]
+
+The engines are the cache-pressure benchmark's (``benchmarks/data/pressure.toml``,
+``pressure_bench.engine_specs``), one at a time on one core, with nothing else sent to them: it
+tells whether one kind computes slower than another (it should not: the same SGLang underneath),
+and gives the tiny model's prefill curve on this machine, fitted as the simulator models it
+(``benchmarks/simulate/config.py`` ``Calibration.prefill_s``: fixed + linear x n + quadratic x
+n^2 for a cold prompt of n tokens). ``ours`` is registered with our router (conductor), whose
+own fitted profile is reported next to it. Every prompt is new (distinct token ids), greedy,
+``ignore_eos``. Table on stdout, JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+
+from benchmarks.cluster import LocalCluster, RouterSpec
+from benchmarks.pressure_bench import engine_specs
+from benchmarks.pressure_plan import DEFAULT_CONFIG, load_config
+from benchmarks.replay import stream_ids
+
+REPO = Path(__file__).resolve().parent.parent
+KINDS = ("stock-hicache", "stock-file", "ours")
+VOCAB = (1000, 30000)  # token ids drawn from here: no special tokens
+
+
+def prompts(sizes: list[int], repeats: int, seed: int) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(*VOCAB) for _ in range(n)] for n in sizes for _ in range(repeats)]
+
+
+async def measure(url: str, ids_list: list[list[int]], output_tokens: int
+                  ) -> list[dict[str, Any]]:
+    rows = []
+    async with httpx.AsyncClient(timeout=600) as client:
+        for ids in ids_list:
+            result, _ = await stream_ids(client, url, ids, output_tokens, 0, time.perf_counter())
+            if result.status != "ok" or result.ttft_s is None or result.latency_s is None:
+                raise RuntimeError(f"probe request failed: {result.error}")
+            decode = (result.latency_s - result.ttft_s) / max(1, output_tokens - 1)
+            rows.append({"tokens": len(ids), "ttft_s": result.ttft_s, "decode_s": decode,
+                         "cached": result.cached_tokens or 0})
+    return rows
+
+
+def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
+    """Least squares of TTFT = fixed + linear n + quadratic n^2 over the cold prompts."""
+    n = np.array([r["tokens"] for r in rows], dtype=float)
+    t = np.array([r["ttft_s"] for r in rows])
+    coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n, n * n], axis=1), t, rcond=None)
+    return {"fixed_s": float(coef[0]), "linear_s_per_token": float(coef[1]),
+            "quadratic_s_per_token2": float(coef[2])}
+
+
+def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[int]],
+               output_tokens: int, model_dir: str) -> dict[str, Any]:
+    spec = replace(spec, n=1)
+    router = None
+    if spec.kind == "ours":
+        router = cluster.start_router(RouterSpec("ours", "conductor"), None, model_dir=model_dir)
+    engines = cluster.start_engines(spec, router.url if router else None, tag=f"{kind}-")
+    try:
+        url = engines.urls[0]
+        warm = [[7 + i] * 64 for i in range(2)]  # first-request costs (graphs, pool creation)
+        asyncio.run(measure(url, warm, 4))
+        rows = asyncio.run(measure(url, ids_list, output_tokens))
+        out: dict[str, Any] = {"kind": kind, "requests": rows, "fit": fit(rows)}
+        if router is not None:
+            cluster.wait_workers(router, 1)
+            deadline = time.monotonic() + 300
+            while time.monotonic() < deadline:
+                profiles = httpx.get(f"{router.url}/admin/stats", timeout=10).json()["profiles"]
+                if profiles and all(p.get("state") != "running" for p in profiles.values()):
+                    out["router_profile"] = profiles
+                    break
+                time.sleep(1)
+        return out
+    finally:
+        cluster.stop_engines(engines)
+        if router is not None:
+            cluster.stop(router)
+
+
+def table(results: list[dict[str, Any]], sizes: list[int]) -> str:
+    head = ("| kind | " + " | ".join(f"cold TTFT {n} (s)" for n in sizes)
+            + " | decode ms/token | fit fixed / linear / quadratic |")
+    lines = [head, "|" + "---|" * (len(sizes) + 3)]
+    for res in results:
+        by = {n: [r["ttft_s"] for r in res["requests"] if r["tokens"] == n] for n in sizes}
+        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in by.values()]
+        dec = statistics.median(r["decode_s"] for r in res["requests"]) * 1000
+        f = res["fit"]
+        lines.append(f"| {res['kind']} | " + " | ".join(cells) + f" | {dec:.1f} | "
+                     f"{f['fixed_s']:.3f} / {f['linear_s_per_token']:.2e} / "
+                     f"{f['quadratic_s_per_token2']:.2e} |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.engine_probe", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--kinds", nargs="+", default=list(KINDS), choices=KINDS)
+    p.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024, 2048])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--config", default=str(DEFAULT_CONFIG))
+    p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
+    p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "engine_probe.json"))
+    args = p.parse_args(argv)
+    cfg = load_config(args.config)
+    if max(args.sizes) + args.output_tokens > cfg.device_tokens or min(args.sizes) < 16:
+        p.error(f"sizes must lie in [16, {cfg.device_tokens - args.output_tokens}]")
+    if args.repeats < 1 or args.output_tokens < 2:
+        p.error("--repeats >= 1 and --output-tokens >= 2")
+    ids_list = prompts(args.sizes, args.repeats, seed=15)
+    results = []
+    run_dir = REPO / "build" / f"engine-probe-{time.strftime('%Y%m%d-%H%M%S')}"
+    with (tempfile.TemporaryDirectory(prefix="radix-global-file-l3-", dir="/dev/shm") as d,
+          LocalCluster(run_dir) as cluster):
+        specs = engine_specs(cfg, args.model_dir, d)
+        for kind in args.kinds:
+            print(f"== {kind}", flush=True)
+            results.append(probe_kind(cluster, kind, specs[kind], ids_list, args.output_tokens,
+                                      args.model_dir))
+    print(table(results, args.sizes))
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "sizes": args.sizes,
+                                          "results": results}, indent=1))
+    print(f"JSON: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
