@@ -10,7 +10,10 @@ and gives the tiny model's prefill curve on this machine, fitted as the simulato
 (``benchmarks/simulate/config.py`` ``Calibration.prefill_s``: fixed + linear x n + quadratic x
 n^2 for a cold prompt of n tokens). ``ours`` is registered with our router (conductor), whose
 own fitted profile is reported next to it. Every prompt is new (distinct token ids), greedy,
-``ignore_eos``. Table on stdout, JSON to ``--out``.
+``ignore_eos``. Kinds with an L3 tier (ours: the pool; stock-file: SGLang's ``file`` backend)
+then drop their device and host caches (``/flush_cache``) and get the same prompts again: the
+TTFT of a prompt loaded from L3, with the tokens the engine reports from storage. Table on
+stdout, JSON to ``--out``.
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from typing import Any
 import httpx
 import numpy as np
 
-from benchmarks.cluster import LocalCluster, RouterSpec
+from benchmarks.cluster import LocalCluster, RouterSpec, flush_caches
 from benchmarks.pressure_bench import engine_specs
 from benchmarks.pressure_plan import DEFAULT_CONFIG, load_config
 from benchmarks.replay import stream_ids
@@ -38,6 +41,7 @@ from benchmarks.replay import stream_ids
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("stock-hicache", "stock-file", "ours")
 VOCAB = (1000, 30000)  # token ids drawn from here: no special tokens
+L3_SETTLE_S = 3.0  # write-through to L3 runs behind the requests: let the last backups land
 
 
 def prompts(sizes: list[int], repeats: int, seed: int) -> list[list[int]]:
@@ -55,7 +59,7 @@ async def measure(url: str, ids_list: list[list[int]], output_tokens: int
                 raise RuntimeError(f"probe request failed: {result.error}")
             decode = (result.latency_s - result.ttft_s) / max(1, output_tokens - 1)
             rows.append({"tokens": len(ids), "ttft_s": result.ttft_s, "decode_s": decode,
-                         "cached": result.cached_tokens or 0})
+                         "cached": result.cached_tokens, "storage": result.pool_tokens_loaded})
     return rows
 
 
@@ -81,6 +85,11 @@ def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[
         asyncio.run(measure(url, warm, 4))
         rows = asyncio.run(measure(url, ids_list, output_tokens))
         out: dict[str, Any] = {"kind": kind, "requests": rows, "fit": fit(rows)}
+        if spec.kind == "ours" or spec.storage_dir is not None:  # an L3 tier: load from it
+            time.sleep(L3_SETTLE_S)
+            if flush_caches([url]):
+                raise RuntimeError(f"{kind}: /flush_cache refused")
+            out["from_l3"] = asyncio.run(measure(url, ids_list, output_tokens))
         if router is not None:
             cluster.wait_workers(router, 1)
             deadline = time.monotonic() + 300
@@ -97,18 +106,31 @@ def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[
             cluster.stop(router)
 
 
+def _cells(rows: list[dict[str, Any]], sizes: list[int]) -> list[str]:
+    """Median TTFT (min-max) per size; with the median storage tokens where there are any."""
+    cells = []
+    for n in sizes:
+        mine = [r for r in rows if r["tokens"] == n]
+        t = [r["ttft_s"] for r in mine]
+        cell = f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})"
+        stored = statistics.median(r["storage"] for r in mine)
+        cells.append(cell + (f" [{stored:.0f} from L3]" if stored else ""))
+    return cells
+
+
 def table(results: list[dict[str, Any]], sizes: list[int]) -> str:
-    head = ("| kind | " + " | ".join(f"cold TTFT {n} (s)" for n in sizes)
+    head = ("| kind | prompts | " + " | ".join(f"TTFT {n} tokens (s)" for n in sizes)
             + " | decode ms/token | fit fixed / linear / quadratic |")
-    lines = [head, "|" + "---|" * (len(sizes) + 3)]
+    lines = [head, "|" + "---|" * (len(sizes) + 4)]
     for res in results:
-        by = {n: [r["ttft_s"] for r in res["requests"] if r["tokens"] == n] for n in sizes}
-        cells = [f"{statistics.median(v):.2f} ({min(v):.2f}-{max(v):.2f})" for v in by.values()]
         dec = statistics.median(r["decode_s"] for r in res["requests"]) * 1000
         f = res["fit"]
-        lines.append(f"| {res['kind']} | " + " | ".join(cells) + f" | {dec:.1f} | "
-                     f"{f['fixed_s']:.3f} / {f['linear_s_per_token']:.2e} / "
+        lines.append(f"| {res['kind']} | cold | " + " | ".join(_cells(res["requests"], sizes))
+                     + f" | {dec:.1f} | {f['fixed_s']:.3f} / {f['linear_s_per_token']:.2e} / "
                      f"{f['quadratic_s_per_token2']:.2e} |")
+        if "from_l3" in res:
+            lines.append(f"| {res['kind']} | from L3 | "
+                         + " | ".join(_cells(res["from_l3"], sizes)) + " | | |")
     return "\n".join(lines)
 
 

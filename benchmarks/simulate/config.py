@@ -89,22 +89,24 @@ def _get(table: dict[str, Any], key: str, kind: type, where: str) -> Any:
     return value
 
 
-def load_config(path: Path | str = DEFAULT_CONFIG) -> SimConfig:
-    """Parse a simulator TOML file; any missing or mistyped field -> :class:`SimConfigError`."""
+def _read(path: Path | str) -> dict[str, Any]:
     try:
-        doc = tomllib.loads(Path(path).read_text())
+        return tomllib.loads(Path(path).read_text())
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SimConfigError(f"cannot read {path}: {exc}") from exc
 
-    def table(name: str) -> dict[str, Any]:
-        t = doc.get(name)
-        if not isinstance(t, dict):
-            raise SimConfigError(f"missing table [{name}]")
-        return t
 
-    model, pre, net, dec = table("model"), table("prefill"), table("network"), table("decode")
-    cache, slo, run = table("cache"), table("slo"), table("run")
-    f5, f10, adm, sc = table("fig5"), table("fig10"), table("admission"), table("scale")
+def _table(doc: dict[str, Any], name: str) -> dict[str, Any]:
+    t = doc.get(name)
+    if not isinstance(t, dict):
+        raise SimConfigError(f"missing table [{name}]")
+    return t
+
+
+def calibration_from(doc: dict[str, Any]) -> Calibration:
+    """The [model] [prefill] [network] [decode] [cache] [slo] tables of a simulator file."""
+    model, pre, net = _table(doc, "model"), _table(doc, "prefill"), _table(doc, "network")
+    dec, cache, slo = _table(doc, "decode"), _table(doc, "cache"), _table(doc, "slo")
     cal = Calibration(
         kv_bytes_per_token=_get(model, "kv_bytes_per_token", int, "model"),
         page_tokens=_get(model, "page_tokens", int, "model"),
@@ -120,6 +122,21 @@ def load_config(path: Path | str = DEFAULT_CONFIG) -> SimConfig:
     )
     if cal.page_tokens < 1 or cal.bandwidth_bytes_per_s <= 0:
         raise SimConfigError("page_tokens and bandwidth must be positive")
+    return cal
+
+
+def load_calibration(path: Path | str) -> Calibration:
+    """Only the calibration of a simulator file (e.g. ``cpu_config.toml``)."""
+    return calibration_from(_read(path))
+
+
+def load_config(path: Path | str = DEFAULT_CONFIG) -> SimConfig:
+    """Parse a simulator TOML file; any missing or mistyped field -> :class:`SimConfigError`."""
+    doc = _read(path)
+    run = _table(doc, "run")
+    f5, f10, adm, sc = (_table(doc, "fig5"), _table(doc, "fig10"), _table(doc, "admission"),
+                        _table(doc, "scale"))
+    cal = calibration_from(doc)
     loads = tuple(float(x) for x in _get(f5, "loads", list, "fig5"))
     if not loads or min(loads) <= 0:
         raise SimConfigError("fig5.loads must be positive rate multipliers")
