@@ -127,7 +127,9 @@ def breakdown(point: Point, row: dict[str, Any], page_size: int) -> dict[str, An
 
 
 def run(cfg: PressureConfig, contenders: list[Contender], pts: list[Point], model_dir: str,
-        run_dir: Path) -> list[dict[str, Any]]:
+        run_dir: Path, reverse: bool = False) -> list[dict[str, Any]]:
+    """Every contender at every point, grouped by engine set (stock first; ``reverse``: ours
+    first, so that repeats can rotate which contender meets a fresh machine)."""
     kv_bytes = kv_bytes_per_token(model_dir)
     bench_cfg = BenchConfig(trace="", model_dir=model_dir, engines=cfg.engines,
                             page_size=cfg.page_size, ttft_slo_s=cfg.ttft_slo_s,
@@ -136,7 +138,8 @@ def run(cfg: PressureConfig, contenders: list[Contender], pts: list[Point], mode
     with (tempfile.TemporaryDirectory(prefix="radix-global-file-l3-", dir="/dev/shm")
           as storage_dir, LocalCluster(run_dir) as cluster):
         runner = Runner(cluster, bench_cfg, engine_specs(cfg, model_dir, storage_dir))
-        for c in sorted(contenders, key=lambda c: (ENGINE_ORDER.index(c.engines), c.name)):
+        for c in sorted(contenders, key=lambda c: (ENGINE_ORDER.index(c.engines), c.name),
+                        reverse=reverse):
             for pt in pts:
                 print(f"== {c.name} | {pt.workload} {pt.load}", flush=True)
                 base = {"contender": c.name, "workload": pt.workload, "load": pt.load}
@@ -161,6 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
                    choices=["conversations", "agents"])
     p.add_argument("--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), metavar="NAME",
                    help="of: " + "; ".join(c.name for c in CONTENDERS))
+    p.add_argument("--reverse", action="store_true",
+                   help="run the contenders in reverse order (ours first)")
     p.add_argument("--out", default=str(RESULTS / "pressure.json"))
     return p
 
@@ -185,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()
     rows = run(cfg, [by_name[n] for n in args.contenders], pts, args.model_dir,
-               REPO / "build" / f"pressure-{stamp}")
+               REPO / "build" / f"pressure-{stamp}", args.reverse)
     print()
     print(table(rows))
     found = verdicts(rows, CONTENDERS[0].name, CONTENDERS[1].name, CONTENDERS[2].name)
