@@ -37,10 +37,11 @@ from benchmarks.cluster import LocalCluster, RouterSpec, flush_caches
 from benchmarks.pressure_bench import engine_specs
 from benchmarks.pressure_plan import DEFAULT_CONFIG, load_config
 from benchmarks.replay import stream_ids
+from radix_global.trace import DEFAULT_VOCAB
 
 REPO = Path(__file__).resolve().parent.parent
 KINDS = ("stock-hicache", "stock-file", "ours")
-VOCAB = (1000, 30000)  # token ids drawn from here: no special tokens
+VOCAB = (DEFAULT_VOCAB.first_id, DEFAULT_VOCAB.first_id + DEFAULT_VOCAB.size)  # word tokens
 L3_SETTLE_S = 3.0  # write-through to L3 runs behind the requests: let the last backups land
 
 
@@ -64,9 +65,12 @@ async def measure(url: str, ids_list: list[list[int]], output_tokens: int
 
 
 def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
-    """Least squares of TTFT = fixed + linear n + quadratic n^2 over the cold prompts."""
-    n = np.array([r["tokens"] for r in rows], dtype=float)
-    t = np.array([r["ttft_s"] for r in rows])
+    """Least squares of TTFT = fixed + linear n + quadratic n^2 over the median cold TTFT of
+    each prompt length (a median: one slow first request must not bend the curve)."""
+    sizes = sorted({r["tokens"] for r in rows})
+    n = np.array(sizes, dtype=float)
+    t = np.array([statistics.median(r["ttft_s"] for r in rows if r["tokens"] == k)
+                  for k in sizes])
     coef, *_ = np.linalg.lstsq(np.stack([np.ones_like(n), n, n * n], axis=1), t, rcond=None)
     return {"fixed_s": float(coef[0]), "linear_s_per_token": float(coef[1]),
             "quadratic_s_per_token2": float(coef[2])}
