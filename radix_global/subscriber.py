@@ -114,7 +114,10 @@ class _Publisher:
     decoder: EventDecoder  # the worker's, or (pool stream) one with holder = pool id
     is_pool: bool = False
     last_seq: int | None = None  # None: nothing applied yet
-    last_digest: int = 0  # xxh64 of the payload of last_seq (FeedPosition)
+    # The payload of last_seq, hashed only when a snapshot asks (not per event); a resumed
+    # feed starts from the snapshot's digest instead.
+    last_payload: bytes | None = None
+    last_digest: int = 0
     resumed: bool = False  # last_seq came from a restored snapshot: _resume checks it first
     # Seqs (first, last) a replay (join catch-up, gap fill) applied ahead of the live stream,
     # until live passes them: a live seq in there is a copy of a replayed batch, not a restart.
@@ -128,6 +131,13 @@ class _Feed:
     decoder: EventDecoder
     last_heard: float
     publishers: list[_Publisher] = field(default_factory=list)
+
+
+def _digest(pub: _Publisher) -> int:
+    """xxh64 of the payload of ``pub.last_seq`` (``FeedPosition.digest``)."""
+    if pub.last_payload is None:
+        return pub.last_digest
+    return xxhash.xxh64_intdigest(pub.last_payload)
 
 
 def _decoders(feed: _Feed) -> list[EventDecoder]:
@@ -231,7 +241,7 @@ class KVEventSubscriber:
         if feed is None or not self.subscribed(worker_id):
             return None
         ranks = sorted((p for p in feed.publishers if not p.is_pool), key=lambda p: p.rank)
-        return FeedState([FeedPosition(-1 if p.last_seq is None else p.last_seq, p.last_digest)
+        return FeedState([FeedPosition(-1 if p.last_seq is None else p.last_seq, _digest(p))
                           for p in ranks], feed.decoder.rekeyed_pages())
 
     def feed_states(self) -> dict[str, FeedState]:
@@ -409,7 +419,7 @@ class KVEventSubscriber:
 
     def _apply(self, pub: _Publisher, payload: bytes) -> None:
         """Decode and apply one batch. Never raises (the caller has advanced the seq already)."""
-        pub.last_digest = xxhash.xxh64_intdigest(payload)
+        pub.last_payload = payload
         decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
         for op in decoded.ops:
@@ -445,7 +455,7 @@ class KVEventSubscriber:
         batches = await request_replay(self._ctx, pub.replay_endpoint, saved,
                                        self.replay_timeout_s)
         if batches and batches[0][0] == saved \
-                and xxhash.xxh64_intdigest(batches[0][1]) == pub.last_digest:
+                and xxhash.xxh64_intdigest(batches[0][1]) == _digest(pub):
             pub.resumed = False
             self._apply_run(pub, batches[1:])
             return
