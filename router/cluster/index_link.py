@@ -70,7 +70,9 @@ class EmbeddedIndex:
         self._grace: asyncio.TimerHandle | None = None
         self._periodic: asyncio.Task[None] | None = None
         # Restored before the policies take ``view``: the object they hold is never replaced.
-        self.index = self._restore(snapshot_path) if snapshot_path else GlobalIndex()
+        self.index = GlobalIndex()
+        if snapshot_path:
+            self._restore(snapshot_path)
         self._lora_extra_keys = dict(lora_extra_keys or {})  # adapter name -> SGLang extra key
         self._subscriber: Any = None
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -147,21 +149,22 @@ class EmbeddedIndex:
             feeds[wid] = state
         return IndexSnapshot(self._clock(), self.index.snapshot(), workers, feeds)
 
-    def _restore(self, path: str) -> GlobalIndex:
-        """The snapshot's index, or an empty one. A bad file is logged and the router starts
-        empty: a cache-blind router still serves, a router that refuses to start does not."""
+    def _restore(self, path: str) -> None:
+        """Replace the (empty) index with the snapshot's. A bad file is logged and the router
+        starts empty: a cache-blind router still serves, a router that refuses to start does
+        not."""
         try:
             snap = load_on_start(path)
             if snap is None:
-                return GlobalIndex()
+                return
             if not isinstance(snap.index, dict):
                 raise SnapshotError(f"{path}: the index state is not a map")
             index = GlobalIndex.restore(snap.index, shift_s=self._clock() - snap.created_at)
         except (SnapshotError, IndexRefusal) as exc:
             self.restore_outcome = f"unreadable: {str(exc)[:300]}"
             log.error("index snapshot not restored, starting empty: %s", exc)
-            return GlobalIndex()
-        self.index = index  # _drop below reads it
+            return
+        self.index = index
         for info in snap.workers:
             state = snap.feeds.get(info.worker_id)
             if state is not None and len(state.positions) == info.dp_size:
@@ -170,7 +173,6 @@ class EmbeddedIndex:
                 self._drop(info)
         self.restore_outcome = f"restored {len(self._restored)} workers"
         log.info("index snapshot %s restored: %s", path, self.restore_outcome)
-        return index
 
     def _expire_restored(self) -> None:
         for info, _ in self._restored.values():
