@@ -35,7 +35,7 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 
 from radix_global.types import PageKey
 from sglang_patch.pool.aliases import AliasResolver, http_fetch
-from sglang_patch.pool.base import PagePool, PoolError
+from sglang_patch.pool.base import PageIO, PagePool, PoolError
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
 from sglang_patch.pool.disk_tier import DiskTier
 from sglang_patch.pool.events import PoolEventPublisher, as_disk, block_removed, run_stores
@@ -92,6 +92,9 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                       else int(mem_pool_host.get_dummy_flat_data_page().numel()
                                * mem_pool_host.dtype.itemsize))
         self.pool = open_pool(self.config, page_bytes)
+        kv = getattr(mem_pool_host, "kv_buffer", None)
+        if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
+            self.pool.register_memory(bytes_view(kv))  # its pages move without a staging copy
         log.info("radix-global pool %s: %d pages of %d bytes, namespace %s",
                  self.pool.pool_id, self.pool.capacity_pages, page_bytes, self.namespace)
         if self.config.get("pool_disk"):
@@ -135,37 +138,48 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                 return i
         return len(keys)
 
-    def _read(self, host: Any, index: int, target: str, events: list[dict[str, Any]]) -> bool:
-        """One page into the host pool: from memory, else from the disk tier (then put back
-        into memory)."""
-        pool, pk = self._pool(), self.pool_key(target)
-        views = page_views(host, index)
-        flat = None
-        if views is None:
-            flat = host.get_dummy_flat_data_page()
-            views = [bytes_view(flat)]
-        ok = pool.get_into(pk, views)
-        if not ok and self.disk is not None:
-            ok, damaged = self.disk.read_into(pk, views)
-            events.extend(damaged)
-            if ok:  # the disk holder has it already: only the memory pool's evictions to tell
-                evicted = [PageKey(e.tag) for e in pool.put(pk, views, page_key_of(target)).evicted]
-                if evicted:
-                    events.append(self._removed(evicted))
-        if ok and flat is not None:
-            host.set_from_flat_data_page(index, flat)
-        return ok
+    def _load(self, host: Any, indices: list[int], targets: list[str],
+              events: list[dict[str, Any]]) -> list[bool]:
+        """Pages into the host pool: from memory in one batch, each miss from the disk tier
+        (then put back into memory)."""
+        pool = self._pool()
+        chunks: list[Sequence[Any]] = []
+        flats: list[torch.Tensor | None] = []  # layouts without a chunk form: via a flat page
+        for index in indices:
+            views = page_views(host, index)
+            if views is None:
+                flat = host.get_dummy_flat_data_page()
+                views = [bytes_view(flat)]
+            else:
+                flat = None
+            flats.append(flat)
+            chunks.append(views)
+        keys = [self.pool_key(t) for t in targets]
+        loaded = pool.get_many([PageIO(k, c) for k, c in zip(keys, chunks, strict=True)])
+        for i, ok in enumerate(loaded):
+            if not ok and self.disk is not None:
+                ok, damaged = self.disk.read_into(keys[i], chunks[i])
+                events.extend(damaged)
+                if ok:  # the disk holder has it already: only the memory pool's evictions
+                    evicted = [PageKey(e.tag) for e in
+                               pool.put(keys[i], chunks[i], page_key_of(targets[i])).evicted]
+                    if evicted:
+                        events.append(self._removed(evicted))
+                loaded[i] = ok
+            flat = flats[i]
+            if ok and flat is not None:
+                host.set_from_flat_data_page(indices[i], flat)
+        return loaded
 
     def batch_get_v1(self, keys: list[str], host_indices: torch.Tensor,
                      extra_info: Any = None) -> list[bool]:
         host, targets = self.mem_pool_host, self._targets(keys, extra_info)
-        results: list[bool] = []
         lost: list[PageKey] = []
         read_aliases: list[int] = []  # before the first miss (SGLang keeps only that run)
         events: list[dict[str, Any]] = []
-        for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
-            ok = self._read(host, int(host_indices[i * self._page_size]), target, events)
-            results.append(ok)
+        indices = [int(host_indices[i * self._page_size]) for i in range(len(keys))]
+        results = self._load(host, indices, targets, events)
+        for i, (key, target, ok) in enumerate(zip(keys, targets, results, strict=True)):
             if not ok:  # batch_exists saw it: evicted or corrupt now
                 lost.extend(dict.fromkeys([page_key_of(key), page_key_of(target)]))
             elif target != key and not lost:
@@ -189,16 +203,19 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         written_aliases: list[int] = []
         evicted: list[PageKey] = []
         disk_pages: list[DiskWrite | None] = []
-        for i, (key, target) in enumerate(zip(keys, targets, strict=True)):
+        pages: list[PageIO] = []
+        for i, target in enumerate(targets):
             index = int(host_indices[i * self._page_size])
             views = page_views(host, index)
             chunks: Sequence[Any] = (views if views is not None else
                                      [bytes_view(host.get_data_page(index, flat=True)
                                                  .contiguous())])
-            res = pool.put(self.pool_key(target), chunks, tag=page_key_of(target))
+            pages.append(PageIO(self.pool_key(target), chunks, page_key_of(target)))
+        for i, (key, target, page, res) in enumerate(zip(keys, targets, pages,
+                                                         pool.put_many(pages), strict=True)):
             results.append(res.stored)
             aliased = target != key
-            disk_pages.append(DiskWrite(self.pool_key(target), chunks, page_key_of(target),
+            disk_pages.append(DiskWrite(page.key, page.chunks, page_key_of(target),
                                         self._parent_of(i, targets if aliased else keys,
                                                         extra_info, aliased))
                               if self.disk is not None and res.stored else None)

@@ -79,6 +79,15 @@ class PutResult(NamedTuple):
     evicted: tuple[EvictedPage, ...]  # pages dropped to make room for it
 
 
+class PageIO(NamedTuple):
+    """One page of a batch call: its key, its buffers (the page is their concatenation) and the
+    tag it is stored with (ignored by reads)."""
+
+    key: str
+    chunks: Sequence[object]
+    tag: int = 0
+
+
 class PoolStats(NamedTuple):
     """Counters shared by every process using the pool (since the pool was created)."""
 
@@ -110,6 +119,22 @@ class PagePool(ABC):
     @abstractmethod
     def get_into(self, key: str, chunks: Sequence[WritableBuffer]) -> bool:
         """Fill ``chunks`` (whose total size must equal the stored page) with the page's bytes."""
+
+    def put_many(self, pages: Sequence[PageIO]) -> list[PutResult]:
+        """``put`` of each page, in order (one result each). A pool whose transfers are cheaper
+        in batches (one network round trip for many pages) overrides it; the default puts one
+        page at a time."""
+        return [self.put(p.key, p.chunks, p.tag) for p in pages]
+
+    def get_many(self, pages: Sequence[PageIO]) -> list[bool]:
+        """``get_into`` of each page, in order (one result each; see ``put_many``). A False
+        page's buffers may hold any bytes afterwards: the caller must not use them."""
+        return [self.get_into(p.key, p.chunks) for p in pages]
+
+    def register_memory(self, buffer: WritableBuffer) -> None:  # noqa: B027 (optional hook)
+        """The caller's pages will mostly live in ``buffer`` (SGLang's host pool), for the
+        lifetime of the pool. A pool that moves bytes between registered memory only (Mooncake)
+        registers it, so transfers to and from it need no staging copy; others ignore it."""
 
     @abstractmethod
     def exists(self, key: str) -> bool:

@@ -31,39 +31,48 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   gone.
 - A dead client's pages vanish after Mooncake's ``client_ttl`` (about 10 s). Until then
   ``exists`` says yes and ``get_into`` misses.
-- Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes, round-robin, the
-  pages this client wrote (at most ``capacity_pages`` are remembered) and returns the tags of
-  those the store no longer has. The storage backend publishes their removal
-  (``sglang_patch/storage.py``, every ``pool_resync_s``). A probe takes Mooncake's 10 s read
-  lease, which delays the eviction of what it probes, so a resync round is bounded
-  (``pool_resync_pages``).
+- Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes the pages this
+  client wrote, in the order of :class:`~sglang_patch.pool.probe_queue.ProbeQueue` (pages in
+  demand first: read, found or written again through this client since their last probe; then
+  round-robin; at most ``capacity_pages`` remembered) and returns the tags of those the store no
+  longer has. The storage backend publishes their removal (``sglang_patch/storage.py``, every
+  ``pool_resync_s``). A probe takes Mooncake's 10 s read lease, which delays the eviction of what
+  it probes, so a resync round is bounded (``pool_resync_pages``).
 
-Buffers: one registered staging buffer per process (page + checksum) under a lock, which is
-held across the store's network calls, so one process's pool I/O runs one call at a time. A
-page is copied once between it and the caller's buffers (SGLang's host pool), which keeps the
-host pool's memory out of Mooncake's registration. The zero-copy multi-buffer calls are a later
-step. After :meth:`MooncakePagePool.close` every call is a miss.
+Buffers (Mooncake moves bytes between registered memory only):
+- Zero-copy: the caller registers the memory its pages live in (:meth:`register_memory`, the
+  storage backend passes SGLang's whole host KV buffer). ``put_many`` / ``get_many`` then move a
+  batch of pages, each as its own list of buffers (a layer_first page is 2 x layers chunks) plus
+  its 8-byte checksum slot in a registered checksum array, in one multi-buffer call
+  (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``): one round trip for the
+  batch and no copy on this side. A page that fails its checksum has already landed in the
+  caller's buffers: it is reported False, and the caller must not use those bytes (SGLang keeps
+  only the leading run of loaded pages, and frees the rest of the slots).
+- Staged: a page outside registered memory (and every single-page ``put`` / ``get_into``) goes
+  through one registered staging buffer, copied once; the engine never sees unverified bytes.
+- One lock is held across the store's calls, so one process's pool I/O runs one call at a time.
+  After :meth:`MooncakePagePool.close` every call is a miss.
 ``RADIX_GLOBAL_POOL_NO_VERIFY=1`` turns verification off, for the negative-control test only.
 """
 
 from __future__ import annotations
 
-import collections
-import itertools
 import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import xxhash
 
 from radix_global.types import PoolId
-from sglang_patch.pool.base import PagePool, PoolError, PoolStats, PutResult
+from sglang_patch.pool.base import PageIO, PagePool, PoolError, PoolStats, PutResult
+from sglang_patch.pool.probe_queue import ProbeQueue
 
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 CHECKSUM_BYTES = 8
+BATCH_PAGES = 256  # checksum slots: the most pages one multi-buffer call moves
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
 log = logging.getLogger(__name__)
@@ -73,6 +82,17 @@ _MISS = PutResult(False, False, ())
 def _flat(buf: object) -> memoryview:
     view = memoryview(buf)  # type: ignore[arg-type]
     return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
+def _address(view: memoryview) -> int:
+    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
+
+
+def _digest(views: Sequence[memoryview]) -> bytes:
+    h = xxhash.xxh3_64()
+    for v in views:
+        h.update(v)
+    return h.digest()
 
 
 def mooncake_store() -> Any:
@@ -91,12 +111,22 @@ def _replicate_config(segment: str) -> Any:
     return config
 
 
+class _Direct(NamedTuple):
+    """A page of a zero-copy batch: its index in the call, its views and their (address, size)."""
+
+    at: int
+    key: str
+    tag: int
+    views: list[memoryview]
+    spans: list[tuple[int, int]]
+
+
 class MooncakePagePool(PagePool):
     """Pages in a Mooncake Store, one client per process (see module contract)."""
 
     def __init__(self, pool_id: str, page_bytes: int, master: str, local_hostname: str,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 store_factory: Callable[[], Any] = mooncake_store) -> None:
+                 store_factory: Callable[[], Any] | None = None) -> None:
         if page_bytes <= 0 or segment_bytes < max(MIN_SEGMENT_BYTES,
                                                   page_bytes + CHECKSUM_BYTES):
             raise PoolError(f"a Mooncake segment of {segment_bytes} bytes: at least "
@@ -105,7 +135,7 @@ class MooncakePagePool(PagePool):
         self.page_bytes = page_bytes
         self.capacity_pages = segment_bytes // (page_bytes + CHECKSUM_BYTES)
         self.verify = os.environ.get(NO_VERIFY_ENV) != "1"
-        self._store = store_factory()
+        self._store = (store_factory or mooncake_store)()
         # The local buffer is where Mooncake stages transfers; one page plus slack is enough
         # for our one-page calls.
         local_buffer = max(16 << 20, 4 * (page_bytes + CHECKSUM_BYTES))
@@ -117,21 +147,38 @@ class MooncakePagePool(PagePool):
         self._segment = str(self._store.get_hostname())
         self._config = _replicate_config(self._segment)
         self._staging = np.zeros(page_bytes + CHECKSUM_BYTES, dtype=np.uint8)
-        self._ptr = int(self._staging.ctypes.data)
-        if self._store.register_buffer(self._ptr, self._staging.nbytes) != 0:
-            self._store.close()
-            raise PoolError("Mooncake Store: registering the staging buffer failed")
+        self._sums = np.zeros(BATCH_PAGES * CHECKSUM_BYTES, dtype=np.uint8)
+        self._regions: list[tuple[int, int]] = []  # registered [start, end) of callers' memory
+        self._registered: list[int] = []
+        for buf in (self._staging, self._sums):
+            ptr = int(buf.ctypes.data)
+            if self._store.register_buffer(ptr, buf.nbytes) != 0:
+                self._unregister()
+                self._store.close()
+                raise PoolError("Mooncake Store: registering the staging buffers failed")
+            self._registered.append(ptr)
+        self._ptr, self._sums_ptr = self._registered
         self._lock = threading.Lock()
         self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
-                        "vanished": 0, "put_failures": 0}
-        # key -> tag of the pages this client wrote, in probing order (see vanished)
-        self._written: collections.OrderedDict[str, int] = collections.OrderedDict()
-        # tags dropped from _written, reported by vanished (bounded: with no resync running,
-        # nobody drains it)
-        self._forgotten: collections.deque[int] = collections.deque(maxlen=self.capacity_pages)
+                        "vanished": 0, "put_failures": 0, "batch_calls": 0}
+        self._probes = ProbeQueue(self.capacity_pages)
         self._closed = False
 
     # --- PagePool ---------------------------------------------------------------------------------
+    def register_memory(self, buffer: object) -> None:
+        view = _flat(buffer)
+        ptr, size = _address(view), view.nbytes
+        with self._lock:
+            if self._closed or size == 0 or any(lo <= ptr and ptr + size <= hi
+                                                     for lo, hi in self._regions):
+                return
+            if self._store.register_buffer(ptr, size) != 0:
+                log.warning("Mooncake Store: registering %d bytes of host memory failed; "
+                            "pages are staged through a copy", size)
+                return
+            self._registered.append(ptr)
+            self._regions.append((ptr, ptr + size))
+
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
         views = [_flat(c) for c in chunks]
         size = sum(v.nbytes for v in views)
@@ -141,50 +188,43 @@ class MooncakePagePool(PagePool):
             if self._closed:
                 return _MISS
             if self._store.is_exist(key) == 1:
+                self._probes.read(key)
                 return PutResult(True, False, ())
-            staged, h, at = self._staging, xxhash.xxh3_64(), 0
+            staged, at = self._staging, 0
             for v in views:
                 staged[at:at + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
-                h.update(v)
                 at += v.nbytes
-            staged[size:size + CHECKSUM_BYTES] = np.frombuffer(h.digest(), dtype=np.uint8)
+            staged[size:size + CHECKSUM_BYTES] = np.frombuffer(_digest(views), dtype=np.uint8)
             rc = self._store.put_from(key, self._ptr, size + CHECKSUM_BYTES, self._config)
-            if rc != 0:
-                self._counts["put_failures"] += 1
-                if self._counts["put_failures"] % 100 == 1:  # a full store fails every put
-                    log.warning("Mooncake put failed (%d; %d failures so far): %s", rc,
-                                self._counts["put_failures"], key)
-                return _MISS
-            self._written[key] = tag
-            self._written.move_to_end(key)
-            if len(self._written) > self.capacity_pages:
-                # Older than a full segment: most likely evicted. Reported as gone (an index
-                # that forgets a page only predicts less), not probed forever.
-                self._forgotten.append(self._written.popitem(last=False)[1])
-            self._counts["stores"] += 1
-        return PutResult(True, True, ())
+            return self._stored(key, tag, rc)
 
-    def vanished(self, limit: int) -> list[int]:
-        """Tags of the pages this client wrote that the store no longer holds (evicted or
-        removed), probing at most ``limit`` of them, the least recently probed first; the
-        vanished ones are forgotten, the others go to the back of the queue. Pages pushed out of
-        the remembered set (more than ``capacity_pages`` written since) are reported too."""
-        with self._lock:
-            gone = list(self._forgotten)
-            self._forgotten.clear()
-            if self._closed:
-                return gone
-            keys = list(itertools.islice(self._written, max(0, limit)))
-            if not keys:
-                return gone
-            found = self._store.batch_is_exist(keys)
-            for key, exists in zip(keys, found, strict=True):
-                if exists == 0:
-                    gone.append(self._written.pop(key))
-                else:  # 1, or an error (<0): kept, probed again next round
-                    self._written.move_to_end(key)
-            self._counts["vanished"] += len(gone)
-            return gone
+    def put_many(self, pages: Sequence[PageIO]) -> list[PutResult]:
+        results: list[PutResult] = [_MISS] * len(pages)
+        direct = self._direct(pages, results, lambda p: self.put(p.key, p.chunks, p.tag))
+        for batch in _batches(direct):
+            with self._lock:
+                if self._closed:
+                    break
+                exists = self._store.batch_is_exist([d.key for d in batch])
+                todo: list[_Direct] = []
+                for d, e in zip(batch, exists, strict=True):
+                    if e == 1:
+                        self._probes.read(d.key)
+                        results[d.at] = PutResult(True, False, ())
+                    else:
+                        todo.append(d)
+                if not todo:
+                    continue
+                for j, d in enumerate(todo):
+                    self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES] = np.frombuffer(
+                        _digest(d.views), dtype=np.uint8)
+                ptrs, sizes = self._buffers(todo)
+                self._counts["batch_calls"] += 1
+                rcs = self._store.batch_put_from_multi_buffers(
+                    [d.key for d in todo], ptrs, sizes, self._config)
+                for d, rc in zip(todo, rcs, strict=True):
+                    results[d.at] = self._stored(d.key, d.tag, rc)
+        return results
 
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
         views = [_flat(c) for c in chunks]
@@ -198,35 +238,69 @@ class MooncakePagePool(PagePool):
             if got != size + CHECKSUM_BYTES:
                 return self._miss()
             staged = self._staging
-            if self.verify and xxhash.xxh3_64(staged[:size].data).digest() != \
-                    staged[size:size + CHECKSUM_BYTES].tobytes():
-                self._counts["checksum_failures"] += 1
-                self._store.remove(key, True)  # force: past the read lease we just took
-                log.warning("Mooncake page %s failed its checksum: removed", key)
+            if not self._intact(key, [staged[:size].data], staged[size:size + CHECKSUM_BYTES]):
                 return self._miss()
             at = 0
             for v in views:
                 v[:] = staged[at:at + v.nbytes].data
                 at += v.nbytes
-            self._counts["hits"] += 1
-        return True
+            return self._hit(key)
+
+    def get_many(self, pages: Sequence[PageIO]) -> list[bool]:
+        results = [False] * len(pages)
+        direct = self._direct(pages, results, lambda p: self.get_into(p.key, p.chunks))
+        for batch in _batches(direct):
+            with self._lock:
+                if self._closed:
+                    self._counts["misses"] += len(batch)
+                    continue
+                ptrs, sizes = self._buffers(batch)
+                self._counts["batch_calls"] += 1
+                got = self._store.batch_get_into_multi_buffers(
+                    [d.key for d in batch], ptrs, sizes, False)
+                for j, (d, n) in enumerate(zip(batch, got, strict=True)):
+                    whole = sum(s for _, s in d.spans) + CHECKSUM_BYTES
+                    slot = self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES]
+                    if n == whole and self._intact(d.key, d.views, slot):
+                        results[d.at] = self._hit(d.key)
+                    else:  # bytes read, or a negative error (see get_into)
+                        self._miss()
+        return results
+
+    def vanished(self, limit: int) -> list[int]:
+        """Tags of the pages this client wrote that the store no longer holds (evicted or
+        removed), probing at most ``limit`` of them in :class:`ProbeQueue` order; the vanished
+        ones are forgotten. Pages pushed out of the remembered set (more than
+        ``capacity_pages`` written since) are reported too, unprobed."""
+        with self._lock:
+            gone = self._probes.take_forgotten()
+            if self._closed:
+                return gone
+            keys = self._probes.next(limit)
+            if keys:
+                found = self._store.batch_is_exist(keys)
+                # 1, or an error (<0): kept, probed again later
+                gone += self._probes.probed({k: e != 0 for k, e in zip(keys, found, strict=True)})
+            self._counts["vanished"] += len(gone)
+            return gone
 
     def exists(self, key: str) -> bool:
         with self._lock:
-            return not self._closed and bool(self._store.is_exist(key) == 1)
+            found = not self._closed and bool(self._store.is_exist(key) == 1)
+            if found:
+                self._probes.read(key)
+            return found
 
     def remove(self, key: str) -> bool:
         with self._lock:
-            self._written.pop(key, None)
+            self._probes.forget(key)
             return not self._closed and bool(self._store.remove(key, True) == 0)
 
     def clear(self) -> list[int]:
         """Empty the whole store (every host's pages); the tags of the pages this client wrote
         (what it can name)."""
         with self._lock:
-            tags = [*self._written.values(), *self._forgotten]
-            self._written.clear()
-            self._forgotten.clear()
+            tags = self._probes.clear()
             if not self._closed:
                 rc = self._store.remove_all(True)
                 if rc < 0:
@@ -246,9 +320,69 @@ class MooncakePagePool(PagePool):
             if self._closed:
                 return
             self._closed = True
-            self._store.unregister_buffer(self._ptr)
+            self._unregister()
             self._store.close()
 
-    def _miss(self) -> bool:  # under the lock
+    # --- helpers (under the lock unless said) ---------------------------------------------------
+    def _direct(self, pages: Sequence[PageIO], results: list[Any],
+                staged: Callable[[PageIO], Any]) -> list[_Direct]:
+        """The pages a multi-buffer call can move (every chunk in registered memory); the others
+        are done one by one through ``staged`` right away (not under the lock)."""
+        direct: list[_Direct] = []
+        with self._lock:
+            regions = list(self._regions)
+        for i, page in enumerate(pages):
+            views = [_flat(c) for c in page.chunks]
+            spans = [(_address(v), v.nbytes) for v in views]
+            if sum(n for _, n in spans) <= self.page_bytes and all(
+                    any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans):
+                direct.append(_Direct(i, page.key, page.tag, views, spans))
+            else:
+                results[i] = staged(page)
+        return direct
+
+    def _buffers(self, batch: list[_Direct]) -> tuple[list[list[int]], list[list[int]]]:
+        """Each page's buffers, its checksum slot last (the object's layout: bytes, checksum)."""
+        ptrs = [[*(a for a, _ in d.spans), self._sums_ptr + j * CHECKSUM_BYTES]
+                for j, d in enumerate(batch)]
+        sizes = [[*(n for _, n in d.spans), CHECKSUM_BYTES] for d in batch]
+        return ptrs, sizes
+
+    def _intact(self, key: str, views: Sequence[memoryview], checksum: np.ndarray) -> bool:
+        if not self.verify or _digest(views) == checksum.tobytes():
+            return True
+        self._counts["checksum_failures"] += 1
+        self._store.remove(key, True)  # force: past the read lease we just took
+        self._probes.forget(key)
+        log.warning("Mooncake page %s failed its checksum: removed", key)
+        return False
+
+    def _stored(self, key: str, tag: int, rc: int) -> PutResult:
+        if rc != 0:
+            self._counts["put_failures"] += 1
+            if self._counts["put_failures"] % 100 == 1:  # a full store fails every put
+                log.warning("Mooncake put failed (%d; %d failures so far): %s", rc,
+                            self._counts["put_failures"], key)
+            return _MISS
+        self._probes.written(key, tag)
+        self._counts["stores"] += 1
+        return PutResult(True, True, ())
+
+    def _hit(self, key: str) -> bool:
+        self._counts["hits"] += 1
+        self._probes.read(key)
+        return True
+
+    def _miss(self) -> bool:
         self._counts["misses"] += 1
         return False
+
+    def _unregister(self) -> None:
+        for ptr in self._registered:
+            self._store.unregister_buffer(ptr)
+        self._registered.clear()
+        self._regions.clear()
+
+
+def _batches(pages: list[_Direct]) -> list[list[_Direct]]:
+    return [pages[i:i + BATCH_PAGES] for i in range(0, len(pages), BATCH_PAGES)]

@@ -7,7 +7,10 @@ Mooncake's listeners bind every interface, so never outside one).
                                                         # then compare vanished() to the store
 
 Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
-filled from seed ``i``. The writer prints ``{"ready": ...}`` and then answers stdin lines:
+filled from seed ``i``. ``write`` and ``read`` move the first half of the pages one at a time
+through the staging buffer (``put`` / ``get_into``) and the second half zero-copy, as the storage
+backend does: chunks inside one registered region (``register_memory``), one ``put_many`` /
+``get_many`` call. The writer prints ``{"ready": ...}`` and then answers stdin lines:
 ``corrupt I`` (replace page ``i`` in the store by same-sized bytes with a wrong checksum, through
 the raw client) and ``quit``. Its segment holds its pages: it stays alive until told to quit or
 killed.
@@ -20,6 +23,7 @@ import sys
 
 import numpy as np
 
+from sglang_patch.pool.base import PageIO
 from sglang_patch.pool.mooncake_pool import CHECKSUM_BYTES, MooncakePagePool
 
 PAGE = 64 * 1024
@@ -36,8 +40,21 @@ def page(i: int) -> list[np.ndarray]:
     return list(np.split(data, CHUNKS))
 
 
+def region_pages(pool: MooncakePagePool, n: int) -> list[list[np.ndarray]]:
+    """``n`` pages' chunks as views of one array registered with the pool (SGLang's host pool
+    stands in this way)."""
+    region = np.zeros(n * PAGE, dtype=np.uint8)
+    pool.register_memory(region)
+    return [list(np.split(region[i * PAGE:(i + 1) * PAGE], CHUNKS)) for i in range(n)]
+
+
 def write(pool: MooncakePagePool, n: int) -> None:
-    results = [pool.put(key(i), page(i), tag=i) for i in range(n)]
+    half, direct = n // 2, region_pages(pool, n)
+    for i in range(half, n):
+        for dst, src in zip(direct[i], page(i), strict=True):
+            dst[:] = src
+    results = [pool.put(key(i), page(i), tag=i) for i in range(half)]
+    results += pool.put_many([PageIO(key(i), direct[i], i) for i in range(half, n)])
     print(json.dumps({"ready": True, "stored": [r.stored for r in results],
                       "new": [r.new for r in results],
                       "again_new": pool.put(key(0), page(0)).new}), flush=True)
@@ -54,16 +71,17 @@ def write(pool: MooncakePagePool, n: int) -> None:
 
 
 def read(pool: MooncakePagePool, n: int) -> None:
-    got, equal = [], []
-    for i in range(n):
-        dest = [np.zeros(PAGE // CHUNKS, dtype=np.uint8) for _ in range(CHUNKS)]
-        ok = pool.get_into(key(i), dest)
-        got.append(ok)
-        equal.append(bool(ok and all((d == p).all() for d, p in zip(dest, page(i),
-                                                                      strict=True))))
+    half, direct = n // 2, region_pages(pool, n)
+    dests = [[np.zeros(PAGE // CHUNKS, dtype=np.uint8) for _ in range(CHUNKS)]
+             for _ in range(half)] + direct[half:]
+    got = [pool.get_into(key(i), dests[i]) for i in range(half)]
+    got += pool.get_many([PageIO(key(i), dests[i]) for i in range(half, n)])
+    equal = [bool(ok and all((d == p).all() for d, p in zip(dests[i], page(i), strict=True)))
+             for i, ok in enumerate(got)]
     print(json.dumps({"got": got, "equal": equal,
                       "exists": [pool.exists(key(i)) for i in range(n)],
-                      "checksum_failures": pool.stats().checksum_failures}), flush=True)
+                      "checksum_failures": pool.stats().checksum_failures,
+                      "batch_calls": pool._counts["batch_calls"]}), flush=True)
 
 
 def fill(pool: MooncakePagePool, n: int) -> None:

@@ -1,8 +1,10 @@
 """``MooncakePagePool`` on a real Mooncake Store across test hosts (``benchmarks/hosts.py``):
 the master on host ``m``, a writer client on host ``a``, readers on host ``b``. No engines.
 
-- Pages put on A are read intact on B, and B's link carried them (veth counters).
-- A page corrupted in the store fails its checksum on B: a miss, and it is removed. With
+- Pages put on A are read intact on B, and B's link carried them (veth counters). Half of them
+  move one at a time through the staging buffer, half zero-copy in one multi-buffer call.
+- A page corrupted in the store fails its checksum on B, on either path: a miss, and it is
+  removed. With
   verification off (the test-only switch) the same corruption reaches the reader: the negative
   control.
 - The writer's host dies: its pages become misses on B (never wrong bytes, never a hang) and
@@ -65,16 +67,21 @@ def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: P
             first = _read(hosts, master)
             moved = hosts.bytes("b").rx - before.rx
             assert first["got"] == [True] * N and first["equal"] == [True] * N, first
+            assert first["batch_calls"] == 1, first  # the second half: one call
             assert moved >= N * PAGE, moved  # the pages live in A's segment
 
-            writer.stdin.write("corrupt 0\n")
-            writer.stdin.flush()
-            assert json.loads(writer.stdout.readline())["corrupted"]
+            for i in (0, N - 1):  # one staged page, one zero-copy page
+                writer.stdin.write(f"corrupt {i}\n")
+                writer.stdin.flush()
+                assert json.loads(writer.stdout.readline())["corrupted"]
             blind = _read(hosts, master, RADIX_GLOBAL_POOL_NO_VERIFY="1")
-            assert blind["got"][0] and not blind["equal"][0], blind  # negative control
+            bad = [(g, e) for i, (g, e) in enumerate(zip(blind["got"], blind["equal"],
+                                                         strict=True)) if i in (0, N - 1)]
+            assert bad == [(True, False)] * 2, blind  # negative control: wrong bytes "load"
             checked = _read(hosts, master)
-            assert checked["got"] == [False] + [True] * (N - 1), checked
-            assert checked["checksum_failures"] == 1 and checked["exists"][0] is False, checked
+            assert checked["got"] == [False] + [True] * (N - 2) + [False], checked
+            assert checked["checksum_failures"] == 2, checked
+            assert checked["exists"][0] is False and checked["exists"][-1] is False, checked
 
             hosts.fail("a")  # the writer's host: its segment and pages are gone
             deadline = time.monotonic() + 40

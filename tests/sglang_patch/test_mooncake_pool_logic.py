@@ -3,70 +3,14 @@ error codes, the checksum, the written-page bookkeeping, clear and close."""
 
 from __future__ import annotations
 
-import ctypes
-
 import numpy as np
 import pytest
+from fake_mooncake import FakeStore
 
-from sglang_patch.pool.base import PoolError
+from sglang_patch.pool.base import PageIO, PoolError
 from sglang_patch.pool.mooncake_pool import MIN_SEGMENT_BYTES, MooncakePagePool
 
 PAGE = 4096
-
-
-class FakeStore:
-    """The calls MooncakePagePool makes, with Mooncake's semantics: a put of an existing key
-    keeps the old bytes, errors are negative ints, a missing key's get is an error."""
-
-    def __init__(self) -> None:
-        self.objects: dict[str, bytes] = {}
-        self.fail_puts = False
-        self.closed = 0
-
-    def setup(self, *args: object) -> int:
-        return 0
-
-    def get_hostname(self) -> str:
-        return "10.0.0.2:15000"
-
-    def register_buffer(self, ptr: int, size: int) -> int:
-        return 0
-
-    def unregister_buffer(self, ptr: int) -> int:
-        return 0
-
-    def is_exist(self, key: str) -> int:
-        return int(key in self.objects)
-
-    def batch_is_exist(self, keys: list[str]) -> list[int]:
-        return [self.is_exist(k) for k in keys]
-
-    def put_from(self, key: str, ptr: int, size: int, config: object) -> int:
-        if self.fail_puts:
-            return -200  # no space
-        self.objects.setdefault(key, ctypes.string_at(ptr, size))
-        return 0
-
-    def get_into(self, key: str, ptr: int, size: int) -> int:
-        data = self.objects.get(key)
-        if data is None:
-            return -704  # object not found
-        if len(data) > size:
-            return -600
-        ctypes.memmove(ptr, data, len(data))
-        return len(data)
-
-    def remove(self, key: str, force: bool = False) -> int:
-        return 0 if self.objects.pop(key, None) is not None else -704
-
-    def remove_all(self, force: bool = False) -> int:
-        n = len(self.objects)
-        self.objects.clear()
-        return n
-
-    def close(self) -> int:
-        self.closed += 1
-        return 0
 
 
 def pool(store: FakeStore, segment: int = MIN_SEGMENT_BYTES) -> MooncakePagePool:
@@ -135,3 +79,68 @@ def test_clear_names_this_clients_pages_and_close_makes_every_call_a_miss() -> N
     assert store.closed == 1
     assert read(p, "k") is None and not p.exists("k") and not p.put("j", page(2)).stored
     assert p.vanished(10) == []
+
+
+def region(p: MooncakePagePool, n: int) -> list[list[np.ndarray]]:
+    """``n`` pages' chunks inside one array registered with ``p`` (SGLang's host pool)."""
+    mem = np.zeros(n * PAGE, np.uint8)
+    p.register_memory(mem)
+    return [list(np.split(mem[i * PAGE:(i + 1) * PAGE], 4)) for i in range(n)]
+
+
+def test_batches_in_registered_memory_move_in_one_call_and_keep_the_put_semantics() -> None:
+    store = FakeStore()
+    p = pool(store)
+    src = region(p, 4)
+    for i, chunks in enumerate(src):
+        for dst, part in zip(chunks, page(i), strict=True):
+            dst[:] = part
+    p.put("k0", page(0), tag=0)  # already there: not written again
+    results = p.put_many([PageIO(f"k{i}", src[i], i) for i in range(4)])
+    assert [r.new for r in results] == [False, True, True, True] and all(r.stored for r in results)
+    assert store.batch_calls == 1
+    dst = region(p, 5)
+    order = [3, 1, 0, 2]
+    got = p.get_many([PageIO(f"k{i}", dst[slot]) for slot, i in enumerate(order)]
+                     + [PageIO("nope", dst[4])])
+    assert got == [True, True, True, True, False] and store.batch_calls == 2
+    for slot, i in enumerate(order):
+        assert (np.concatenate(dst[slot]) == np.concatenate(page(i))).all()
+    # the object is bytes then checksum, whichever path wrote it: a staged read finds it
+    assert (read(p, "k2") == np.concatenate(page(2))).all()
+
+
+def test_pages_outside_registered_memory_are_staged_and_a_bad_page_fails_alone() -> None:
+    store = FakeStore()
+    p = pool(store)
+    results = p.put_many([PageIO(f"k{i}", page(i), i) for i in range(3)])  # private arrays
+    assert all(r.new for r in results) and store.batch_calls == 0
+    bad = bytearray(store.objects["k1"])
+    bad[3] ^= 0x01
+    store.objects["k1"] = bytes(bad)
+    dst = region(p, 3)
+    assert p.get_many([PageIO(f"k{i}", dst[i]) for i in range(3)]) == [True, False, True]
+    assert "k1" not in store.objects and p.stats().checksum_failures == 1
+    assert store.batch_calls == 1
+
+
+def test_close_unregisters_every_buffer() -> None:
+    store = FakeStore()
+    p = pool(store)
+    region(p, 2)
+    assert len(store.regions) == 3  # staging, checksum slots, the caller's memory
+    p.close()
+    assert store.regions == {}
+    assert p.get_many([PageIO("k", page(0))]) == [False]
+
+
+def test_the_resync_probes_pages_in_demand_before_the_round_robin() -> None:
+    store = FakeStore()
+    p = pool(store)
+    for i in range(6):
+        p.put(f"k{i}", page(i), tag=i)
+    read(p, "k5")
+    del store.objects["k5"]  # evicted after it was read: a fetch the router would plan
+    assert p.vanished(limit=1) == [5]  # round-robin alone would have probed k0
+    del store.objects["k0"]
+    assert p.vanished(limit=1) == [0]

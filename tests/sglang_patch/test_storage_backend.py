@@ -274,6 +274,42 @@ def _check_shared_prefix_aliases(pool_id: str, endpoint: str) -> None:
         backend.close()
 
 
+def _check_mooncake_pages_move_zero_copy_in_one_call() -> None:
+    """Over a Mooncake pool (a fake client, shared by two backends as one store is), the backend
+    registers the host pool's KV buffer, and a batch of layer_first pages moves in one
+    multi-buffer call each way, bit-exactly; a page that fails its checksum is a miss."""
+    import torch
+    from fake_mooncake import FakeStore
+
+    from sglang_patch.pool import mooncake_pool
+
+    objects: dict[str, bytes] = {}
+    stores: list[FakeStore] = []
+
+    def factory() -> FakeStore:
+        stores.append(FakeStore(objects))
+        return stores[-1]
+
+    mooncake_pool.mooncake_store = factory
+    extra = {"pool": "mooncake", "mooncake_master": "m:1", "pool_capacity_bytes": 16 << 20}
+    writer, reader = _backend("mooncake-w", **extra), _backend("mooncake-r", **extra)
+    src, dst = _HostPool(seed=7), _HostPool(seed=8)
+    writer.register_mem_pool_host(src)
+    reader.register_mem_pool_host(dst)
+    keys = [f"{i:02x}" * 32 for i in range(20, 24)]
+    assert writer.batch_set_v1(keys, torch.arange(0, 4 * PAGE_SIZE)) == [True] * 4
+    assert stores[0].batch_calls == 1
+    bad = bytearray(objects[writer.pool_key(keys[3])])
+    bad[0] ^= 0x01
+    objects[writer.pool_key(keys[3])] = bytes(bad)
+    got = reader.batch_get_v1(keys, torch.arange(32, 32 + 4 * PAGE_SIZE))
+    assert got == [True, True, True, False] and stores[1].batch_calls == 1
+    for i in range(3):
+        assert torch.equal(_page(dst, 32 + i * PAGE_SIZE), _page(src, i * PAGE_SIZE))
+    writer.close()
+    reader.close()
+
+
 def _all_checks(prefix: str, port: int) -> None:
     _check_cpu_hicache_patches()
     _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
@@ -281,6 +317,7 @@ def _all_checks(prefix: str, port: int) -> None:
     _check_corrupt_is_miss(f"{prefix}-bad")
     _check_resync_publishes_what_the_store_lost(f"{prefix}-rs", f"tcp://127.0.0.1:{port + 2}")
     _check_shared_prefix_aliases(f"{prefix}-al", f"tcp://127.0.0.1:{port + 3}")
+    _check_mooncake_pages_move_zero_copy_in_one_call()
 
 
 def test_backend_moves_pages_publishes_events_and_rejects_corruption():
@@ -288,8 +325,9 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     are read bit-exactly by another (layer_first and page_first host layouts), another namespace
     sees none of them, the index decoder turns the published batch into a POOL StorePages with
     the right PageKeys, a corrupted page is a miss that disappears from batch_exists, and what
-    a pool lost silently is published as removed by the resync thread, and shared-prefix
-    aliases let a second tenant read (and not rewrite) the first one's prefix pages only."""
+    a pool lost silently is published as removed by the resync thread, shared-prefix
+    aliases let a second tenant read (and not rewrite) the first one's prefix pages only, and
+    over a Mooncake pool a batch of pages moves zero-copy in one call."""
     import socket
 
     prefix = f"test-st-{uuid.uuid4().hex[:8]}"

@@ -1,0 +1,91 @@
+"""A fake ``MooncakeDistributedStore`` for unit tests of our pool's own logic (the real store:
+``test_mooncake_pool.py``): the calls ``MooncakePagePool`` makes, with Mooncake's semantics."""
+
+from __future__ import annotations
+
+import ctypes
+
+
+class FakeStore:
+    """The calls MooncakePagePool makes, with Mooncake's semantics: a put of an existing key
+    keeps the old bytes, errors are negative ints, a missing key's get is an error."""
+
+    def __init__(self, objects: dict[str, bytes] | None = None) -> None:
+        self.objects: dict[str, bytes] = {} if objects is None else objects
+        self.fail_puts = False
+        self.closed = 0
+        self.regions: dict[int, int] = {}  # registered memory: address -> size
+        self.batch_calls = 0
+
+    def setup(self, *args: object) -> int:
+        return 0
+
+    def get_hostname(self) -> str:
+        return "10.0.0.2:15000"
+
+    def register_buffer(self, ptr: int, size: int) -> int:
+        self.regions[ptr] = size
+        return 0
+
+    def unregister_buffer(self, ptr: int) -> int:
+        return 0 if self.regions.pop(ptr, None) is not None else -1
+
+    def _registered(self, ptr: int, size: int) -> bool:
+        return any(a <= ptr and ptr + size <= a + n for a, n in self.regions.items())
+
+    def is_exist(self, key: str) -> int:
+        return int(key in self.objects)
+
+    def batch_is_exist(self, keys: list[str]) -> list[int]:
+        return [self.is_exist(k) for k in keys]
+
+    def put_from(self, key: str, ptr: int, size: int, config: object) -> int:
+        return self._put(key, [ptr], [size])
+
+    def get_into(self, key: str, ptr: int, size: int) -> int:
+        return self._get(key, [ptr], [size])
+
+    def batch_put_from_multi_buffers(self, keys: list[str], ptrs: list[list[int]],
+                                     sizes: list[list[int]], config: object) -> list[int]:
+        self.batch_calls += 1
+        return [self._put(k, p, s) for k, p, s in zip(keys, ptrs, sizes, strict=True)]
+
+    def batch_get_into_multi_buffers(self, keys: list[str], ptrs: list[list[int]],
+                                     sizes: list[list[int]], same_node: bool) -> list[int]:
+        self.batch_calls += 1
+        return [self._get(k, p, s) for k, p, s in zip(keys, ptrs, sizes, strict=True)]
+
+    def _put(self, key: str, ptrs: list[int], sizes: list[int]) -> int:
+        if not all(self._registered(p, n) for p, n in zip(ptrs, sizes, strict=True)):
+            return -1  # Mooncake moves registered memory only
+        if self.fail_puts:
+            return -200  # no space
+        self.objects.setdefault(key, b"".join(ctypes.string_at(p, n)
+                                              for p, n in zip(ptrs, sizes, strict=True)))
+        return 0
+
+    def _get(self, key: str, ptrs: list[int], sizes: list[int]) -> int:
+        if not all(self._registered(p, n) for p, n in zip(ptrs, sizes, strict=True)):
+            return -1
+        data = self.objects.get(key)
+        if data is None:
+            return -704  # object not found
+        if len(data) != sum(sizes):
+            return -600
+        at = 0
+        for p, n in zip(ptrs, sizes, strict=True):
+            ctypes.memmove(p, data[at:at + n], n)
+            at += n
+        return len(data)
+
+    def remove(self, key: str, force: bool = False) -> int:
+        return 0 if self.objects.pop(key, None) is not None else -704
+
+    def remove_all(self, force: bool = False) -> int:
+        n = len(self.objects)
+        self.objects.clear()
+        return n
+
+    def close(self) -> int:
+        self.closed += 1
+        return 0

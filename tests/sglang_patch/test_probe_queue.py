@@ -1,0 +1,57 @@
+"""ProbeQueue: pages in demand first, then round-robin; bounded; forgotten pages reported once."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from sglang_patch.pool.probe_queue import ProbeQueue
+
+
+def test_pages_read_since_their_probe_come_first_the_most_read_first() -> None:
+    q = ProbeQueue(10)
+    for i in range(5):
+        q.written(f"k{i}", i)
+    for key in ["k3", "k4", "k3", "missing"]:
+        q.read(key)
+    assert q.next(3) == ["k3", "k4", "k0"]
+    assert q.probed({"k3": True, "k4": False, "k0": True}) == [4]
+    # read counts reset by the probe; the probed ones went to the back
+    assert q.next(10) == ["k1", "k2", "k3", "k0"]
+
+
+def test_older_pages_beyond_capacity_are_reported_once_unprobed() -> None:
+    q = ProbeQueue(3)
+    for i in range(5):
+        q.written(f"k{i}", i)
+    q.written("k2", 2)  # written again: to the back, not duplicated
+    assert len(q) == 3 and q.take_forgotten() == [0, 1] and q.take_forgotten() == []
+    assert q.next(5) == ["k3", "k4", "k2"]
+    assert q.forget("k4") == 4 and q.forget("k4") is None
+    assert sorted(q.clear()) == [2, 3] and len(q) == 0
+    with pytest.raises(ValueError):
+        ProbeQueue(0)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 12), st.lists(st.integers(0, 39), max_size=30))
+def test_every_page_is_probed_within_its_bound(n: int, limit: int, reads: list[int]) -> None:
+    """Without new reads, every remembered page is probed within ceil(n / limit) rounds after
+    the pages in demand (one round at most), whatever was read before."""
+    q = ProbeQueue(64)
+    for i in range(n):
+        q.written(f"k{i}", i)
+    for r in reads:
+        q.read(f"k{r}")
+    hot = {f"k{r}" for r in reads if r < n}
+    seen: set[str] = set()
+    rounds = math.ceil(len(hot) / limit) + math.ceil(n / limit)
+    for _ in range(rounds):
+        keys = q.next(limit)
+        assert len(keys) == min(limit, n) and len(set(keys)) == len(keys)
+        seen.update(keys)
+        q.probed(dict.fromkeys(keys, True))
+    assert seen == {f"k{i}" for i in range(n)}
