@@ -94,7 +94,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self.pool = open_pool(self.config, page_bytes)
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
-            self.pool.register_memory(bytes_view(kv))  # its pages move without a staging copy
+            self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy
         log.info("radix-global pool %s: %d pages of %d bytes, namespace %s",
                  self.pool.pool_id, self.pool.capacity_pages, page_bytes, self.namespace)
         if self.config.get("pool_disk"):

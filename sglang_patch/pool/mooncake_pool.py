@@ -72,7 +72,17 @@ from sglang_patch.pool.probe_queue import ProbeQueue
 
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 CHECKSUM_BYTES = 8
-BATCH_PAGES = 256  # checksum slots: the most pages one multi-buffer call moves
+BATCH_PAGES = 256  # checksum slots: the most pages one zero-copy call moves
+# The most buffers (transfers) one call carries. Mooncake's TCP transport queues at most 1024
+# transfers per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER) and rejects the rest, and a call
+# with rejected transfers was seen to hang (2304 buffers in one call): a quarter of that queue
+# leaves room for the other calls to the same peer.
+BATCH_BUFFERS = 256
+STAGING_BYTES = 16 << 20  # packed pages' slots (at least one page)
+# Over TCP each buffer of a call costs a transfer of its own (~75 us measured here, against
+# ~7 us to copy 64 KiB): zero-copy pays only for chunks of this size or more
+# (docs/benchmarks.md, "Mooncake Store pool").
+ZERO_COPY_MIN_CHUNK = 1 << 20
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
 log = logging.getLogger(__name__)
@@ -111,14 +121,17 @@ def _replicate_config(segment: str) -> Any:
     return config
 
 
-class _Direct(NamedTuple):
-    """A page of a zero-copy batch: its index in the call, its views and their (address, size)."""
+class _Page(NamedTuple):
+    """A page of a call: its index in the caller's list, its views, their (address, size), and
+    whether it moves zero-copy (else packed into a staging slot)."""
 
     at: int
     key: str
     tag: int
     views: list[memoryview]
     spans: list[tuple[int, int]]
+    size: int
+    direct: bool
 
 
 class MooncakePagePool(PagePool):
@@ -126,7 +139,8 @@ class MooncakePagePool(PagePool):
 
     def __init__(self, pool_id: str, page_bytes: int, master: str, local_hostname: str,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
-                 store_factory: Callable[[], Any] | None = None) -> None:
+                 store_factory: Callable[[], Any] | None = None,
+                 zero_copy_min_chunk: int = ZERO_COPY_MIN_CHUNK) -> None:
         if page_bytes <= 0 or segment_bytes < max(MIN_SEGMENT_BYTES,
                                                   page_bytes + CHECKSUM_BYTES):
             raise PoolError(f"a Mooncake segment of {segment_bytes} bytes: at least "
@@ -135,10 +149,13 @@ class MooncakePagePool(PagePool):
         self.page_bytes = page_bytes
         self.capacity_pages = segment_bytes // (page_bytes + CHECKSUM_BYTES)
         self.verify = os.environ.get(NO_VERIFY_ENV) != "1"
+        self.zero_copy_min_chunk = zero_copy_min_chunk
+        self._slot_bytes = page_bytes + CHECKSUM_BYTES
+        self._slot_count = max(1, min(BATCH_BUFFERS, STAGING_BYTES // self._slot_bytes))
         self._store = (store_factory or mooncake_store)()
-        # The local buffer is where Mooncake stages transfers; one page plus slack is enough
-        # for our one-page calls.
-        local_buffer = max(16 << 20, 4 * (page_bytes + CHECKSUM_BYTES))
+        # Mooncake's own buffer, for the calls that allocate (we always pass registered
+        # memory): the minimum
+        local_buffer = max(16 << 20, 4 * self._slot_bytes)
         rc = self._store.setup(local_hostname, "P2PHANDSHAKE", segment_bytes, local_buffer,
                                "tcp", "", master)
         if rc != 0:
@@ -146,7 +163,7 @@ class MooncakePagePool(PagePool):
                             f"({rc}): is mooncake_master running and reachable?")
         self._segment = str(self._store.get_hostname())
         self._config = _replicate_config(self._segment)
-        self._staging = np.zeros(page_bytes + CHECKSUM_BYTES, dtype=np.uint8)
+        self._staging = np.zeros(self._slot_count * self._slot_bytes, dtype=np.uint8)
         self._sums = np.zeros(BATCH_PAGES * CHECKSUM_BYTES, dtype=np.uint8)
         self._regions: list[tuple[int, int]] = []  # registered [start, end) of callers' memory
         self._registered: list[int] = []
@@ -180,33 +197,16 @@ class MooncakePagePool(PagePool):
             self._regions.append((ptr, ptr + size))
 
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
-        views = [_flat(c) for c in chunks]
-        size = sum(v.nbytes for v in views)
-        if size > self.page_bytes:
-            return _MISS
-        with self._lock:
-            if self._closed:
-                return _MISS
-            if self._store.is_exist(key) == 1:
-                self._probes.read(key)
-                return PutResult(True, False, ())
-            staged, at = self._staging, 0
-            for v in views:
-                staged[at:at + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
-                at += v.nbytes
-            staged[size:size + CHECKSUM_BYTES] = np.frombuffer(_digest(views), dtype=np.uint8)
-            rc = self._store.put_from(key, self._ptr, size + CHECKSUM_BYTES, self._config)
-            return self._stored(key, tag, rc)
+        return self.put_many([PageIO(key, chunks, tag)])[0]
 
     def put_many(self, pages: Sequence[PageIO]) -> list[PutResult]:
         results: list[PutResult] = [_MISS] * len(pages)
-        direct = self._direct(pages, results, lambda p: self.put(p.key, p.chunks, p.tag))
-        for batch in _batches(direct):
+        for batch in self._batches(pages):
             with self._lock:
                 if self._closed:
                     break
                 exists = self._store.batch_is_exist([d.key for d in batch])
-                todo: list[_Direct] = []
+                todo: list[_Page] = []
                 for d, e in zip(batch, exists, strict=True):
                     if e == 1:
                         self._probes.read(d.key)
@@ -215,56 +215,50 @@ class MooncakePagePool(PagePool):
                         todo.append(d)
                 if not todo:
                     continue
-                for j, d in enumerate(todo):
-                    self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES] = np.frombuffer(
-                        _digest(d.views), dtype=np.uint8)
-                ptrs, sizes = self._buffers(todo)
                 self._counts["batch_calls"] += 1
-                rcs = self._store.batch_put_from_multi_buffers(
-                    [d.key for d in todo], ptrs, sizes, self._config)
+                keys = [d.key for d in todo]
+                if todo[0].direct:
+                    for j, d in enumerate(todo):
+                        self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES] = np.frombuffer(
+                            _digest(d.views), dtype=np.uint8)
+                    ptrs, sizes = self._buffers(todo)
+                    rcs = self._store.batch_put_from_multi_buffers(keys, ptrs, sizes,
+                                                                    self._config)
+                else:
+                    for j, d in enumerate(todo):
+                        self._pack(j, d)
+                    rcs = self._store.batch_put_from(keys, self._slots(todo),
+                                                     [d.size + CHECKSUM_BYTES for d in todo],
+                                                     self._config)
                 for d, rc in zip(todo, rcs, strict=True):
                     results[d.at] = self._stored(d.key, d.tag, rc)
         return results
 
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
-        views = [_flat(c) for c in chunks]
-        size = sum(v.nbytes for v in views)
-        with self._lock:
-            if size > self.page_bytes or self._closed:
-                return self._miss()
-            # bytes read, or a negative error (missing key, a dead client's segment, an object
-            # of another size than this buffer)
-            got = self._store.get_into(key, self._ptr, size + CHECKSUM_BYTES)
-            if got != size + CHECKSUM_BYTES:
-                return self._miss()
-            staged = self._staging
-            if not self._intact(key, [staged[:size].data], staged[size:size + CHECKSUM_BYTES]):
-                return self._miss()
-            at = 0
-            for v in views:
-                v[:] = staged[at:at + v.nbytes].data
-                at += v.nbytes
-            return self._hit(key)
+        return self.get_many([PageIO(key, chunks)])[0]
 
     def get_many(self, pages: Sequence[PageIO]) -> list[bool]:
         results = [False] * len(pages)
-        direct = self._direct(pages, results, lambda p: self.get_into(p.key, p.chunks))
-        for batch in _batches(direct):
+        misses = len(pages)
+        for batch in self._batches(pages):
             with self._lock:
                 if self._closed:
-                    self._counts["misses"] += len(batch)
-                    continue
-                ptrs, sizes = self._buffers(batch)
+                    break
                 self._counts["batch_calls"] += 1
-                got = self._store.batch_get_into_multi_buffers(
-                    [d.key for d in batch], ptrs, sizes, False)
+                keys = [d.key for d in batch]
+                if batch[0].direct:
+                    ptrs, sizes = self._buffers(batch)
+                    got = self._store.batch_get_into_multi_buffers(keys, ptrs, sizes, False)
+                else:
+                    got = self._store.batch_get_into(keys, self._slots(batch),
+                                                     [d.size + CHECKSUM_BYTES for d in batch])
                 for j, (d, n) in enumerate(zip(batch, got, strict=True)):
-                    whole = sum(s for _, s in d.spans) + CHECKSUM_BYTES
-                    slot = self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES]
-                    if n == whole and self._intact(d.key, d.views, slot):
+                    # bytes read, or a negative error (a missing key, a dead client's segment,
+                    # an object of another size)
+                    if n == d.size + CHECKSUM_BYTES and self._verified(j, d):
                         results[d.at] = self._hit(d.key)
-                    else:  # bytes read, or a negative error (see get_into)
-                        self._miss()
+                        misses -= 1
+        self._counts["misses"] += misses
         return results
 
     def vanished(self, limit: int) -> list[int]:
@@ -324,38 +318,76 @@ class MooncakePagePool(PagePool):
             self._store.close()
 
     # --- helpers (under the lock unless said) ---------------------------------------------------
-    def _direct(self, pages: Sequence[PageIO], results: list[Any],
-                staged: Callable[[PageIO], Any]) -> list[_Direct]:
-        """The pages a multi-buffer call can move (every chunk in registered memory); the others
-        are done one by one through ``staged`` right away (not under the lock)."""
-        direct: list[_Direct] = []
+    def _batches(self, pages: Sequence[PageIO]) -> list[list[_Page]]:
+        """The pages as calls: runs of zero-copy pages (:meth:`_direct`) of at most BATCH_PAGES
+        pages and BATCH_BUFFERS buffers, and runs of packed pages of at most the staging
+        slots. An oversized page is in none (a miss). Not under the lock."""
         with self._lock:
             regions = list(self._regions)
+        out: list[list[_Page]] = []
+        buffers = 0
         for i, page in enumerate(pages):
             views = [_flat(c) for c in page.chunks]
             spans = [(_address(v), v.nbytes) for v in views]
-            if sum(n for _, n in spans) <= self.page_bytes and all(
-                    any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans):
-                direct.append(_Direct(i, page.key, page.tag, views, spans))
-            else:
-                results[i] = staged(page)
-        return direct
+            size = sum(n for _, n in spans)
+            if size > self.page_bytes:
+                continue
+            d = _Page(i, page.key, page.tag, views, spans, size, self._direct(spans, regions))
+            n = len(spans) + 1 if d.direct else 1  # a page's buffers and its checksum slot
+            if (not out or out[-1][0].direct != d.direct or buffers + n > BATCH_BUFFERS
+                    or len(out[-1]) == (BATCH_PAGES if d.direct else self._slot_count)):
+                out.append([])
+                buffers = 0
+            out[-1].append(d)
+            buffers += n
+        return out
 
-    def _buffers(self, batch: list[_Direct]) -> tuple[list[list[int]], list[list[int]]]:
+    def _direct(self, spans: list[tuple[int, int]], regions: list[tuple[int, int]]) -> bool:
+        """Moved zero-copy: every chunk in registered memory and large enough on average that
+        a transfer per chunk costs less than the copy it saves (``zero_copy_min_chunk``)."""
+        return bool(spans) and sum(n for _, n in spans) >= self.zero_copy_min_chunk * len(
+            spans) and all(any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans)
+
+    def _buffers(self, batch: list[_Page]) -> tuple[list[list[int]], list[list[int]]]:
         """Each page's buffers, its checksum slot last (the object's layout: bytes, checksum)."""
         ptrs = [[*(a for a, _ in d.spans), self._sums_ptr + j * CHECKSUM_BYTES]
                 for j, d in enumerate(batch)]
         sizes = [[*(n for _, n in d.spans), CHECKSUM_BYTES] for d in batch]
         return ptrs, sizes
 
-    def _intact(self, key: str, views: Sequence[memoryview], checksum: np.ndarray) -> bool:
-        if not self.verify or _digest(views) == checksum.tobytes():
-            return True
-        self._counts["checksum_failures"] += 1
-        self._store.remove(key, True)  # force: past the read lease we just took
-        self._probes.forget(key)
-        log.warning("Mooncake page %s failed its checksum: removed", key)
-        return False
+    def _slots(self, batch: list[_Page]) -> list[int]:
+        return [self._ptr + j * self._slot_bytes for j in range(len(batch))]
+
+    def _pack(self, j: int, d: _Page) -> None:
+        """Page ``d`` and its checksum into staging slot ``j``."""
+        slot, at = self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes], 0
+        for v in d.views:
+            slot[at:at + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
+            at += v.nbytes
+        slot[at:at + CHECKSUM_BYTES] = np.frombuffer(_digest(d.views), dtype=np.uint8)
+
+    def _verified(self, j: int, d: _Page) -> bool:
+        """Page ``d``, read as the ``j``-th of its call, matches its checksum (if not, it is
+        removed); a packed page is then copied out of its slot, so the caller never sees
+        unverified bytes."""
+        if d.direct:
+            views: list[memoryview] = d.views
+            checksum = self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES]
+        else:
+            slot = self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes]
+            views, checksum = [slot[:d.size].data], slot[d.size:d.size + CHECKSUM_BYTES]
+        if self.verify and _digest(views) != checksum.tobytes():
+            self._counts["checksum_failures"] += 1
+            self._store.remove(d.key, True)  # force: past the read lease we just took
+            self._probes.forget(d.key)
+            log.warning("Mooncake page %s failed its checksum: removed", d.key)
+            return False
+        if not d.direct:
+            at = 0
+            for v in d.views:
+                v[:] = views[0][at:at + v.nbytes]
+                at += v.nbytes
+        return True
 
     def _stored(self, key: str, tag: int, rc: int) -> PutResult:
         if rc != 0:
@@ -373,16 +405,9 @@ class MooncakePagePool(PagePool):
         self._probes.read(key)
         return True
 
-    def _miss(self) -> bool:
-        self._counts["misses"] += 1
-        return False
-
     def _unregister(self) -> None:
         for ptr in self._registered:
             self._store.unregister_buffer(ptr)
         self._registered.clear()
         self._regions.clear()
 
-
-def _batches(pages: list[_Direct]) -> list[list[_Direct]]:
-    return [pages[i:i + BATCH_PAGES] for i in range(0, len(pages), BATCH_PAGES)]

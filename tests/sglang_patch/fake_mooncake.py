@@ -16,6 +16,7 @@ class FakeStore:
         self.closed = 0
         self.regions: dict[int, int] = {}  # registered memory: address -> size
         self.batch_calls = 0
+        self.multi_buffer_calls = 0  # the zero-copy ones, counted in batch_calls too
 
     def setup(self, *args: object) -> int:
         return 0
@@ -39,20 +40,25 @@ class FakeStore:
     def batch_is_exist(self, keys: list[str]) -> list[int]:
         return [self.is_exist(k) for k in keys]
 
-    def put_from(self, key: str, ptr: int, size: int, config: object) -> int:
-        return self._put(key, [ptr], [size])
+    def batch_put_from(self, keys: list[str], ptrs: list[int], sizes: list[int],
+                       config: object) -> list[int]:
+        self.batch_calls += 1
+        return [self._put(k, [p], [n]) for k, p, n in zip(keys, ptrs, sizes, strict=True)]
 
-    def get_into(self, key: str, ptr: int, size: int) -> int:
-        return self._get(key, [ptr], [size])
+    def batch_get_into(self, keys: list[str], ptrs: list[int], sizes: list[int]) -> list[int]:
+        self.batch_calls += 1
+        return [self._get(k, [p], [n]) for k, p, n in zip(keys, ptrs, sizes, strict=True)]
 
     def batch_put_from_multi_buffers(self, keys: list[str], ptrs: list[list[int]],
                                      sizes: list[list[int]], config: object) -> list[int]:
         self.batch_calls += 1
+        self.multi_buffer_calls += 1
         return [self._put(k, p, s) for k, p, s in zip(keys, ptrs, sizes, strict=True)]
 
     def batch_get_into_multi_buffers(self, keys: list[str], ptrs: list[list[int]],
                                      sizes: list[list[int]], same_node: bool) -> list[int]:
         self.batch_calls += 1
+        self.multi_buffer_calls += 1
         return [self._get(k, p, s) for k, p, s in zip(keys, ptrs, sizes, strict=True)]
 
     def _put(self, key: str, ptrs: list[int], sizes: list[int]) -> int:

@@ -7,10 +7,11 @@ Mooncake's listeners bind every interface, so never outside one).
                                                         # then compare vanished() to the store
 
 Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
-filled from seed ``i``. ``write`` and ``read`` move the first half of the pages one at a time
-through the staging buffer (``put`` / ``get_into``) and the second half zero-copy, as the storage
-backend does: chunks inside one registered region (``register_memory``), one ``put_many`` /
-``get_many`` call. The writer prints ``{"ready": ...}`` and then answers stdin lines:
+filled from seed ``i``. ``write`` and ``read`` move the first half of the pages one call each,
+packed through the staging slots (``put`` / ``get_into`` of private arrays), and the second half
+zero-copy in one call, as the storage backend does with chunks this large: chunks inside one
+registered region (``register_memory``), one ``put_many`` / ``get_many``. The writer prints
+``{"ready": ...}`` and then answers stdin lines:
 ``corrupt I`` (replace page ``i`` in the store by same-sized bytes with a wrong checksum, through
 the raw client) and ``quit``. Its segment holds its pages: it stays alive until told to quit or
 killed.
@@ -95,7 +96,8 @@ def fill(pool: MooncakePagePool, n: int) -> None:
 
 def main(master: str, hostname: str, mode: str, n: int) -> None:
     segment = SEGMENT if mode != "fill" else 16 << 20  # Mooncake's smallest
-    pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment)
+    pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment,
+                            zero_copy_min_chunk=PAGE // CHUNKS)
     try:
         {"write": write, "read": read, "fill": fill}[mode](pool, n)
     finally:

@@ -8,14 +8,20 @@ import pytest
 from fake_mooncake import FakeStore
 
 from sglang_patch.pool.base import PageIO, PoolError
-from sglang_patch.pool.mooncake_pool import MIN_SEGMENT_BYTES, MooncakePagePool
+from sglang_patch.pool.mooncake_pool import (
+    BATCH_BUFFERS,
+    MIN_SEGMENT_BYTES,
+    ZERO_COPY_MIN_CHUNK,
+    MooncakePagePool,
+)
 
 PAGE = 4096
 
 
-def pool(store: FakeStore, segment: int = MIN_SEGMENT_BYTES) -> MooncakePagePool:
+def pool(store: FakeStore, segment: int = MIN_SEGMENT_BYTES,
+         zero_copy_min_chunk: int = ZERO_COPY_MIN_CHUNK) -> MooncakePagePool:
     return MooncakePagePool("mooncake-m-1@10.0.0.2:1", PAGE, "m:1", "10.0.0.2", segment,
-                            store_factory=lambda: store)
+                            store_factory=lambda: store, zero_copy_min_chunk=zero_copy_min_chunk)
 
 
 def page(i: int) -> list[np.ndarray]:
@@ -88,9 +94,9 @@ def region(p: MooncakePagePool, n: int) -> list[list[np.ndarray]]:
     return [list(np.split(mem[i * PAGE:(i + 1) * PAGE], 4)) for i in range(n)]
 
 
-def test_batches_in_registered_memory_move_in_one_call_and_keep_the_put_semantics() -> None:
+def test_zero_copy_batches_move_in_one_call_and_keep_the_put_semantics() -> None:
     store = FakeStore()
-    p = pool(store)
+    p = pool(store, zero_copy_min_chunk=0)  # every chunk in registered memory goes zero-copy
     src = region(p, 4)
     for i, chunks in enumerate(src):
         for dst, part in zip(chunks, page(i), strict=True):
@@ -98,30 +104,43 @@ def test_batches_in_registered_memory_move_in_one_call_and_keep_the_put_semantic
     p.put("k0", page(0), tag=0)  # already there: not written again
     results = p.put_many([PageIO(f"k{i}", src[i], i) for i in range(4)])
     assert [r.new for r in results] == [False, True, True, True] and all(r.stored for r in results)
-    assert store.batch_calls == 1
+    assert store.multi_buffer_calls == 1
     dst = region(p, 5)
     order = [3, 1, 0, 2]
     got = p.get_many([PageIO(f"k{i}", dst[slot]) for slot, i in enumerate(order)]
                      + [PageIO("nope", dst[4])])
-    assert got == [True, True, True, True, False] and store.batch_calls == 2
+    assert got == [True, True, True, True, False] and store.multi_buffer_calls == 2
     for slot, i in enumerate(order):
         assert (np.concatenate(dst[slot]) == np.concatenate(page(i))).all()
-    # the object is bytes then checksum, whichever path wrote it: a staged read finds it
+    # the object is bytes then checksum, whichever path wrote it: a packed read finds it
     assert (read(p, "k2") == np.concatenate(page(2))).all()
 
 
-def test_pages_outside_registered_memory_are_staged_and_a_bad_page_fails_alone() -> None:
+def test_small_chunks_are_packed_in_one_call_and_a_bad_page_fails_alone() -> None:
     store = FakeStore()
-    p = pool(store)
+    p = pool(store)  # 1 KiB chunks: packed, registered memory or not
     results = p.put_many([PageIO(f"k{i}", page(i), i) for i in range(3)])  # private arrays
-    assert all(r.new for r in results) and store.batch_calls == 0
+    assert all(r.new for r in results) and store.batch_calls == 1
     bad = bytearray(store.objects["k1"])
     bad[3] ^= 0x01
     store.objects["k1"] = bytes(bad)
     dst = region(p, 3)
     assert p.get_many([PageIO(f"k{i}", dst[i]) for i in range(3)]) == [True, False, True]
     assert "k1" not in store.objects and p.stats().checksum_failures == 1
-    assert store.batch_calls == 1
+    assert not dst[1][0].any()  # the bad page's bytes never reached the caller
+    assert store.batch_calls == 2 and store.multi_buffer_calls == 0
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_a_call_carries_a_bounded_number_of_transfers(zero_copy: bool) -> None:
+    store = FakeStore()
+    p = pool(store, zero_copy_min_chunk=0 if zero_copy else ZERO_COPY_MIN_CHUNK)
+    n = 300
+    src = region(p, n)
+    assert all(r.stored for r in p.put_many([PageIO(f"k{i}", src[i], i) for i in range(n)]))
+    per_page = 5 if zero_copy else 1  # 4 chunks and a checksum slot, or one packed slot
+    calls = -(-n * per_page // (BATCH_BUFFERS // per_page * per_page))
+    assert store.batch_calls == calls and store.multi_buffer_calls == (calls if zero_copy else 0)
 
 
 def test_close_unregisters_every_buffer() -> None:

@@ -274,10 +274,11 @@ def _check_shared_prefix_aliases(pool_id: str, endpoint: str) -> None:
         backend.close()
 
 
-def _check_mooncake_pages_move_zero_copy_in_one_call() -> None:
+def _check_mooncake_pages_move_in_one_call() -> None:
     """Over a Mooncake pool (a fake client, shared by two backends as one store is), the backend
-    registers the host pool's KV buffer, and a batch of layer_first pages moves in one
-    multi-buffer call each way, bit-exactly; a page that fails its checksum is a miss."""
+    registers the host pool's KV buffer (for zero-copy moves of large chunks), and a batch of
+    layer_first pages moves in one call each way, bit-exactly; a page that fails its checksum
+    is a miss."""
     import torch
     from fake_mooncake import FakeStore
 
@@ -299,6 +300,7 @@ def _check_mooncake_pages_move_zero_copy_in_one_call() -> None:
     keys = [f"{i:02x}" * 32 for i in range(20, 24)]
     assert writer.batch_set_v1(keys, torch.arange(0, 4 * PAGE_SIZE)) == [True] * 4
     assert stores[0].batch_calls == 1
+    assert len(stores[0].regions) == 3  # staging slots, checksum slots, the host KV buffer
     bad = bytearray(objects[writer.pool_key(keys[3])])
     bad[0] ^= 0x01
     objects[writer.pool_key(keys[3])] = bytes(bad)
@@ -317,7 +319,7 @@ def _all_checks(prefix: str, port: int) -> None:
     _check_corrupt_is_miss(f"{prefix}-bad")
     _check_resync_publishes_what_the_store_lost(f"{prefix}-rs", f"tcp://127.0.0.1:{port + 2}")
     _check_shared_prefix_aliases(f"{prefix}-al", f"tcp://127.0.0.1:{port + 3}")
-    _check_mooncake_pages_move_zero_copy_in_one_call()
+    _check_mooncake_pages_move_in_one_call()
 
 
 def test_backend_moves_pages_publishes_events_and_rejects_corruption():
@@ -327,7 +329,7 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     the right PageKeys, a corrupted page is a miss that disappears from batch_exists, and what
     a pool lost silently is published as removed by the resync thread, shared-prefix
     aliases let a second tenant read (and not rewrite) the first one's prefix pages only, and
-    over a Mooncake pool a batch of pages moves zero-copy in one call."""
+    over a Mooncake pool a batch of pages moves in one call."""
     import socket
 
     prefix = f"test-st-{uuid.uuid4().hex[:8]}"
