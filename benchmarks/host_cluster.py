@@ -85,8 +85,8 @@ class HostCluster:
 
     # --- processes ------------------------------------------------------------------------------
     def _spawn(self, host: str, name: str, argv: list[str], url: str,
-               cores: set[int] | None = None) -> HostProc:
-        popen = self.hosts.spawn(host, name, argv, env=cpu_env(), cores=cores)
+               cores: set[int] | None = None, env: dict[str, str] | None = None) -> HostProc:
+        popen = self.hosts.spawn(host, name, argv, env={**cpu_env(), **(env or {})}, cores=cores)
         proc = HostProc(host, name, popen, url, self.hosts.log_path(host, name))
         self.procs.append(proc)
         return proc
@@ -110,20 +110,20 @@ class HostCluster:
         return self._spawn(host, "index", argv, f"{address}:{INDEX_PORT}")
 
     def _engines(self, host: str, extra: Sequence[str], kind: str = "ours",
-                 shm: bool = True) -> EngineSet:
+                 shm: bool = True, pool_capacity_gb: float = 0.25) -> EngineSet:
         return EngineSet(kind, self.model_dir, n=1, page_size=self.page_size,
-                         max_total_tokens=16384, pool_capacity_gb=0.25,
+                         max_total_tokens=16384, pool_capacity_gb=pool_capacity_gb,
                          pool_root=self.hosts[host].pool_root if shm else "", extra_args=(
                              "--served-model-name", "tiny", "--enable-cache-report", *extra))
 
     def worker_argv(self, host: str, router: HostProc, extra: Sequence[str] = (),
-                    mooncake: str | None = None) -> list[str]:
+                    mooncake: str | None = None, pool_capacity_gb: float = 0.25) -> list[str]:
         """``radix-global sglang`` on ``host``'s address, with the cluster's admin token and the
         host's own shm pool, or the Mooncake Store at ``mooncake`` (``HOST:PORT``) that every
         host shares (``benchmarks.cluster.engine_argv``)."""
         pool = f"mooncake://{mooncake}" if mooncake else "shm"
         spec = self._engines(host, ["--admin-token", self.admin_token, "--pool", pool, *extra],
-                             shm=not mooncake)
+                             shm=not mooncake, pool_capacity_gb=pool_capacity_gb)
         address = self.hosts[host].address
         pool_id = (default_pool_id(pool, address, WORKER_PORT) if mooncake
                    else self.hosts[host].pool_id)
@@ -131,17 +131,21 @@ class HostCluster:
                            host=self.hosts[host].address, worker_id=f"w-{host}")
 
     def start_worker(self, host: str, router: HostProc, cores: set[int] | None = None,
-                     extra: Sequence[str] = (), mooncake: str | None = None) -> HostProc:
-        """Start a worker on ``host`` (not waited for: see :meth:`wait_http`)."""
-        return self._start_engine(host, "worker",
-                                  self.worker_argv(host, router, extra, mooncake), cores)
+                     extra: Sequence[str] = (), mooncake: str | None = None,
+                     env: dict[str, str] | None = None, pool_capacity_gb: float = 0.25
+                     ) -> HostProc:
+        """Start a worker on ``host`` (not waited for: see :meth:`wait_http`); ``env`` is added
+        to its environment."""
+        argv = self.worker_argv(host, router, extra, mooncake, pool_capacity_gb)
+        return self._start_engine(host, "worker", argv, cores, env)
 
-    def start_mooncake_master(self, host: str, port: int = 50051) -> str:
+    def start_mooncake_master(self, host: str, port: int = 50051,
+                              options: Sequence[str] = ()) -> str:
         """``mooncake_master`` on ``host`` (its listeners bind every interface: only ever in a
-        test host); its ``HOST:PORT``, once it accepts connections."""
+        test host), with its own ``options``; its ``HOST:PORT``, once it accepts connections."""
         binary = str(Path(sys.executable).parent / "mooncake_master")
         proc = self._spawn(host, "mooncake", [binary, f"--rpc_port={port}",
-                                              "--metrics_port=9003"],
+                                              "--metrics_port=9003", *options],
                            self.hosts.url(host, 9003))
         self.wait_http([proc], "/metrics", timeout_s=60.0)
         return f"{self.hosts[host].address}:{port}"
@@ -153,11 +157,11 @@ class HostCluster:
                            host=self.hosts[host].address, events_endpoint="tcp://*:5557")
         return self._start_engine(host, "stock", argv, cores)
 
-    def _start_engine(self, host: str, name: str, argv: list[str], cores: set[int] | None
-                      ) -> HostProc:
+    def _start_engine(self, host: str, name: str, argv: list[str], cores: set[int] | None,
+                      env: dict[str, str] | None = None) -> HostProc:
         if sum(p.name in ("worker", "stock") for p in self.procs) >= MAX_ENGINES:
             raise ClusterError(f"at most {MAX_ENGINES} engines on this machine")
-        return self._spawn(host, name, argv, self.hosts.url(host, WORKER_PORT), cores)
+        return self._spawn(host, name, argv, self.hosts.url(host, WORKER_PORT), cores, env)
 
     def wait_http(self, procs: Sequence[HostProc], path: str = "/health",
                   accept: tuple[int, ...] = (200,), timeout_s: float = 600.0) -> None:

@@ -32,6 +32,15 @@ def is_segment(pool_id: str) -> bool:
     return SEGMENT_SEP in pool_id
 
 
+def segment_host(pool_id: str) -> str | None:
+    """The host of a segment's pool id (``<store>@<address>:<port>`` -> address), None for a pool
+    id that is not a segment."""
+    if not is_segment(pool_id):
+        return None
+    segment = pool_id.split(SEGMENT_SEP, 1)[1]
+    return segment.rsplit(":", 1)[0] if ":" in segment else segment
+
+
 DISK_SUFFIX = "+disk"
 
 

@@ -108,6 +108,7 @@ class RouterConfig:
     engine_queue_weight: float = _COST.engine_queue_weight
     kv_bytes_per_token: int = int(_COST.kv_bytes_per_token)
     default_bandwidth_bytes_per_s: float = _COST.default_bandwidth_Bps
+    remote_segment_bandwidth_bytes_per_s: float = _COST.remote_segment_bandwidth_Bps
     transfer_overhead_s: float = _COST.transfer_overhead_s
     learn_from_inferred_prefill: bool = _COST.learn_from_inferred_prefill
     # Prefill-model bootstrap (router/cluster/profiling.py): timed 1-token generations up to this
@@ -197,6 +198,7 @@ class RouterConfig:
         return CostConfig(engine_queue_weight=self.engine_queue_weight,
                           kv_bytes_per_token=self.kv_bytes_per_token,
                           default_bandwidth_Bps=self.default_bandwidth_bytes_per_s,
+                          remote_segment_bandwidth_Bps=self.remote_segment_bandwidth_bytes_per_s,
                           transfer_overhead_s=self.transfer_overhead_s,
                           learn_from_inferred_prefill=self.learn_from_inferred_prefill)
 

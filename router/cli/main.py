@@ -73,6 +73,8 @@ _HELP = {
     "engine_queue_weight": "blend of the engine-reported queue vs the router's estimate, in [0, 1]",
     "kv_bytes_per_token": "KV bytes per token of a namespace whose workers report none",
     "default_bandwidth_bytes_per_s": "pool -> worker bandwidth where the topology says nothing",
+    "remote_segment_bandwidth_bytes_per_s": "a shared store's segment on another host -> worker "
+                                            "(docs/interfaces.md s. 14)",
     "transfer_overhead_s": "fixed cost of one pool fetch",
     "learn_from_inferred_prefill": "refit profiled workers on FIFO-inferred prefill times too",
     "profile_max_tokens": "prefill profiling on worker join up to this many tokens; 0 = off",

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from radix_global.pool_ids import segment_host
 from radix_global.types import Namespace, PoolId, WorkerId
 from router.routing.contract import Decision, RouteRequest, Slot, WorkerState
 from router.routing.prefill_model import PrefillModel
@@ -38,6 +39,9 @@ class CostConfig:
     # A namespace whose workers did not say (set_kv_bytes_per_token) is priced at this.
     kv_bytes_per_token: float = LLAMA3_70B_KV_BYTES_PER_TOKEN
     default_bandwidth_Bps: float = 10e9  # pool -> worker when the topology does not place them
+    # a segment of a shared store (radix_global/pool_ids.py) on another host than the worker's
+    # own segment: the link (a 10 Gbit/s NIC), not memory
+    remote_segment_bandwidth_Bps: float = 1.25e9
     transfer_overhead_s: float = 0.0  # fixed per-fetch setup cost
     # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
     # inherited) on FIFO-inferred service times too; on a batching engine they include its
@@ -48,8 +52,9 @@ class CostConfig:
     def __post_init__(self) -> None:
         if not 0.0 <= self.engine_queue_weight <= 1.0:
             raise ValueError("engine_queue_weight must be in [0, 1]")
-        if self.kv_bytes_per_token <= 0 or self.default_bandwidth_Bps <= 0:
-            raise ValueError("kv_bytes_per_token and default_bandwidth_Bps must be > 0")
+        if min(self.kv_bytes_per_token, self.default_bandwidth_Bps,
+               self.remote_segment_bandwidth_Bps) <= 0:
+            raise ValueError("kv_bytes_per_token and the bandwidths must be > 0")
 
 
 class CostModel:
@@ -115,18 +120,28 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
-        return self.config.transfer_overhead_s + nbytes / self.bandwidth_Bps(pool, worker.worker_id)
+        return self.config.transfer_overhead_s + nbytes / self.bandwidth_Bps(
+            pool, worker.worker_id, worker.pool_id)
 
-    def bandwidth_Bps(self, pool: PoolId, worker: WorkerId) -> float:
+    def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
+                      own_pool: PoolId | None = None) -> float:
         """Pool -> worker: the topology's placement, else what the pool's holder reported (a
-        disk tier's measured read bandwidth), else the default."""
+        disk tier's measured read bandwidth), else, for a segment of a shared store on another
+        host than the worker's own segment (``own_pool``), the remote bandwidth, else the
+        default (``docs/interfaces.md`` s. 14)."""
         topo = self.topology
         if topo is not None and topo.knows(pool) and topo.knows(worker):
             try:
                 return topo.bandwidth_Bps(pool, worker)
             except TopologyError:
                 pass
-        return self._holder_Bps.get(pool, self.config.default_bandwidth_Bps)
+        reported = self._holder_Bps.get(pool)
+        if reported is not None:
+            return reported
+        host, own = segment_host(pool), segment_host(own_pool) if own_pool else None
+        if host is not None and own is not None and host != own:
+            return self.config.remote_segment_bandwidth_Bps
+        return self.config.default_bandwidth_Bps
 
     def set_holder_bandwidth(self, holder: PoolId, bandwidth_Bps: float) -> None:
         """``holder`` reads at ``bandwidth_Bps`` (``WorkerInfo.pool_disk_read_Bps``)."""

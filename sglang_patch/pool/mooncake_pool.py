@@ -39,17 +39,19 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   ``pool_resync_s``). A probe takes Mooncake's 10 s read lease, which delays the eviction of what
   it probes, so a resync round is bounded (``pool_resync_pages``).
 
-Buffers (Mooncake moves bytes between registered memory only):
-- Zero-copy: the caller registers the memory its pages live in (:meth:`register_memory`, the
-  storage backend passes SGLang's whole host KV buffer). ``put_many`` / ``get_many`` then move a
-  batch of pages, each as its own list of buffers (a layer_first page is 2 x layers chunks) plus
-  its 8-byte checksum slot in a registered checksum array, in one multi-buffer call
-  (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``): one round trip for the
-  batch and no copy on this side. A page that fails its checksum has already landed in the
-  caller's buffers: it is reported False, and the caller must not use those bytes (SGLang keeps
-  only the leading run of loaded pages, and frees the rest of the slots).
-- Staged: a page outside registered memory (and every single-page ``put`` / ``get_into``) goes
-  through one registered staging buffer, copied once; the engine never sees unverified bytes.
+Buffers (Mooncake moves bytes between registered memory only). Every call is a batch call: a
+single ``put`` / ``get_into`` is a batch of one.
+- Packed (the default): each page is copied into a slot of a registered staging area, its
+  checksum after it, and moves as one transfer (``batch_put_from`` / ``batch_get_into``); a read
+  is verified in its slot before it is copied out, so the caller never sees unverified bytes.
+- Zero-copy: pages whose chunks lie in memory the caller registered (:meth:`register_memory`;
+  the storage backend passes SGLang's whole host KV buffer) and average at least
+  ``zero_copy_min_chunk`` bytes move as one transfer per chunk plus one for the checksum slot
+  (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), with no copy on this
+  side. Over TCP every transfer has its own cost, so small chunks go faster packed. A page that
+  fails its checksum has already landed in the caller's buffers: it is reported False, and the
+  caller must not use those bytes (SGLang keeps only the leading run of loaded pages).
+- A call carries at most ``BATCH_BUFFERS`` transfers (Mooncake's TCP queue per peer is bounded).
 - One lock is held across the store's calls, so one process's pool I/O runs one call at a time.
   After :meth:`MooncakePagePool.close` every call is a miss.
 ``RADIX_GLOBAL_POOL_NO_VERIFY=1`` turns verification off, for the negative-control test only.
@@ -79,10 +81,13 @@ BATCH_PAGES = 256  # checksum slots: the most pages one zero-copy call moves
 # leaves room for the other calls to the same peer.
 BATCH_BUFFERS = 256
 STAGING_BYTES = 16 << 20  # packed pages' slots (at least one page)
-# Over TCP each buffer of a call costs a transfer of its own (~75 us measured here, against
-# ~7 us to copy 64 KiB): zero-copy pays only for chunks of this size or more
-# (docs/benchmarks.md, "Mooncake Store pool").
-ZERO_COPY_MIN_CHUNK = 1 << 20
+# Over TCP each buffer of a call is a transfer of its own: measured here (docs/benchmarks.md,
+# "Mooncake Store pool"), pages of 8 KiB and 32 KiB chunks read faster packed (one transfer
+# per page, after a copy), pages of 64 KiB and 1 MiB chunks zero-copy.
+ZERO_COPY_MIN_CHUNK = 64 << 10
+# A resync probe pins the page for Mooncake's 10 s read lease: with rounds every 10 s
+# (storage.py), a page probed every 4th round is pinned a quarter of the time.
+DEFAULT_PROBE_SPREAD = 4
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
 log = logging.getLogger(__name__)
@@ -140,7 +145,8 @@ class MooncakePagePool(PagePool):
     def __init__(self, pool_id: str, page_bytes: int, master: str, local_hostname: str,
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  store_factory: Callable[[], Any] | None = None,
-                 zero_copy_min_chunk: int = ZERO_COPY_MIN_CHUNK) -> None:
+                 zero_copy_min_chunk: int = ZERO_COPY_MIN_CHUNK,
+                 probe_spread: int = DEFAULT_PROBE_SPREAD) -> None:
         if page_bytes <= 0 or segment_bytes < max(MIN_SEGMENT_BYTES,
                                                   page_bytes + CHECKSUM_BYTES):
             raise PoolError(f"a Mooncake segment of {segment_bytes} bytes: at least "
@@ -178,7 +184,7 @@ class MooncakePagePool(PagePool):
         self._lock = threading.Lock()
         self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
                         "vanished": 0, "put_failures": 0, "batch_calls": 0}
-        self._probes = ProbeQueue(self.capacity_pages)
+        self._probes = ProbeQueue(self.capacity_pages, probe_spread)
         self._closed = False
 
     # --- PagePool ---------------------------------------------------------------------------------

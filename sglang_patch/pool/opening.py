@@ -13,17 +13,20 @@ DEFAULT_CAPACITY_BYTES = 1 << 30
 
 def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
     """The pool named by the extra config: ``pool`` ``shm`` (default) or ``mooncake`` (with
-    ``mooncake_master`` and ``mooncake_local_hostname``; the segment is the pool capacity)."""
+    ``mooncake_master`` and ``mooncake_local_hostname``; the segment is the pool capacity;
+    ``pool_resync_spread``: a written page is probed at most every that many resync rounds)."""
     kind = config.get("pool", "shm")
     if kind == "mooncake":
-        from sglang_patch.pool.mooncake_pool import MooncakePagePool
+        from sglang_patch.pool.mooncake_pool import DEFAULT_PROBE_SPREAD, MooncakePagePool
 
         if not config.get("mooncake_master"):
             raise PoolError("pool mooncake without mooncake_master (HOST:PORT)")
         return MooncakePagePool(str(config.get("pool_id") or "mooncake"), page_bytes,
                                 str(config["mooncake_master"]),
                                 str(config.get("mooncake_local_hostname") or socket.gethostname()),
-                                int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)))
+                                int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)),
+                                probe_spread=int(config.get("pool_resync_spread",
+                                                            DEFAULT_PROBE_SPREAD)))
     if kind != "shm":
         raise PoolError(f"unknown pool kind {kind!r} (known: shm, mooncake)")
     return ShmPagePool(

@@ -6,8 +6,12 @@ Order of a resync round (at most ``limit`` keys):
    routed for now, where a stale index entry costs a planned fetch that loads nothing. Probing
    them adds almost no eviction delay: the read itself took Mooncake's 10 s lease, and a probe
    only extends it.
-2. then the rest, the least recently probed (or written) first: round-robin, so every page is
-   probed within ``ceil(remembered / limit)`` rounds.
+2. then the rest, the least recently probed (or written) first: round-robin, at most
+   ``max(1, rest // spread)`` of them a round, so every page is probed within
+   ``max(2 * spread, ceil(remembered / limit))`` rounds and, with at least ``spread`` pages
+   remembered, not more often than every ``spread`` rounds. A probe takes Mooncake's read
+   lease (10 s), which pins the page against eviction: probing every page every round would
+   pin every page for good.
 
 At most ``capacity`` pages are remembered (a segment's worth). A page pushed out by newer writes
 was most likely evicted by the store already; it is reported as gone without a probe (an index
@@ -25,10 +29,11 @@ from collections.abc import Mapping
 class ProbeQueue:
     """The pages (key -> tag) one client wrote, in probing order (see module docstring)."""
 
-    def __init__(self, capacity: int) -> None:
-        if capacity <= 0:
-            raise ValueError(f"capacity must be > 0, got {capacity}")
+    def __init__(self, capacity: int, spread: int = 1) -> None:
+        if capacity <= 0 or spread <= 0:
+            raise ValueError(f"capacity and spread must be > 0, got {capacity}, {spread}")
         self.capacity = capacity
+        self.spread = spread
         self._order: collections.OrderedDict[str, int] = collections.OrderedDict()
         self._reads: dict[str, int] = {}  # key -> reads since its last probe
         self._forgotten: list[int] = []  # tags pushed out, not yet reported
@@ -63,7 +68,8 @@ class ProbeQueue:
         hot = heapq.nlargest(limit, self._reads, key=self._reads.__getitem__)
         chosen = set(hot)
         rest = (k for k in self._order if k not in chosen)
-        return hot + list(itertools.islice(rest, limit - len(hot)))
+        quota = min(limit - len(hot), max(1, (len(self._order) - len(hot)) // self.spread))
+        return hot + list(itertools.islice(rest, quota))
 
     def probed(self, found: Mapping[str, bool]) -> list[int]:
         """What a probe found (key -> still stored); the tags of the pages gone, which are

@@ -18,6 +18,10 @@ storage tokens, because nothing crosses the hosts but the network.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -26,10 +30,13 @@ import pytest
 from benchmarks.host_cluster import HostCluster
 from benchmarks.hosts import HostSet
 from radix_global import kv_size
+from radix_global.keys import page_digests
 from radix_global.trace import synthetic_word
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 PAGE = 16
+KEYS = Path(__file__).with_name("mooncake_keys.py")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def greedy(model_dir: str, ids: list[int]) -> list[int]:
@@ -131,5 +138,112 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             # B still answers the conversation, from what it loaded, equal to the cold run
             worker, _, again = generate(turn2)
             assert worker == other and again["output_ids"] == reference
+        finally:
+            c.close()
+
+
+def test_corrupt_pages_are_recomputed_and_store_evictions_leave_the_index(
+        tiny_model_dir: Path, tmp_path: Path) -> None:
+    """Two workers on one Mooncake Store with small segments: ``a`` verifies checksums and
+    resyncs every 2 s, ``b`` does neither (the test-only switch, and ``pool_resync_s`` 0).
+
+    - A prefix ``a`` computed is corrupted in the store (a raw client rewrites its objects):
+      ``b`` loads the bad bytes and answers differently from a cold run (the negative control);
+      ``a``, its own caches flushed, catches them by checksum, recomputes, and answers as cold.
+    - The store is filled past its high watermark, so Mooncake evicts silently: the pages ``a``
+      wrote and lost leave the router's index within the resync bound; those ``b`` lost stay
+      (stale entries: resync off, the negative control)."""
+    from router.keying.tokenize import TokenizerCache
+
+    tok = TokenizerCache().get(str(tiny_model_dir))
+
+    def prompt(seed: int) -> list[int]:
+        return tok.encode_chat([{"role": "system", "content": " ".join(
+            synthetic_word(seed + i * 13) for i in range(300))}, {"role": "user", "content": "q"}])
+
+    shared, tail = prompt(1), tok.encode_chat([{"role": "user", "content": "more"}])
+    reference = greedy(str(tiny_model_dir), shared + tail)
+    with HostSet(["a", "b", "r", "m"], tmp_path) as hosts:
+        c = HostCluster(hosts, tiny_model_dir, client_host="r", page_size=PAGE)
+        try:
+            # a 1 s read lease (Mooncake's default: 10 s), so that the test's own probes and a's
+            # resync rounds pin pages only briefly
+            master = c.start_mooncake_master("m", options=["--default_kv_lease_ttl=1000"])
+            router = c.start_router("r", options=["--profile-max-tokens", "0"])
+
+            def resync(seconds: float) -> list[str]:
+                return ["--hicache-storage-backend-extra-config",
+                        json.dumps({"pool_resync_s": seconds})]
+
+            small = 0.016  # GB: Mooncake's smallest segment (16 MiB), ~170 pages
+            workers = [c.start_worker("a", router, {0}, resync(2.0), master,
+                                      pool_capacity_gb=small),
+                       c.start_worker("b", router, {1}, resync(0.0), master,
+                                      env={"RADIX_GLOBAL_POOL_NO_VERIFY": "1"},
+                                      pool_capacity_gb=small)]
+            c.wait_http(workers)
+            c.wait_workers(router, {"w-a", "w-b"})
+            url = {w.host: w.url for w in workers}
+            ns = {w["worker_id"]: w["namespace"] for w in c.workers(router)}["w-a"]
+
+            def keys(ids: list[int]) -> list[str]:
+                return [f"{ns}/{d.hex()}" for d in page_digests(ids, PAGE)]
+
+            helper = subprocess.Popen(
+                hosts.argv("m", [sys.executable, str(KEYS), master, hosts["m"].address]),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                env={**os.environ, "PYTHONPATH": str(REPO)})
+
+            def raw(op: dict) -> dict:
+                assert helper.stdin is not None and helper.stdout is not None
+                helper.stdin.write(json.dumps(op) + "\n")
+                helper.stdin.flush()
+                line = helper.stdout.readline()
+                assert line, "the raw Mooncake client died"
+                return dict(json.loads(line))
+
+            def generate(host: str, ids: list[int]) -> dict:
+                r = c.request("POST", url[host] + "/generate", timeout=240.0, json={
+                    "input_ids": ids, "sampling_params": {"max_new_tokens": 4,
+                                                          "temperature": 0}})
+                assert r.status_code == 200, r.text
+                return dict(r.json())
+
+            def computed(host: str, ids: list[int]) -> None:
+                """``host`` computes ``ids``; its pages reach the store (write-through)."""
+                generate(host, ids)
+                deadline = time.monotonic() + 30
+                while not all(raw({"exist": keys(ids)})["exist"]):
+                    assert time.monotonic() < deadline, f"{host}'s pages never reached the store"
+                    time.sleep(0.5)
+
+            computed("a", shared)
+            assert raw({"corrupt": keys(shared)})["corrupted"] == len(keys(shared))
+            blind = generate("b", shared + tail)
+            assert storage(blind) >= PAGE, blind["meta_info"]  # it loaded the bad pages
+            assert blind["output_ids"] != reference  # negative control: wrong bytes, wrong text
+            assert c.request("POST", url["a"] + "/flush_cache").status_code == 200
+            checked = generate("a", shared + tail)
+            assert storage(checked) == 0, checked["meta_info"]  # caught: nothing loaded
+            assert checked["output_ids"] == reference  # recomputed, as a cold run
+
+            mine = {"a": prompt(2), "b": prompt(3)}
+            for host, ids in mine.items():
+                computed(host, ids)
+            time.sleep(2.0)  # past the leases of the existence checks
+            removed = int(index_stats(c, router.url)["pages_removed"])
+            assert raw({"fill": 160})["stored"] > 0  # 3x the store's 3 segments of 16 MiB
+            gone = {h: len(keys(ids)) - sum(raw({"exist": keys(ids)})["exist"])
+                    for h, ids in mine.items()}
+            print(f"evicted pages: {gone} of {len(keys(mine['a']))} each")
+            assert gone["a"] >= 1 and gone["b"] >= 1, gone  # the fill did evict both
+            # a's resync (2 s rounds, each page probed within 2 x 4 rounds) drops what a lost
+            deadline = time.monotonic() + 30
+            while int(index_stats(c, router.url)["pages_removed"]) - removed < gone["a"]:
+                assert time.monotonic() < deadline, index_stats(c, router.url)
+                time.sleep(0.5)
+            time.sleep(6.0)  # three more of a's rounds: b's losses never leave the index
+            dropped = int(index_stats(c, router.url)["pages_removed"]) - removed
+            assert dropped < gone["a"] + gone["b"], (dropped, gone)
         finally:
             c.close()

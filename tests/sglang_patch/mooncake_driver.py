@@ -97,7 +97,7 @@ def fill(pool: MooncakePagePool, n: int) -> None:
 def main(master: str, hostname: str, mode: str, n: int) -> None:
     segment = SEGMENT if mode != "fill" else 16 << 20  # Mooncake's smallest
     pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment,
-                            zero_copy_min_chunk=PAGE // CHUNKS)
+                            zero_copy_min_chunk=PAGE // CHUNKS, probe_spread=1)  # all in a round
     try:
         {"write": write, "read": read, "fill": fill}[mode](pool, n)
     finally:

@@ -36,22 +36,31 @@ def test_older_pages_beyond_capacity_are_reported_once_unprobed() -> None:
         ProbeQueue(0)
 
 
-@settings(max_examples=60, deadline=None)
-@given(st.integers(1, 40), st.integers(1, 12), st.lists(st.integers(0, 39), max_size=30))
-def test_every_page_is_probed_within_its_bound(n: int, limit: int, reads: list[int]) -> None:
-    """Without new reads, every remembered page is probed within ceil(n / limit) rounds after
-    the pages in demand (one round at most), whatever was read before."""
-    q = ProbeQueue(64)
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.integers(1, 12), st.integers(1, 5),
+       st.lists(st.integers(0, 39), max_size=30))
+def test_every_page_is_probed_within_its_bound(n: int, limit: int, spread: int,
+                                               reads: list[int]) -> None:
+    """Without new reads, every remembered page is probed within max(2 * spread, ceil(n / limit))
+    rounds after the pages in demand, whatever was read before; and once the pages in demand
+    are done, with n >= spread, none is probed twice within ``spread`` rounds."""
+    q = ProbeQueue(64, spread)
     for i in range(n):
         q.written(f"k{i}", i)
     for r in reads:
         q.read(f"k{r}")
     hot = {f"k{r}" for r in reads if r < n}
+    hot_rounds = math.ceil(len(hot) / limit)
     seen: set[str] = set()
-    rounds = math.ceil(len(hot) / limit) + math.ceil(n / limit)
-    for _ in range(rounds):
+    last: dict[str, int] = {}
+    for r in range(hot_rounds + 3 * max(2 * spread, math.ceil(n / limit))):
         keys = q.next(limit)
-        assert len(keys) == min(limit, n) and len(set(keys)) == len(keys)
-        seen.update(keys)
+        assert 0 < len(keys) <= limit and len(set(keys)) == len(keys)
+        if r < hot_rounds + max(2 * spread, math.ceil(n / limit)):
+            seen.update(keys)
+        for k in keys:
+            if k in last and last[k] >= hot_rounds and n >= spread:
+                assert r - last[k] >= spread, (k, last[k], r)
+            last[k] = r
         q.probed(dict.fromkeys(keys, True))
     assert seen == {f"k{i}" for i in range(n)}

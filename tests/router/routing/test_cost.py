@@ -151,6 +151,23 @@ def test_transfer_time_uses_the_topology_bottleneck_or_the_default() -> None:
     assert cost.bandwidth_Bps(PoolId("pool"), W) < 100 * GBPS
 
 
+def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
+    """Segments of one store: the worker's own host at the default (memory), another host at
+    the remote bandwidth; a reported holder bandwidth and a topology come first."""
+    cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6,
+                                remote_segment_bandwidth_Bps=1e5))
+    own, here, there = (PoolId(f"mc@10.0.0.{h}:{p}") for h, p in ((1, 30000), (1, 30001),
+                                                                   (2, 30000)))
+    worker = ws()._replace(pool_id=own)
+    assert cost.transfer_s(here, worker, 1000) == pytest.approx(1.0)  # same host
+    assert cost.transfer_s(there, worker, 1000) == pytest.approx(10.0)  # over the link
+    assert cost.transfer_s(there, ws(), 1000) == pytest.approx(1.0)  # own pool not a segment
+    cost.set_holder_bandwidth(there, 4e6)
+    assert cost.transfer_s(there, worker, 1000) == pytest.approx(0.25)
+    with pytest.raises(ValueError):
+        CostConfig(remote_segment_bandwidth_Bps=0)
+
+
 def test_learn_from_inferred_prefill_is_one_switch_with_the_live_default() -> None:
     """A worker on the prior learns from FIFO-inferred times; one whose model was installed (a
     profile) does not unless ``learn_from_inferred_prefill`` (default False, as the live router
