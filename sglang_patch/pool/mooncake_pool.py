@@ -63,28 +63,27 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import numpy as np
 import xxhash
 
 from radix_global.types import PoolId
 from sglang_patch.pool.base import PageIO, PagePool, PoolError, PoolStats, PutResult
+from sglang_patch.pool.mooncake_calls import (
+    BATCH_BUFFERS,
+    BATCH_PAGES,
+    ZERO_COPY_MIN_CHUNK,
+    CallPage,
+    address_of,
+    flat,
+    plan_calls,
+)
 from sglang_patch.pool.probe_queue import ProbeQueue
 
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 CHECKSUM_BYTES = 8
-BATCH_PAGES = 256  # checksum slots: the most pages one zero-copy call moves
-# The most buffers (transfers) one call carries. Mooncake's TCP transport queues at most 1024
-# transfers per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER) and rejects the rest, and a call
-# with rejected transfers was seen to hang (2304 buffers in one call): a quarter of that queue
-# leaves room for the other calls to the same peer.
-BATCH_BUFFERS = 256
 STAGING_BYTES = 16 << 20  # packed pages' slots (at least one page)
-# Over TCP each buffer of a call is a transfer of its own: measured here (docs/benchmarks.md,
-# "Mooncake Store pool"), pages of 8 KiB and 32 KiB chunks read faster packed (one transfer
-# per page, after a copy), pages of 64 KiB and 1 MiB chunks zero-copy.
-ZERO_COPY_MIN_CHUNK = 64 << 10
 # A resync probe pins the page for Mooncake's 10 s read lease: with rounds every 10 s
 # (storage.py), a page probed every 4th round is pinned a quarter of the time.
 DEFAULT_PROBE_SPREAD = 4
@@ -92,15 +91,6 @@ DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
 log = logging.getLogger(__name__)
 _MISS = PutResult(False, False, ())
-
-
-def _flat(buf: object) -> memoryview:
-    view = memoryview(buf)  # type: ignore[arg-type]
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
-def _address(view: memoryview) -> int:
-    return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
 
 def _digest(views: Sequence[memoryview]) -> bytes:
@@ -124,19 +114,6 @@ def _replicate_config(segment: str) -> Any:
     config.replica_num = 1
     config.preferred_segment = segment
     return config
-
-
-class _Page(NamedTuple):
-    """A page of a call: its index in the caller's list, its views, their (address, size), and
-    whether it moves zero-copy (else packed into a staging slot)."""
-
-    at: int
-    key: str
-    tag: int
-    views: list[memoryview]
-    spans: list[tuple[int, int]]
-    size: int
-    direct: bool
 
 
 class MooncakePagePool(PagePool):
@@ -189,8 +166,8 @@ class MooncakePagePool(PagePool):
 
     # --- PagePool ---------------------------------------------------------------------------------
     def register_memory(self, buffer: object) -> None:
-        view = _flat(buffer)
-        ptr, size = _address(view), view.nbytes
+        view = flat(buffer)
+        ptr, size = address_of(view), view.nbytes
         with self._lock:
             if self._closed or size == 0 or any(lo <= ptr and ptr + size <= hi
                                                      for lo, hi in self._regions):
@@ -212,7 +189,7 @@ class MooncakePagePool(PagePool):
                 if self._closed:
                     break
                 exists = self._store.batch_is_exist([d.key for d in batch])
-                todo: list[_Page] = []
+                todo: list[CallPage] = []
                 for d, e in zip(batch, exists, strict=True):
                     if e == 1:
                         self._probes.read(d.key)
@@ -324,47 +301,23 @@ class MooncakePagePool(PagePool):
             self._store.close()
 
     # --- helpers (under the lock unless said) ---------------------------------------------------
-    def _batches(self, pages: Sequence[PageIO]) -> list[list[_Page]]:
-        """The pages as calls: runs of zero-copy pages (:meth:`_direct`) of at most BATCH_PAGES
-        pages and BATCH_BUFFERS buffers, and runs of packed pages of at most the staging
-        slots. An oversized page is in none (a miss). Not under the lock."""
+    def _batches(self, pages: Sequence[PageIO]) -> list[list[CallPage]]:
         with self._lock:
             regions = list(self._regions)
-        out: list[list[_Page]] = []
-        buffers = 0
-        for i, page in enumerate(pages):
-            views = [_flat(c) for c in page.chunks]
-            spans = [(_address(v), v.nbytes) for v in views]
-            size = sum(n for _, n in spans)
-            if size > self.page_bytes:
-                continue
-            d = _Page(i, page.key, page.tag, views, spans, size, self._direct(spans, regions))
-            n = len(spans) + 1 if d.direct else 1  # a page's buffers and its checksum slot
-            if (not out or out[-1][0].direct != d.direct or buffers + n > BATCH_BUFFERS
-                    or len(out[-1]) == (BATCH_PAGES if d.direct else self._slot_count)):
-                out.append([])
-                buffers = 0
-            out[-1].append(d)
-            buffers += n
-        return out
+        return plan_calls(pages, regions, self.page_bytes, self.zero_copy_min_chunk,
+                          self._slot_count)
 
-    def _direct(self, spans: list[tuple[int, int]], regions: list[tuple[int, int]]) -> bool:
-        """Moved zero-copy: every chunk in registered memory and large enough on average that
-        a transfer per chunk costs less than the copy it saves (``zero_copy_min_chunk``)."""
-        return bool(spans) and sum(n for _, n in spans) >= self.zero_copy_min_chunk * len(
-            spans) and all(any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans)
-
-    def _buffers(self, batch: list[_Page]) -> tuple[list[list[int]], list[list[int]]]:
+    def _buffers(self, batch: list[CallPage]) -> tuple[list[list[int]], list[list[int]]]:
         """Each page's buffers, its checksum slot last (the object's layout: bytes, checksum)."""
         ptrs = [[*(a for a, _ in d.spans), self._sums_ptr + j * CHECKSUM_BYTES]
                 for j, d in enumerate(batch)]
         sizes = [[*(n for _, n in d.spans), CHECKSUM_BYTES] for d in batch]
         return ptrs, sizes
 
-    def _slots(self, batch: list[_Page]) -> list[int]:
+    def _slots(self, batch: list[CallPage]) -> list[int]:
         return [self._ptr + j * self._slot_bytes for j in range(len(batch))]
 
-    def _pack(self, j: int, d: _Page) -> None:
+    def _pack(self, j: int, d: CallPage) -> None:
         """Page ``d`` and its checksum into staging slot ``j``."""
         slot, at = self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes], 0
         for v in d.views:
@@ -372,7 +325,7 @@ class MooncakePagePool(PagePool):
             at += v.nbytes
         slot[at:at + CHECKSUM_BYTES] = np.frombuffer(_digest(d.views), dtype=np.uint8)
 
-    def _verified(self, j: int, d: _Page) -> bool:
+    def _verified(self, j: int, d: CallPage) -> bool:
         """Page ``d``, read as the ``j``-th of its call, matches its checksum (if not, it is
         removed); a packed page is then copied out of its slot, so the caller never sees
         unverified bytes."""

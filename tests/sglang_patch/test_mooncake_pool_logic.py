@@ -8,12 +8,8 @@ import pytest
 from fake_mooncake import FakeStore
 
 from sglang_patch.pool.base import PageIO, PoolError
-from sglang_patch.pool.mooncake_pool import (
-    BATCH_BUFFERS,
-    MIN_SEGMENT_BYTES,
-    ZERO_COPY_MIN_CHUNK,
-    MooncakePagePool,
-)
+from sglang_patch.pool.mooncake_calls import BATCH_BUFFERS, ZERO_COPY_MIN_CHUNK
+from sglang_patch.pool.mooncake_pool import MIN_SEGMENT_BYTES, MooncakePagePool
 
 PAGE = 4096
 
