@@ -3,12 +3,14 @@ Mooncake calls. Pure: no store, no I/O.
 
 A page moves one of two ways (the pool's docstring says why):
 - zero-copy: each chunk is a transfer of its own, plus one for the page's checksum slot. Only
-  for pages whose chunks all lie in registered memory and average ``zero_copy_min_chunk`` bytes;
+  for pages whose chunks all lie in registered memory, average ``zero_copy_min_chunk`` bytes and
+  fit one call (``BATCH_BUFFERS`` transfers);
 - packed: the page is copied into a staging slot and moves as one transfer.
 
-A call holds pages of one way only, at most ``BATCH_BUFFERS`` transfers, and at most
-``BATCH_PAGES`` zero-copy pages (the checksum slots) or the staging slots' worth of packed
-pages. Pages stay in their order; a page is never split over calls.
+A call holds pages of one way only (a batch that alternates costs a call per change; the
+storage backend's pages all have one shape), at most ``BATCH_BUFFERS`` transfers (so at most
+``BATCH_BUFFERS // 2`` zero-copy pages: the checksum slots) and at most the staging slots'
+worth of packed pages. Pages stay in their order; a page is never split over calls.
 """
 
 from __future__ import annotations
@@ -20,7 +22,6 @@ import numpy as np
 
 from sglang_patch.pool.base import PageIO
 
-BATCH_PAGES = 256  # checksum slots: the most pages one zero-copy call moves
 # The most buffers (transfers) one call carries. Mooncake's TCP transport queues at most 1024
 # transfers per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER) and rejects the rest, and a call
 # with rejected transfers was seen to hang (2304 buffers in one call): a quarter of that queue
@@ -35,8 +36,8 @@ Region = tuple[int, int]  # registered memory: [start, end) addresses
 
 
 class CallPage(NamedTuple):
-    """A page of a call: its index in the caller's list, its views, their (address, size), its
-    size, and whether it moves zero-copy (else packed)."""
+    """A page of a call: its index in the caller's list, key and tag, its views, their
+    (address, size), its size, and whether it moves zero-copy (else packed)."""
 
     at: int
     key: str
@@ -60,8 +61,8 @@ def address_of(view: memoryview) -> int:
 def zero_copy(spans: Sequence[tuple[int, int]], regions: Sequence[Region],
               min_chunk: int) -> bool:
     """Whether a page of these (address, size) chunks moves zero-copy."""
-    return bool(spans) and sum(n for _, n in spans) >= min_chunk * len(spans) and all(
-        any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans)
+    return 0 < len(spans) < BATCH_BUFFERS and sum(n for _, n in spans) >= min_chunk * len(
+        spans) and all(any(lo <= a and a + n <= hi for lo, hi in regions) for a, n in spans)
 
 
 def plan_calls(pages: Sequence[PageIO], regions: Sequence[Region], page_bytes: int,
@@ -80,7 +81,7 @@ def plan_calls(pages: Sequence[PageIO], regions: Sequence[Region], page_bytes: i
                      zero_copy(spans, regions, zero_copy_min_chunk))
         n = len(spans) + 1 if d.direct else 1
         if (not out or out[-1][0].direct != d.direct or transfers + n > BATCH_BUFFERS
-                or len(out[-1]) == (BATCH_PAGES if d.direct else packed_slots)):
+                or (not d.direct and len(out[-1]) == packed_slots)):
             out.append([])
             transfers = 0
         out[-1].append(d)

@@ -37,7 +37,8 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   round-robin; at most ``capacity_pages`` remembered) and returns the tags of those the store no
   longer has. The storage backend publishes their removal (``sglang_patch/storage.py``, every
   ``pool_resync_s``). A probe takes Mooncake's 10 s read lease, which delays the eviction of what
-  it probes, so a resync round is bounded (``pool_resync_pages``).
+  it probes, so a round is bounded (``pool_resync_pages``) and a page not in demand is probed
+  at most every ``probe_spread`` rounds.
 
 Buffers (Mooncake moves bytes between registered memory only). Every call is a batch call: a
 single ``put`` / ``get_into`` is a batch of one.
@@ -72,7 +73,6 @@ from radix_global.types import PoolId
 from sglang_patch.pool.base import PageIO, PagePool, PoolError, PoolStats, PutResult
 from sglang_patch.pool.mooncake_calls import (
     BATCH_BUFFERS,
-    BATCH_PAGES,
     ZERO_COPY_MIN_CHUNK,
     CallPage,
     address_of,
@@ -135,6 +135,9 @@ class MooncakePagePool(PagePool):
         self.zero_copy_min_chunk = zero_copy_min_chunk
         self._slot_bytes = page_bytes + CHECKSUM_BYTES
         self._slot_count = max(1, min(BATCH_BUFFERS, STAGING_BYTES // self._slot_bytes))
+        if probe_spread <= 0:
+            raise PoolError(f"pool_resync_spread must be > 0, got {probe_spread}")
+        self._probes = ProbeQueue(self.capacity_pages, probe_spread)
         self._store = (store_factory or mooncake_store)()
         # Mooncake's own buffer, for the calls that allocate (we always pass registered
         # memory): the minimum
@@ -147,7 +150,8 @@ class MooncakePagePool(PagePool):
         self._segment = str(self._store.get_hostname())
         self._config = _replicate_config(self._segment)
         self._staging = np.zeros(self._slot_count * self._slot_bytes, dtype=np.uint8)
-        self._sums = np.zeros(BATCH_PAGES * CHECKSUM_BYTES, dtype=np.uint8)
+        # a checksum slot per zero-copy page of a call (each has >= 2 transfers)
+        self._sums = np.zeros(BATCH_BUFFERS // 2 * CHECKSUM_BYTES, dtype=np.uint8)
         self._regions: list[tuple[int, int]] = []  # registered [start, end) of callers' memory
         self._registered: list[int] = []
         for buf in (self._staging, self._sums):
@@ -160,8 +164,8 @@ class MooncakePagePool(PagePool):
         self._ptr, self._sums_ptr = self._registered
         self._lock = threading.Lock()
         self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
-                        "vanished": 0, "put_failures": 0, "batch_calls": 0}
-        self._probes = ProbeQueue(self.capacity_pages, probe_spread)
+                        "vanished": 0, "put_failures": 0, "batch_calls": 0,
+                        "zero_copy_calls": 0}
         self._closed = False
 
     # --- PagePool ---------------------------------------------------------------------------------
@@ -201,6 +205,7 @@ class MooncakePagePool(PagePool):
                 self._counts["batch_calls"] += 1
                 keys = [d.key for d in todo]
                 if todo[0].direct:
+                    self._counts["zero_copy_calls"] += 1
                     for j, d in enumerate(todo):
                         self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES] = np.frombuffer(
                             _digest(d.views), dtype=np.uint8)
@@ -222,14 +227,18 @@ class MooncakePagePool(PagePool):
 
     def get_many(self, pages: Sequence[PageIO]) -> list[bool]:
         results = [False] * len(pages)
-        misses = len(pages)
-        for batch in self._batches(pages):
+        batches = self._batches(pages)
+        with self._lock:  # the pages no call carries (oversized, or after close)
+            self._counts["misses"] += len(pages) - sum(len(b) for b in batches)
+        for batch in batches:
             with self._lock:
                 if self._closed:
-                    break
+                    self._counts["misses"] += len(batch)
+                    continue
                 self._counts["batch_calls"] += 1
                 keys = [d.key for d in batch]
                 if batch[0].direct:
+                    self._counts["zero_copy_calls"] += 1
                     ptrs, sizes = self._buffers(batch)
                     got = self._store.batch_get_into_multi_buffers(keys, ptrs, sizes, False)
                 else:
@@ -240,8 +249,8 @@ class MooncakePagePool(PagePool):
                     # an object of another size)
                     if n == d.size + CHECKSUM_BYTES and self._verified(j, d):
                         results[d.at] = self._hit(d.key)
-                        misses -= 1
-        self._counts["misses"] += misses
+                    else:
+                        self._counts["misses"] += 1
         return results
 
     def vanished(self, limit: int) -> list[int]:

@@ -7,11 +7,12 @@ Order of a resync round (at most ``limit`` keys):
    them adds almost no eviction delay: the read itself took Mooncake's 10 s lease, and a probe
    only extends it.
 2. then the rest, the least recently probed (or written) first: round-robin, at most
-   ``max(1, rest // spread)`` of them a round, so every page is probed within
-   ``max(2 * spread, ceil(remembered / limit))`` rounds and, with at least ``spread`` pages
-   remembered, not more often than every ``spread`` rounds. A probe takes Mooncake's read
-   lease (10 s), which pins the page against eviction: probing every page every round would
-   pin every page for good.
+   ``share = max(1, rest // spread)`` of them a round, and at least ``min(share, limit // 2)``
+   however many pages are in demand. So with ``limit >= 2`` every page is probed within
+   ``max(2 * spread, ceil(2 * remembered / limit))`` rounds and, with at least ``spread`` pages
+   remembered and none in demand, not more often than every ``spread`` rounds. A probe takes
+   Mooncake's read lease (10 s), which pins the page against eviction: probing every page
+   every round would pin every page for good.
 
 At most ``capacity`` pages are remembered (a segment's worth). A page pushed out by newer writes
 was most likely evicted by the store already; it is reported as gone without a probe (an index
@@ -65,11 +66,14 @@ class ProbeQueue:
     def next(self, limit: int) -> list[str]:
         """The keys to probe this round (no side effect until :meth:`probed`)."""
         limit = max(0, limit)
-        hot = heapq.nlargest(limit, self._reads, key=self._reads.__getitem__)
+        demand = len(self._reads)
+        share = max(1, (len(self._order) - demand) // self.spread)  # the round-robin's
+        # pages in demand first, but never all of a round of two or more: the rest would starve
+        hot = heapq.nlargest(limit - min(share, limit // 2), self._reads,
+                             key=self._reads.__getitem__)
         chosen = set(hot)
         rest = (k for k in self._order if k not in chosen)
-        quota = min(limit - len(hot), max(1, (len(self._order) - len(hot)) // self.spread))
-        return hot + list(itertools.islice(rest, quota))
+        return hot + list(itertools.islice(rest, min(share, limit - len(hot))))
 
     def probed(self, found: Mapping[str, bool]) -> list[int]:
         """What a probe found (key -> still stored); the tags of the pages gone, which are

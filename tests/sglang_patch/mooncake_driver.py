@@ -82,7 +82,8 @@ def read(pool: MooncakePagePool, n: int) -> None:
     print(json.dumps({"got": got, "equal": equal,
                       "exists": [pool.exists(key(i)) for i in range(n)],
                       "checksum_failures": pool.stats().checksum_failures,
-                      "batch_calls": pool._counts["batch_calls"]}), flush=True)
+                      "batch_calls": pool._counts["batch_calls"],
+                      "zero_copy_calls": pool._counts["zero_copy_calls"]}), flush=True)
 
 
 def fill(pool: MooncakePagePool, n: int) -> None:

@@ -64,3 +64,25 @@ def test_every_page_is_probed_within_its_bound(n: int, limit: int, spread: int,
             last[k] = r
         q.probed(dict.fromkeys(keys, True))
     assert seen == {f"k{i}" for i in range(n)}
+
+
+@settings(max_examples=80, deadline=None)
+@given(st.integers(1, 40), st.integers(2, 12), st.integers(1, 5), st.integers(0, 40))
+def test_pages_in_demand_never_starve_the_others(n: int, limit: int, spread: int,
+                                                 demand: int) -> None:
+    """The same ``demand`` pages are read again every round: every other page is still probed
+    within ceil(n / min(max(1, (n - demand) // spread), limit // 2)) rounds."""
+    q = ProbeQueue(64, spread)
+    for i in range(n):
+        q.written(f"k{i}", i)
+    demand = min(demand, n)
+    share = min(max(1, (n - demand) // spread), limit // 2)
+    seen: set[str] = set()
+    for _ in range(math.ceil(n / share)):
+        for i in range(demand):
+            q.read(f"k{i}")
+        keys = q.next(limit)
+        assert len(keys) <= limit
+        seen.update(keys)
+        q.probed(dict.fromkeys(keys, True))
+    assert {f"k{i}" for i in range(demand, n)} <= seen
