@@ -61,12 +61,18 @@ from benchmarks.replay_stats import RequestResult
 from benchmarks.reuse import available_tokens, summarize_reuse
 
 CACHE_AWARE = RouterSpec("sglang-router", "cache_aware")
+# What a load from the pool costs on this machine, through SGLang's whole load path: 2,032
+# tokens x 6,144 B in 0.50 s (benchmarks/engine_probe.py, docs/benchmarks.md "One engine
+# alone"), against the router's default 10 GB/s (a pool fetch priced as nearly free).
+PROBED_FETCH_BPS = 25e6
 CONTENDERS = (
     Contender("cache_aware + HiCache L1/L2 (stock)", "stock-hicache", CACHE_AWARE, headline=True),
     Contender("cache_aware + HiCache + shared file L3 (stock)", "stock-file", CACHE_AWARE),
     Contender("conductor + pool (ours)", "ours", RouterSpec("ours", "conductor"), headline=True),
     Contender("conductor, pool off (ours)", "stock-hicache", RouterSpec("ours", "conductor")),
     Contender("least_load + pool (ours)", "ours", RouterSpec("ours", "least_load")),
+    Contender("conductor + pool, fetch priced as probed (ours)", "ours", RouterSpec(
+        "ours", "conductor", {"--default-bandwidth-bytes-per-s": f"{PROBED_FETCH_BPS:g}"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 ENGINE_ORDER = ("stock-hicache", "stock-file", "ours")
