@@ -178,7 +178,7 @@ class MooncakePagePool(PagePool):
                 return
             if self._store.register_buffer(ptr, size) != 0:
                 log.warning("Mooncake Store: registering %d bytes of host memory failed; "
-                            "pages are staged through a copy", size)
+                            "pages are packed through a copy", size)
                 return
             self._registered.append(ptr)
             self._regions.append((ptr, ptr + size))
