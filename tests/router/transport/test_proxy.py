@@ -265,9 +265,12 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
     closed too; other servers' are untouched; the pool's accounting comes back to zero."""
     from router.transport.proxy import UpstreamGone
 
+    received: list[bytes] = []
+
     async def hangs_mid_stream(reader: asyncio.StreamReader, writer: asyncio.StreamWriter
                                ) -> None:
         request = await _read_request(reader)
+        received.append(request)
         if b"stream" in request:
             writer.write(b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n6\r\ndata: \r\n")
             await writer.drain()
@@ -288,7 +291,10 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
             stream = await proxy.open_stream(f"{url}/generate", b'{"stream": true}', {})
             whole = asyncio.create_task(proxy.post(f"{url}/generate", b"{}", {}))
             other = asyncio.create_task(proxy.post(f"{alive_url}/generate", b"{}", {}))
-            await asyncio.sleep(0.2)
+            for _ in range(100):  # both exchanges reached the dead host (bounded: 5 s)
+                if len(received) >= 2:
+                    break
+                await asyncio.sleep(0.05)
             assert proxy.break_worker(url, "worker w left the cluster") == 2
             with pytest.raises(UpstreamGone, match="left the cluster"):
                 await asyncio.wait_for(whole, 2)
