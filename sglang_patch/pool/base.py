@@ -79,6 +79,13 @@ class PutResult(NamedTuple):
     evicted: tuple[EvictedPage, ...]  # pages dropped to make room for it
 
 
+def as_bytes(buf: object) -> memoryview:
+    """A page chunk as a flat byte view (no copy); memoryview slice assignment is a plain C
+    memcpy. Every pool reads its callers' chunks through it."""
+    view = memoryview(buf)  # type: ignore[arg-type]
+    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
+
+
 class PageIO(NamedTuple):
     """One page of a batch call: its key, its buffers (the page is their concatenation) and the
     tag it is stored with (ignored by reads)."""

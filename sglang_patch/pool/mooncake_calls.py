@@ -20,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from sglang_patch.pool.base import PageIO
+from sglang_patch.pool.base import PageIO, as_bytes
 
 # The most buffers (transfers) one call carries. Mooncake's TCP transport queues at most 1024
 # transfers per peer (MC_TCP_MAX_QUEUED_TRANSFERS_PER_PEER) and rejects the rest, and a call
@@ -48,12 +48,6 @@ class CallPage(NamedTuple):
     direct: bool
 
 
-def flat(buf: object) -> memoryview:
-    """``buf`` as a flat byte view (no copy)."""
-    view = memoryview(buf)  # type: ignore[arg-type]
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
-
-
 def address_of(view: memoryview) -> int:
     return int(np.frombuffer(view, dtype=np.uint8).ctypes.data) if view.nbytes else 0
 
@@ -72,7 +66,7 @@ def plan_calls(pages: Sequence[PageIO], regions: Sequence[Region], page_bytes: i
     out: list[list[CallPage]] = []
     transfers = 0
     for i, page in enumerate(pages):
-        views = [flat(c) for c in page.chunks]
+        views = [as_bytes(c) for c in page.chunks]
         spans = [(address_of(v), v.nbytes) for v in views]
         size = sum(n for _, n in spans)
         if size > page_bytes:

@@ -70,13 +70,19 @@ import numpy as np
 import xxhash
 
 from radix_global.types import PoolId
-from sglang_patch.pool.base import PageIO, PagePool, PoolError, PoolStats, PutResult
+from sglang_patch.pool.base import (
+    PageIO,
+    PagePool,
+    PoolError,
+    PoolStats,
+    PutResult,
+    as_bytes,
+)
 from sglang_patch.pool.mooncake_calls import (
     BATCH_BUFFERS,
     ZERO_COPY_MIN_CHUNK,
     CallPage,
     address_of,
-    flat,
     plan_calls,
 )
 from sglang_patch.pool.probe_queue import ProbeQueue
@@ -170,7 +176,7 @@ class MooncakePagePool(PagePool):
 
     # --- PagePool ---------------------------------------------------------------------------------
     def register_memory(self, buffer: object) -> None:
-        view = flat(buffer)
+        view = as_bytes(buffer)
         ptr, size = address_of(view), view.nbytes
         with self._lock:
             if self._closed or size == 0 or any(lo <= ptr and ptr + size <= hi
@@ -207,8 +213,7 @@ class MooncakePagePool(PagePool):
                 if todo[0].direct:
                     self._counts["zero_copy_calls"] += 1
                     for j, d in enumerate(todo):
-                        self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES] = np.frombuffer(
-                            _digest(d.views), dtype=np.uint8)
+                        self._sum_slot(j)[:] = np.frombuffer(_digest(d.views), dtype=np.uint8)
                     ptrs, sizes = self._buffers(todo)
                     rcs = self._store.batch_put_from_multi_buffers(keys, ptrs, sizes,
                                                                     self._config)
@@ -323,12 +328,20 @@ class MooncakePagePool(PagePool):
         sizes = [[*(n for _, n in d.spans), CHECKSUM_BYTES] for d in batch]
         return ptrs, sizes
 
+    def _slot(self, j: int) -> np.ndarray:
+        """Staging slot ``j`` (a packed page and its checksum)."""
+        return self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes]
+
+    def _sum_slot(self, j: int) -> np.ndarray:
+        """Checksum slot ``j`` (of the ``j``-th zero-copy page of a call)."""
+        return self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES]
+
     def _slots(self, batch: list[CallPage]) -> list[int]:
         return [self._ptr + j * self._slot_bytes for j in range(len(batch))]
 
     def _pack(self, j: int, d: CallPage) -> None:
         """Page ``d`` and its checksum into staging slot ``j``."""
-        slot, at = self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes], 0
+        slot, at = self._slot(j), 0
         for v in d.views:
             slot[at:at + v.nbytes] = np.frombuffer(v, dtype=np.uint8)
             at += v.nbytes
@@ -340,9 +353,9 @@ class MooncakePagePool(PagePool):
         unverified bytes."""
         if d.direct:
             views: list[memoryview] = d.views
-            checksum = self._sums[j * CHECKSUM_BYTES:(j + 1) * CHECKSUM_BYTES]
+            checksum = self._sum_slot(j)
         else:
-            slot = self._staging[j * self._slot_bytes:(j + 1) * self._slot_bytes]
+            slot = self._slot(j)
             views, checksum = [slot[:d.size].data], slot[d.size:d.size + CHECKSUM_BYTES]
         if self.verify and _digest(views) != checksum.tobytes():
             self._counts["checksum_failures"] += 1

@@ -41,6 +41,7 @@ from sglang_patch.pool.base import (
     PoolError,
     PoolStats,
     PutResult,
+    as_bytes,
 )
 from sglang_patch.pool.shm_files import PoolFiles, read_header
 
@@ -48,12 +49,6 @@ DEFAULT_ROOT = "/dev/shm/radix-global"
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
 log = logging.getLogger(__name__)
 _MISS = PutResult(False, False, ())
-
-
-def _as_bytes(buf: object) -> memoryview:
-    """A flat byte view (no copy); memoryview slice assignment is a plain C memcpy."""
-    view = memoryview(buf)  # type: ignore[arg-type]
-    return view if view.format == "B" and view.ndim == 1 else view.cast("B")
 
 
 def _checksum(views: Sequence[memoryview]) -> int:
@@ -122,7 +117,7 @@ class ShmPagePool(PagePool):
     def put(self, key: str, chunks: Sequence[object], tag: int = 0) -> PutResult:
         evicted: list[EvictedPage] = []
         try:
-            return self._put(key, [_as_bytes(c) for c in chunks], tag, evicted)
+            return self._put(key, [as_bytes(c) for c in chunks], tag, evicted)
         except PoolCorrupt as exc:
             return PutResult(False, False, (*evicted, *self._files.recover(exc)))
 
@@ -193,7 +188,7 @@ class ShmPagePool(PagePool):
 
     def get_into(self, key: str, chunks: Sequence[object]) -> bool:
         try:
-            return self._get_into(key, [_as_bytes(c) for c in chunks])
+            return self._get_into(key, [as_bytes(c) for c in chunks])
         except PoolCorrupt as exc:
             self._files.recover(exc)
             return False
