@@ -61,21 +61,19 @@ from benchmarks.replay_stats import RequestResult
 from benchmarks.reuse import available_tokens, summarize_reuse
 
 CACHE_AWARE = RouterSpec("sglang-router", "cache_aware")
-# What a load from the pool costs on this machine, through SGLang's whole load path: 2,032
-# tokens x 6,144 B in 0.50 s (benchmarks/engine_probe.py, docs/benchmarks.md "One engine
-# alone"), against the router's default 10 GB/s (a pool fetch priced as nearly free).
-PROBED_FETCH_BPS = 25e6
 CONTENDERS = (
     Contender("cache_aware + HiCache L1/L2 (stock)", "stock-hicache", CACHE_AWARE, headline=True),
     Contender("cache_aware + HiCache + shared file L3 (stock)", "stock-file", CACHE_AWARE),
     Contender("conductor + pool (ours)", "ours", RouterSpec("ours", "conductor"), headline=True),
     Contender("conductor, pool off (ours)", "stock-hicache", RouterSpec("ours", "conductor")),
     Contender("least_load + pool (ours)", "ours", RouterSpec("ours", "least_load")),
-    Contender("conductor + pool, fetch priced as probed (ours)", "ours", RouterSpec(
-        "ours", "conductor", {"--default-bandwidth-bytes-per-s": f"{PROBED_FETCH_BPS:g}"})),
+    # The A/B of the start-up load probe (docs/interfaces.md s. 2 ``pool_load_Bps``): without
+    # it the router prices a pool fetch at its 10 GB/s default, nearly free on this machine.
+    Contender("conductor + pool, load probe off (ours)", "ours-unprobed",
+              RouterSpec("ours", "conductor")),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
-ENGINE_ORDER = ("stock-hicache", "stock-file", "ours")
+ENGINE_ORDER = ("stock-hicache", "stock-file", "ours", "ours-unprobed")
 
 
 def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[str, EngineSet]:
@@ -86,11 +84,13 @@ def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[
                       max_total_tokens=cfg.device_tokens, extra_args=hicache)
     file_l3 = ("--hicache-storage-backend", "file",
                "--hicache-storage-prefetch-policy", "wait_complete")
+    ours = replace(local, kind="ours", extra_args=(), pool_capacity_gb=cfg.pool_capacity_gb,
+                   hicache_ratio=cfg.hicache_ratio)
     return {
         "stock-hicache": local,
         "stock-file": replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir),
-        "ours": replace(local, kind="ours", extra_args=(), pool_capacity_gb=cfg.pool_capacity_gb,
-                        hicache_ratio=cfg.hicache_ratio),
+        "ours": ours,
+        "ours-unprobed": replace(ours, extra_args=("--pool-load-probe-tokens", "0")),
     }
 
 

@@ -73,6 +73,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a storage prefetch under its ``prefetch_threshold`` (256 by default, at least a page) and
     # recomputes. The router plans no shorter fetch for it (s. 2). 0: any run.
     pool_fetch_min_tokens: int = 0
+    # KV bytes per second its engine loads a pool run at, through SGLang's whole load path,
+    # measured by the launch wrapper (s. 2): the router prices its fetches at no faster.
+    pool_load_Bps: float | None = None
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -99,9 +102,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 self.pool_id, self.worker_id)):
             raise RegistrationError("pool_disk_id needs a pool_id and must differ from it and "
                                     "from worker_id")
-        if self.pool_disk_read_Bps is not None and not (
-                math.isfinite(self.pool_disk_read_Bps) and self.pool_disk_read_Bps > 0):
-            raise RegistrationError("pool_disk_read_Bps must be a positive number or absent")
+        for name in ("pool_disk_read_Bps", "pool_load_Bps"):
+            rate = getattr(self, name)
+            if rate is not None and not (math.isfinite(rate) and rate > 0):
+                raise RegistrationError(f"{name} must be a positive number or absent")
         if not 0 <= self.pool_fetch_min_tokens <= MAX_FETCH_MIN_TOKENS:
             raise RegistrationError(f"pool_fetch_min_tokens must be in [0, "
                                     f"{MAX_FETCH_MIN_TOKENS}], got {self.pool_fetch_min_tokens}")

@@ -138,6 +138,8 @@ class RouterState:
         if entry.info.pool_disk_id and entry.info.pool_disk_read_Bps:  # a disk tier's speed
             self.routing.cost.set_holder_bandwidth(PoolId(entry.info.pool_disk_id),
                                                    entry.info.pool_disk_read_Bps)
+        if entry.info.pool_load_Bps:  # its engine's own load path, measured by the wrapper
+            self.routing.cost.set_load_bandwidth(entry.worker_id, entry.info.pool_load_Bps)
         if entry.info.kv_bytes_per_token is not None:  # else the configured default prices it
             self.routing.cost.set_kv_bytes_per_token(entry.info.namespace,
                                                      entry.info.kv_bytes_per_token)

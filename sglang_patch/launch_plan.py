@@ -28,6 +28,9 @@ Our flags (everything else is passed to ``sglang.launch_server`` unchanged):
 ``--pool-disk DIR``          a persistent tier under the pool: every page is written through to
                              DIR and survives reboots (``--pool-disk-gb``, default 10;
                              ``docs/interfaces.md`` s. 16)
+``--pool-load-probe-tokens N``  measure the engine's load path from the pool with a prompt of N
+                             tokens before registering (``sglang_patch/load_probe.py``; default
+                             512, 0: off)
 ``--heartbeat-interval S``   default 5
 
 What we add: HiCache with write-through to our L3 backend (``--enable-hierarchical-cache
@@ -80,6 +83,7 @@ class OurFlags:
     pool_disk: str | None
     pool_disk_gb: float
     heartbeat_interval: float
+    pool_load_probe_tokens: int = 512
 
 
 @dataclass(frozen=True)
@@ -135,6 +139,9 @@ def parser() -> argparse.ArgumentParser:
                    help="a folder: the pool's persistent tier (write-through)")
     p.add_argument("--pool-disk-gb", type=float, default=10.0)
     p.add_argument("--heartbeat-interval", type=float, default=5.0, help="seconds")
+    p.add_argument("--pool-load-probe-tokens", type=int, default=OurFlags.pool_load_probe_tokens,
+                   metavar="N", help="prompt length of the start-up probe of the engine's load "
+                                     "path from the pool (0: off)")
     return p
 
 
@@ -211,7 +218,7 @@ def build_plan(argv: Sequence[str], ports: Sequence[int] | None = None,
                     ours_ns.pool, ours_ns.pool_id,
                     ours_ns.pool_capacity_gb, ours_ns.pool_root,
                     ours_ns.pool_disk, ours_ns.pool_disk_gb,
-                    ours_ns.heartbeat_interval)
+                    ours_ns.heartbeat_interval, ours_ns.pool_load_probe_tokens)
     model_path = flag_value(rest, "--model-path") or flag_value(rest, "--model")
     if not model_path:
         raise LaunchError("--model-path is required")
@@ -341,6 +348,9 @@ def _check_pool(ours: OurFlags) -> None:
     if ours.pool_disk and mooncake:
         raise LaunchError("--pool-disk is a tier under this machine's shm pool; a Mooncake "
                           "Store persists with its own SSD offload")
+    if ours.pool_load_probe_tokens < 0:
+        raise LaunchError(f"--pool-load-probe-tokens {ours.pool_load_probe_tokens}: must be "
+                          ">= 0 (0: no probe)")
     if ours.pool_disk and ours.pool_disk_gb <= 0:
         raise LaunchError(f"--pool-disk-gb {ours.pool_disk_gb}: must be > 0")
     if not mooncake and ours.pool_id is not None and is_segment(ours.pool_id):

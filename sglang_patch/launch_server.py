@@ -26,10 +26,12 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import msgspec
 
 from radix_global.pool_ids import disk_holder
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
+from sglang_patch.load_probe import LoadProbeError, probe_load
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
 from sglang_patch.register import (
     TOKEN_ENV,
@@ -172,6 +174,25 @@ def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
     return {**holder, "pool_disk_read_Bps": bandwidth}
 
 
+def with_load_rate(plan: LaunchPlan, info: WorkerInfo) -> WorkerInfo:
+    """``info`` with the engine's measured load path from the pool (``pool_load_Bps``,
+    ``docs/interfaces.md`` s. 2), when it has a pool and answers ``/generate`` itself (a native
+    PD prefill worker needs a decode peer); unchanged when the probe is off or fails."""
+    tokens = plan.flags.pool_load_probe_tokens
+    native_pd = flag_value(plan.sglang_argv, "--disaggregation-mode") not in (None, "null")
+    if tokens <= 0 or native_pd or not plan.backend_config or not info.kv_bytes_per_token:
+        return info
+    try:
+        rate, sample = probe_load(plan.url, tokens, info.kv_bytes_per_token)
+    except LoadProbeError as exc:  # the router then prices by the pool's bandwidth alone
+        log.warning("no load-path probe: %s", exc)
+        return info
+    log.info("loads from the pool at %.1f MB/s (%d of %d tokens in %.3f s, cold %.3f s)",
+             rate / 1e6, sample.storage_tokens, sample.prompt_tokens, sample.loaded_s,
+             sample.cold_s)
+    return msgspec.structs.replace(info, pool_load_Bps=rate)
+
+
 def _die_with_parent() -> None:
     """In the child before exec: SIGTERM it when the supervisor dies, even by SIGKILL, so a
     crashed wrapper never leaves an unregistered engine running (Linux prctl)."""
@@ -218,6 +239,7 @@ def run(argv: list[str]) -> int:
         namespace = str(plan.backend_config.get("namespace") or default_ns)
         info = worker_info(plan, server, namespace)
         if plan.flags.radix_global:
+            info = with_load_rate(plan, info)
             registrar = Registrar(plan.flags.radix_global, info, plan.flags.admin_token,
                                   plan.flags.heartbeat_interval)
             registrar.register()

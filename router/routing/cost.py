@@ -6,7 +6,8 @@
   blended with the engine-reported waiting tokens when the worker reports them (other routers'
   traffic);
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
-  (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed).
+  (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed),
+  and no faster than the worker's engine loads a pool run (``WorkerInfo.pool_load_Bps``).
   Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
   :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
 
@@ -72,6 +73,7 @@ class CostModel:
         self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
         self._kv_bytes: dict[str, float] = {}  # namespace -> as its workers report it
         self._holder_Bps: dict[str, float] = {}  # holder -> its reported read bandwidth
+        self._load_Bps: dict[WorkerId, float] = {}  # worker -> its engine's measured load path
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -120,8 +122,9 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
-        return self.config.transfer_overhead_s + nbytes / self.bandwidth_Bps(
-            pool, worker.worker_id, worker.pool_id)
+        link = self.bandwidth_Bps(pool, worker.worker_id, worker.pool_id)
+        load = self._load_Bps.get(worker.worker_id, link)
+        return self.config.transfer_overhead_s + nbytes / min(link, load)
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
                       own_pool: PoolId | None = None) -> float:
@@ -148,6 +151,13 @@ class CostModel:
         if not bandwidth_Bps > 0:
             raise ValueError(f"bandwidth must be > 0, got {bandwidth_Bps}")
         self._holder_Bps[holder] = bandwidth_Bps
+
+    def set_load_bandwidth(self, worker: WorkerId, bandwidth_Bps: float) -> None:
+        """``worker``'s engine takes a pool run into its device pool at ``bandwidth_Bps``
+        (``WorkerInfo.pool_load_Bps``): its fetches are priced at no faster, from any pool."""
+        if not bandwidth_Bps > 0:
+            raise ValueError(f"bandwidth must be > 0, got {bandwidth_Bps}")
+        self._load_Bps[worker] = bandwidth_Bps
 
     def kv_bytes_per_token(self, namespace: Namespace) -> float:
         """What one token of ``namespace`` weighs on the wire: as its workers report it, else
@@ -198,6 +208,7 @@ class CostModel:
         self.queue.forget_worker(worker_id)
         self._prefill.pop(worker_id, None)
         self._measured_only.discard(worker_id)
+        self._load_Bps.pop(worker_id, None)
         if self.topology is not None:
             self.topology.remove(worker_id)
 

@@ -106,6 +106,7 @@ def test_native_decode_gets_radix_cache_and_no_pool_defaults():
     (["--hicache-io-backend", "kernel"], "no CPU implementation"),
     (["--hicache-mem-layout", "page_first"], "not supported on CPU"),
     (["--hicache-storage-backend-extra-config", "{nope"], "not JSON"),
+    (["--pool-load-probe-tokens", "-1"], "must be >= 0"),
 ])
 def test_impossible_combinations_fail_with_a_message(flags, message):
     with pytest.raises(LaunchError, match=message):
@@ -177,6 +178,16 @@ def test_registered_fetch_minimum_is_sglangs_prefetch_threshold():
     assert worker_info(user, server, "m@1").pool_fetch_min_tokens == 64
     with pytest.raises(RegistrationError, match="pool_fetch_min_tokens"):
         msgspec.structs.replace(worker_info(user, server, "m@1"), pool_fetch_min_tokens=-1)
+
+
+@pytest.mark.parametrize("rate", [0.0, -5.0, float("nan"), float("inf")])
+def test_a_load_rate_must_be_positive_and_finite(rate):
+    from sglang_patch.launch_server import worker_info
+
+    info = worker_info(build_plan(BASE, ports=(1, 2, 3)), {"page_size": 16}, "m@1")
+    assert info.pool_load_Bps is None  # measured only once the engine runs
+    with pytest.raises(RegistrationError, match="pool_load_Bps"):
+        msgspec.structs.replace(info, pool_load_Bps=rate)
 
 
 def test_registered_bootstrap_port_only_for_a_native_prefill_worker():

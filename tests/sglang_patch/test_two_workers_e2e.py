@@ -242,6 +242,9 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 info = peer.workers["A"]
                 assert info.pool_id == pool_id and info.page_size == PAGE
                 assert info.kv_events_endpoint and info.pool_events_endpoint
+                # the wrapper timed its engine's load path from the pool before it registered:
+                # a CPU engine takes a run in at MB/s, far below any link (docs/benchmarks.md)
+                assert info.pool_load_Bps is not None and 1e5 < info.pool_load_Bps < 1e10, info
                 index, stop_index = index_subscriber(info.pool_events_endpoint, pool_id,
                                                      info.namespace)
                 time.sleep(1.0)  # SUB joins before the first publish
@@ -262,8 +265,10 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 stop_index.set()
                 assert pool_hit >= prompt_pages - 1, match
 
-                with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "B"]) as b:
+                with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "B",
+                                                     "--pool-load-probe-tokens", "0"]) as b:
                     wait_until(lambda: "B" in peer.workers, "B's registration")
+                    assert peer.workers["B"].pool_load_Bps is None  # the probe off: no rate
                     salted = generate(b.url, turn, salt="tenant-b")
                     assert storage_tokens(salted) == 0  # another tenant never reads A's pages
                     flush(b.url)

@@ -168,6 +168,24 @@ def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
         CostConfig(remote_segment_bandwidth_Bps=0)
 
 
+def test_a_workers_measured_load_path_caps_its_transfer_speed() -> None:
+    """The engine's load path (``WorkerInfo.pool_load_Bps``) is the bottleneck when it is
+    slower than the link, from any pool; it is forgotten with the worker."""
+    topo = star_cluster({"h0": [PoolId("pool")], "h1": [W]}, nic_Bps=100 * GBPS)
+    cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6), topo)
+    cost.set_load_bandwidth(W, 2.5e5)
+    assert cost.transfer_s(PoolId("pool"), ws(), 1000) == pytest.approx(4.0)
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(4.0)
+    cost.set_load_bandwidth(W, 1e12)  # faster than the link: the link prices it
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
+    cost.set_load_bandwidth(W, 2.5e5)
+    cost.on_worker_removed(W)
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
+    for bad in (0.0, -1.0, math.nan):
+        with pytest.raises(ValueError):
+            cost.set_load_bandwidth(W, bad)
+
+
 def test_learn_from_inferred_prefill_is_one_switch_with_the_live_default() -> None:
     """A worker on the prior learns from FIFO-inferred times; one whose model was installed (a
     profile) does not unless ``learn_from_inferred_prefill`` (default False, as the live router
