@@ -60,8 +60,9 @@ def probe_load(url: str, tokens: int, kv_bytes_per_token: float, *, attempts: in
                client: httpx.Client | None = None) -> tuple[float, LoadSample]:
     """Run the probe against the engine at ``url`` (healthy, empty, not yet registered) and
     return the rate and its sample. The write-through to the pool runs behind the first request,
-    so a second request that found too little in the pool is retried after a longer wait
-    (``attempts`` in all, each one flush and one request)."""
+    so a second request that found too little in the pool, or a flush the engine refused (it
+    does while a write-back is under way), is retried after a longer wait (``attempts`` in all,
+    each one flush and one request)."""
     if tokens < 2:
         raise LoadProbeError(f"a probe needs at least 2 tokens, got {tokens}")
     rng = random.Random()  # a fresh prompt each start: never another worker's probe pages
@@ -73,17 +74,19 @@ def probe_load(url: str, tokens: int, kv_bytes_per_token: float, *, attempts: in
         _generate(http, url, warmup)
         cold_s, _ = _generate(http, url, ids)
         best: LoadSample | None = None
+        refused = ""
         for attempt in range(attempts):
             time.sleep(settle_s * (attempt + 1))
             resp = http.post(url + "/flush_cache")
-            if resp.status_code != 200:
-                raise LoadProbeError(f"/flush_cache answered {resp.status_code}: "
-                                     f"{resp.text[:200]}")
+            if resp.status_code != 200:  # SGLang refuses while its cache is still writing back
+                refused = f"/flush_cache answered {resp.status_code}: {resp.text[:200]}"
+                continue
             loaded_s, storage = _generate(http, url, ids)
             best = LoadSample(tokens, cold_s, loaded_s, storage)
             if storage * 2 >= tokens:  # most of it came from the pool: a load was timed
                 break
-        assert best is not None
+        if best is None:
+            raise LoadProbeError(refused)
         return load_rate_Bps(best, kv_bytes_per_token), best
     except httpx.HTTPError as exc:
         raise LoadProbeError(f"probe request to {url} failed: {exc!r}") from exc

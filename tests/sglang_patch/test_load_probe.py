@@ -35,16 +35,20 @@ def test_unusable_samples_are_typed_errors(sample: LoadSample, kv: float) -> Non
 
 
 class FakeEngine:
-    """An engine whose pool fills ``fills_after`` flushes late: the write-through is behind."""
+    """An engine whose pool fills ``fills_after`` flushes late (the write-through is behind)
+    and that refuses its first ``refusals`` flushes (a write-back under way)."""
 
-    def __init__(self, fills_after: int = 0, flush_status: int = 200) -> None:
-        self.fills_after, self.flush_status = fills_after, flush_status
+    def __init__(self, fills_after: int = 0, refusals: int = 0) -> None:
+        self.fills_after, self.refusals = fills_after, refusals
         self.flushes, self.prompts = 0, []  # type: tuple[int, list[list[int]]]
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.url.path == "/flush_cache":
+            if self.refusals > 0:
+                self.refusals -= 1
+                return httpx.Response(400, text="Flush cache failed.")
             self.flushes += 1
-            return httpx.Response(self.flush_status, text="busy")
+            return httpx.Response(200, text="ok")
         ids = json.loads(request.content)["input_ids"]
         self.prompts.append(ids)
         if self.flushes == 0:
@@ -74,6 +78,14 @@ def test_a_pool_still_being_written_is_retried_then_measured() -> None:
     assert engine.flushes == 3 and sample.storage_tokens == 63
 
 
+def test_a_refused_flush_is_retried_and_only_refusals_are_a_typed_error() -> None:
+    engine = FakeEngine(refusals=2)
+    _, sample = probe(engine)
+    assert engine.flushes == 1 and sample.storage_tokens == 63
+    with pytest.raises(LoadProbeError, match="flush_cache answered 400"):
+        probe(FakeEngine(refusals=3))
+
+
 def test_a_pool_that_never_fills_is_a_typed_error() -> None:
     engine = FakeEngine(fills_after=99)
     with pytest.raises(LoadProbeError, match="loaded nothing"):
@@ -84,7 +96,6 @@ def test_a_pool_that_never_fills_is_a_typed_error() -> None:
 @pytest.mark.parametrize("handler, match", [
     (lambda r: httpx.Response(500, text="boom"), "answered 500"),
     (lambda r: httpx.Response(200, text="<html>"), "no JSON"),
-    (FakeEngine(flush_status=503), "flush_cache answered 503"),
 ])
 def test_engine_errors_are_typed_errors(handler, match) -> None:
     client = httpx.Client(transport=httpx.MockTransport(handler))
