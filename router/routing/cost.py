@@ -74,6 +74,7 @@ class CostModel:
         self._kv_bytes: dict[str, float] = {}  # namespace -> as its workers report it
         self._holder_Bps: dict[str, float] = {}  # holder -> its reported read bandwidth
         self._load_Bps: dict[WorkerId, float] = {}  # worker -> its engine's measured load path
+        self._installed: set[WorkerId] = set()  # prefill from a profile, not the prior
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -91,6 +92,8 @@ class CostModel:
         """Replace ``worker``'s model (e.g. a profiled one). ``learn_inferred=False``: refit it
         only on measured prefill times, never on FIFO-inferred ones (which on a batching engine
         include its waiting and would undo the profile); None: ``learn_from_inferred_prefill``."""
+        if model is not self._prefill.get(worker):  # the one it has (the prior) stays what it is
+            self._installed.add(worker)
         self._prefill[worker] = model
         if learn_inferred is None:
             learn_inferred = self.config.learn_from_inferred_prefill
@@ -123,7 +126,10 @@ class CostModel:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
         link = self.bandwidth_Bps(pool, worker.worker_id, worker.pool_id)
-        load = self._load_Bps.get(worker.worker_id, link)
+        # A measured load is weighed only against a measured prefill: against the prior curve
+        # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
+        load = self._load_Bps.get(worker.worker_id, link) if worker.worker_id in \
+            self._installed else link
         return self.config.transfer_overhead_s + nbytes / min(link, load)
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
@@ -154,7 +160,8 @@ class CostModel:
 
     def set_load_bandwidth(self, worker: WorkerId, bandwidth_Bps: float) -> None:
         """``worker``'s engine takes a pool run into its device pool at ``bandwidth_Bps``
-        (``WorkerInfo.pool_load_Bps``): its fetches are priced at no faster, from any pool."""
+        (``WorkerInfo.pool_load_Bps``): once its prefill model is installed (a profile,
+        :meth:`set_prefill_model`), its fetches are priced at no faster, from any pool."""
         if not bandwidth_Bps > 0:
             raise ValueError(f"bandwidth must be > 0, got {bandwidth_Bps}")
         self._load_Bps[worker] = bandwidth_Bps
@@ -209,6 +216,7 @@ class CostModel:
         self._prefill.pop(worker_id, None)
         self._measured_only.discard(worker_id)
         self._load_Bps.pop(worker_id, None)
+        self._installed.discard(worker_id)
         if self.topology is not None:
             self.topology.remove(worker_id)
 

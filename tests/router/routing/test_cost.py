@@ -170,10 +170,17 @@ def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
 
 def test_a_workers_measured_load_path_caps_its_transfer_speed() -> None:
     """The engine's load path (``WorkerInfo.pool_load_Bps``) is the bottleneck when it is
-    slower than the link, from any pool; it is forgotten with the worker."""
+    slower than the link, from any pool, once the worker's prefill is profiled; it is
+    forgotten with the worker."""
     topo = star_cluster({"h0": [PoolId("pool")], "h1": [W]}, nic_Bps=100 * GBPS)
     cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6), topo)
     cost.set_load_bandwidth(W, 2.5e5)
+    # on the prior prefill curve the link alone prices it: a measured load is weighed only
+    # against a measured (profiled) prefill
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
+    cost.set_prefill_model(W, cost.prefill_model(W), learn_inferred=True)  # still the prior
+    assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
+    cost.set_prefill_model(W, PrefillModel())
     assert cost.transfer_s(PoolId("pool"), ws(), 1000) == pytest.approx(4.0)
     assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(4.0)
     cost.set_load_bandwidth(W, 1e12)  # faster than the link: the link prices it
