@@ -83,9 +83,7 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             router = c.start_router("r", options=[
                 "--profile-max-tokens", "0", "--heartbeat-timeout-s", "4",
                 "--health-check-interval-s", "0.5"])
-            # No load probe: its pages would count among the stored pages waited for below.
-            no_probe = ["--pool-load-probe-tokens", "0"]
-            workers = [c.start_worker(h, router, cores={n}, extra=no_probe, mooncake=master)
+            workers = [c.start_worker(h, router, cores={n}, mooncake=master)
                        for n, h in enumerate("ab")]
             c.wait_http(workers)
             c.wait_workers(router, {"w-a", "w-b"})
@@ -174,10 +172,9 @@ def test_corrupt_pages_are_recomputed_and_store_evictions_leave_the_index(
             master = c.start_mooncake_master("m", options=["--default_kv_lease_ttl=1000"])
             router = c.start_router("r", options=["--profile-max-tokens", "0"])
 
-            def resync(seconds: float) -> list[str]:  # and no load probe: its pages, whose
-                # keys the test does not know, would count among the evictions
+            def resync(seconds: float) -> list[str]:
                 return ["--hicache-storage-backend-extra-config",
-                        json.dumps({"pool_resync_s": seconds}), "--pool-load-probe-tokens", "0"]
+                        json.dumps({"pool_resync_s": seconds})]
 
             small = 0.016  # GB: Mooncake's smallest segment (16 MiB), ~170 pages
             workers = [c.start_worker("a", router, {0}, resync(2.0), master,

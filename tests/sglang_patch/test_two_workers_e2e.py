@@ -237,7 +237,8 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
     try:
         with RegistrationPeer() as peer:
             pool_args[1] = peer.url
-            with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "A"]) as a:
+            with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "A",
+                                                 "--pool-load-probe-tokens", "512"]) as a:
                 wait_until(lambda: "A" in peer.workers, "A's registration")  # after /health
                 info = peer.workers["A"]
                 assert info.pool_id == pool_id and info.page_size == PAGE
@@ -265,10 +266,9 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 stop_index.set()
                 assert pool_hit >= prompt_pages - 1, match
 
-                with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "B",
-                                                     "--pool-load-probe-tokens", "0"]) as b:
+                with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "B"]) as b:
                     wait_until(lambda: "B" in peer.workers, "B's registration")
-                    assert peer.workers["B"].pool_load_Bps is None  # the probe off: no rate
+                    assert peer.workers["B"].pool_load_Bps is None  # the default: no probe
                     salted = generate(b.url, turn, salt="tenant-b")
                     assert storage_tokens(salted) == 0  # another tenant never reads A's pages
                     flush(b.url)
