@@ -74,7 +74,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # recomputes. The router plans no shorter fetch for it (s. 2). 0: any run.
     pool_fetch_min_tokens: int = 0
     # KV bytes per second its engine loads a pool run at, through SGLang's whole load path,
-    # measured by the launch wrapper (s. 2): the router prices its fetches at no faster.
+    # measured by the launch wrapper (s. 2): once it has profiled the worker's prefill, the
+    # router prices its fetches at no faster.
     pool_load_Bps: float | None = None
 
     def __post_init__(self) -> None:

@@ -7,7 +7,8 @@
   traffic);
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
   (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed),
-  and no faster than the worker's engine loads a pool run (``WorkerInfo.pool_load_Bps``).
+  and, once the worker's prefill is profiled, no faster than its engine loads a pool run
+  (``WorkerInfo.pool_load_Bps``).
   Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
   :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
 
@@ -125,12 +126,12 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
-        link = self.bandwidth_Bps(pool, worker.worker_id, worker.pool_id)
+        bandwidth = self.bandwidth_Bps(pool, worker.worker_id, worker.pool_id)
         # A measured load is weighed only against a measured prefill: against the prior curve
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
-        load = self._load_Bps.get(worker.worker_id, link) if worker.worker_id in \
-            self._installed else link
-        return self.config.transfer_overhead_s + nbytes / min(link, load)
+        if worker.worker_id in self._installed:
+            bandwidth = min(bandwidth, self._load_Bps.get(worker.worker_id, bandwidth))
+        return self.config.transfer_overhead_s + nbytes / bandwidth
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
                       own_pool: PoolId | None = None) -> float:
