@@ -2,6 +2,7 @@
 
     python -m benchmarks.pressure_bench [--config benchmarks/data/pressure.toml]
         [--workloads conversations agents] [--contenders NAME ...] [--out FILE]
+        [--repeats N [--once NAME ...]] [--reverse]
 
 The scenario (``benchmarks/data/pressure.toml``, committed before the first result): engines
 whose local caches (device KV pool + HiCache host tier) hold a fraction of the reusable working
@@ -54,7 +55,7 @@ from benchmarks.pressure_plan import (
     load_config,
     working_set_tokens,
 )
-from benchmarks.pressure_report import reuse_chart, table, verdicts
+from benchmarks.pressure_report import reuse_chart, spread, table, verdicts
 from benchmarks.replay import kv_bytes_per_token
 from benchmarks.replay_plan import PlannedRequest
 from benchmarks.replay_stats import RequestResult
@@ -172,6 +173,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="of: " + "; ".join(c.name for c in CONTENDERS))
     p.add_argument("--reverse", action="store_true",
                    help="run the contenders in reverse order (ours first)")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="run everything this many times, each repeat on freshly started "
+                        "engines in the other order than the one before")
+    p.add_argument("--once", nargs="+", default=[], metavar="NAME",
+                   help="of --contenders, those run in the first repeat only")
     p.add_argument("--out", default=str(RESULTS / "pressure.json"))
     return p
 
@@ -182,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [n for n in args.contenders if n not in by_name]
     if unknown:
         raise SystemExit(f"pressure_bench: unknown contender(s) {unknown}")
+    if args.repeats < 1 or not set(args.once) <= set(args.contenders):
+        raise SystemExit("pressure_bench: --repeats must be >= 1 and --once a subset of "
+                         "--contenders")
     cfg = load_config(args.config)
     ensure_model(args.model_dir)
     pts = points(cfg, args.workloads, args.trace)
@@ -195,13 +204,22 @@ def main(argv: list[str] | None = None) -> int:
               "engine's local capacity", flush=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     started = time.monotonic()
-    rows = run(cfg, [by_name[n] for n in args.contenders], pts, args.model_dir,
-               REPO / "build" / f"pressure-{stamp}", args.reverse)
+    rows = []
+    for rep in range(1, args.repeats + 1):
+        names = [n for n in args.contenders if rep == 1 or n not in args.once]
+        print(f"=== repeat {rep} of {args.repeats}", flush=True)
+        rows += [{**r, "repeat": rep} for r in
+                 run(cfg, [by_name[n] for n in names], pts, args.model_dir,
+                     REPO / "build" / f"pressure-{stamp}-{rep}", args.reverse != (rep % 2 == 0))]
     print()
     print(table(rows))
     found = verdicts(rows, CONTENDERS[0].name, CONTENDERS[1].name, CONTENDERS[2].name)
     for line in found:
         print(line["text"])
+    if args.repeats > 1:
+        print("spread over the repeats (min-max, repeats measured):")
+        for text in spread(found):
+            print("  " + text)
     out = Path(args.out)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     bench_report.write_json(out, {
@@ -210,8 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         "wall_s": time.monotonic() - started, "verdicts": found, "runs": rows})
     for workload in args.workloads:
         mine = [r for r in rows if r.get("workload") == workload and not r.get("skipped")]
-        ttfts = {f"{r['contender']} @ {r['load']}": [q["ttft_s"] for q in r["requests_detail"]
-                                                     if q["ttft_s"] is not None] for r in mine}
+        ttfts = {f"{r['contender']} @ {r['load']} #{r['repeat']}":
+                 [q["ttft_s"] for q in r["requests_detail"] if q["ttft_s"] is not None]
+                 for r in mine}
         bench_report.cdf_plot(ttfts, out.with_name(f"{out.stem}_{workload}_ttft_cdf.png"),
                               f"TTFT CDF, {workload}, cache pressure")
         reuse_chart(mine, out.with_name(f"{out.stem}_{workload}_reuse.png"),

@@ -15,6 +15,7 @@ DELIVERED_RATIO_TARGET = 1.3
 
 
 COLUMNS = (("contender", "contender", "{}"), ("workload @ load", "where", "{}"),
+           ("rep", "repeat", "{}"),
            ("ok", "ok_of", "{}"), ("TTFT mean", "ttft_mean_s", "ms"), ("p50", "ttft_p50_s", "ms"),
            ("p90", "ttft_p90_s", "ms"), ("p99", "ttft_p99_s", "ms"),
            ("TBT p90", "tbt_p90_s", "ms"), ("SLO", "slo_attainment", "pct"),
@@ -42,7 +43,7 @@ def _flat(r: dict[str, Any]) -> dict[str, Any]:
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:
-    return bench_report.table([_flat(r) for r in rows], COLUMNS, left=2)
+    return bench_report.table([_flat(r) for r in rows], COLUMNS, left=3)
 
 
 def _ratio(a: float | None, b: float | None) -> float | None:
@@ -55,17 +56,19 @@ def _x(v: float | None) -> str:
 
 def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: str
              ) -> list[dict[str, Any]]:
-    """Per (workload, load) point measured for ``ours``: its ratios to ``local`` (contender 1)
-    and ``shared_l3`` (contender 2) and whether the issue's targets were met."""
-    by = {(r["contender"], r["workload"], r["load"]): r for r in rows if not r.get("skipped")}
+    """Per (repeat, workload, load) point measured for ``ours``: its ratios to ``local``
+    (contender 1) and ``shared_l3`` (contender 2) measured in the same repeat, and whether the
+    issue's targets were met."""
+    by = {(r.get("repeat", 1), r["contender"], r["workload"], r["load"]): r
+          for r in rows if not r.get("skipped")}
     out = []
-    for (name, workload, load), me in by.items():
+    for (rep, name, workload, load), me in by.items():
         if name != ours:
             continue
-        base, l3 = by.get((local, workload, load)), by.get((shared_l3, workload, load))
-        v: dict[str, Any] = {"workload": workload, "load": load}
-        text = f"{workload} @ {load}: ours TTFT mean {_ms(me['ttft_mean_s'])} ms, p90 " \
-               f"{_ms(me['ttft_p90_s'])} ms"
+        base, l3 = by.get((rep, local, workload, load)), by.get((rep, shared_l3, workload, load))
+        v: dict[str, Any] = {"repeat": rep, "workload": workload, "load": load}
+        text = f"repeat {rep}, {workload} @ {load}: ours TTFT mean {_ms(me['ttft_mean_s'])} " \
+               f"ms, p90 {_ms(me['ttft_p90_s'])} ms"
         if base is not None:
             v["mean_vs_local"] = _ratio(me["ttft_mean_s"], base["ttft_mean_s"])
             v["p90_vs_local"] = _ratio(me["ttft_p90_s"], base["ttft_p90_s"])
@@ -92,6 +95,23 @@ def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: s
         v["text"] = text
         out.append(v)
     return out
+
+
+def spread(found: Sequence[dict[str, Any]]) -> list[str]:
+    """Per point, each ratio's range over the repeats that measured it (noise, side by side)."""
+    keys = ("mean_vs_local", "p90_vs_local", "mean_vs_shared_l3", "p90_vs_shared_l3")
+    points: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for v in found:
+        points.setdefault((v["workload"], v["load"]), []).append(v)
+    lines = []
+    for (workload, load), vs in points.items():
+        parts = []
+        for k in keys:
+            xs = sorted(v[k] for v in vs if v.get(k) is not None)
+            if xs:
+                parts.append(f"{k} {xs[0]:.2f}-{xs[-1]:.2f}x ({len(xs)})")
+        lines.append(f"{workload} @ {load}: " + ("; ".join(parts) or "no ratios"))
+    return lines
 
 
 def reuse_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path | None:
@@ -122,7 +142,7 @@ def reuse_chart(rows: Sequence[dict[str, Any]], path: Path, title: str) -> Path 
                     color={"device": "C0", "host": "C1", "L3": "C2",
                            "cached, tier not reported": "C4"}.get(label, "0.85"))
             left += value / whole
-        labels.append(f"{r['contender']} @ {r['load']}")
+        labels.append(f"{r['contender']} @ {r['load']} #{r.get('repeat', 1)}")
     ax.set_yticks(range(len(rows)), labels, fontsize=7)
     ax.set_xlabel("fraction of prompt tokens")
     ax.set_title(title)

@@ -16,7 +16,7 @@ from benchmarks.pressure_plan import (
     load_config,
     working_set_tokens,
 )
-from benchmarks.pressure_report import table, verdicts
+from benchmarks.pressure_report import spread, table, verdicts
 
 SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / (
     "conversation_multiturn_sample.jsonl")
@@ -87,3 +87,17 @@ def test_verdicts_check_the_targets_against_both_baselines() -> None:
     assert len(lines) == 2 + len(rows) and lines[-1].startswith("ours")
     head = lines[0].split()
     assert lines[-1].split()[head.index("capt") + 2] == "-"  # no prediction (2: "workload @")
+
+
+def test_verdicts_compare_within_one_repeat_and_spread_spans_the_repeats() -> None:
+    rows = [{**_row("local", 1.0, 2.0, 300), "repeat": 1},
+            {**_row("l3", 0.8, 1.6, 500), "repeat": 1},
+            {**_row("ours", 0.7, 1.4, 600), "repeat": 1},
+            {**_row("l3", 1.0, 2.0, 500), "repeat": 2},
+            {**_row("ours", 0.5, 1.0, 600), "repeat": 2}]
+    one, two = verdicts(rows, "local", "l3", "ours")
+    assert (one["repeat"], two["repeat"]) == (1, 2)
+    assert one["mean_vs_shared_l3"] == 0.7 / 0.8 and two["mean_vs_shared_l3"] == 0.5
+    assert "mean_vs_local" not in two  # the local baseline ran in repeat 1 only
+    [line] = spread([one, two])
+    assert "mean_vs_shared_l3 0.50-0.87x (2)" in line and "mean_vs_local 0.70-0.70x (1)" in line
