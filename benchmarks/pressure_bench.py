@@ -2,7 +2,7 @@
 
     python -m benchmarks.pressure_bench [--config benchmarks/data/pressure.toml]
         [--workloads conversations agents] [--contenders NAME ...] [--out FILE]
-        [--repeats N [--once NAME ...]] [--reverse]
+        [--repeats N [--once NAME ...]] [--reverse] [--quick]
 
 The scenario (``benchmarks/data/pressure.toml``, committed before the first result): engines
 whose local caches (device KV pool + HiCache host tier) hold a fraction of the reusable working
@@ -55,7 +55,7 @@ from benchmarks.pressure_plan import (
     load_config,
     working_set_tokens,
 )
-from benchmarks.pressure_report import reuse_chart, spread, table, verdicts
+from benchmarks.pressure_report import demo_sentence, reuse_chart, spread, table, verdicts
 from benchmarks.replay import kv_bytes_per_token
 from benchmarks.replay_plan import PlannedRequest
 from benchmarks.replay_stats import RequestResult
@@ -74,6 +74,9 @@ CONTENDERS = (
               RouterSpec("ours", "conductor")),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
+# The headline pair: ours and the stronger stock set-up (the shared L3 in every run so
+# far, docs/benchmarks.md); ``--quick`` (make demo) runs only these.
+HEADLINE_PAIR = (CONTENDERS[1].name, CONTENDERS[2].name)
 ENGINE_ORDER = ("stock-hicache", "stock-file", "ours", "ours-unprobed")
 
 
@@ -127,6 +130,13 @@ def points(cfg: PressureConfig, workloads: list[str], trace: str) -> list[Point]
     return out
 
 
+def demo_point(cfg: PressureConfig, trace: str) -> Point:
+    conv = replace(cfg.conversations, conversations=cfg.demo.conversations)
+    plan, _ = conversation_plan(conv, trace, cfg.page_size, cfg.demo.duration_s)
+    return Point("conversations", f"{len(plan)} req / {cfg.demo.duration_s:.0f} s", plan,
+                 cfg.demo.duration_s, cfg.page_size)
+
+
 def breakdown(point: Point, row: dict[str, Any], page_size: int) -> dict[str, Any]:
     results = [RequestResult(**r) for r in row["requests_detail"]]
     available = available_tokens([p.input_ids for p in point.plan], results, page_size)
@@ -178,6 +188,8 @@ def build_parser() -> argparse.ArgumentParser:
                         "engines in the other order than the one before")
     p.add_argument("--once", nargs="+", default=[], metavar="NAME",
                    help="of --contenders, those run in the first repeat only")
+    p.add_argument("--quick", action="store_true",
+                   help="make demo: the headline pair at the [demo] point only")
     p.add_argument("--out", default=str(RESULTS / "pressure.json"))
     return p
 
@@ -193,7 +205,9 @@ def main(argv: list[str] | None = None) -> int:
                          "--contenders")
     cfg = load_config(args.config)
     ensure_model(args.model_dir)
-    pts = points(cfg, args.workloads, args.trace)
+    if args.quick:
+        args.workloads, args.contenders, args.repeats = ["conversations"], list(HEADLINE_PAIR), 1
+    pts = [demo_point(cfg, args.trace)] if args.quick else points(cfg, args.workloads, args.trace)
     print(f"local capacity per engine: {cfg.device_tokens} device + host tier x"
           f"{cfg.hicache_ratio:g} = {cfg.local_tokens} tokens; L3 pool "
           f"{cfg.pool_capacity_gb:g} GB; {cfg.engines} engines")
@@ -220,6 +234,8 @@ def main(argv: list[str] | None = None) -> int:
         print("spread over the repeats (min-max, repeats measured):")
         for text in spread(found):
             print("  " + text)
+    if args.quick:
+        print(demo_sentence(rows, *HEADLINE_PAIR, pts[0].describe(cfg.local_tokens)))
     out = Path(args.out)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     bench_report.write_json(out, {

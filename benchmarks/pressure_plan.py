@@ -64,6 +64,14 @@ class Agents:
 
 
 @dataclass(frozen=True)
+class Demo:
+    """``make demo``: the conversations workload, fewer of them, at one load point."""
+
+    conversations: int
+    duration_s: float
+
+
+@dataclass(frozen=True)
 class PressureConfig:
     engines: int
     page_size: int
@@ -74,6 +82,7 @@ class PressureConfig:
     tbt_slo_s: float
     conversations: Conversations
     agents: Agents
+    demo: Demo
 
     @property
     def local_tokens(self) -> int:
@@ -99,9 +108,11 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> PressureConfig:
     try:
         conv = _build(Conversations, raw.pop("conversations", None), "[conversations]")
         agents = _build(Agents, raw.pop("agents", None), "[agents]")
+        demo = _build(Demo, raw.pop("demo", None), "[demo]")
     except TypeError as exc:
         raise PressureConfigError(str(exc)) from exc
-    cfg = _build(PressureConfig, {**raw, "conversations": conv, "agents": agents}, str(path))
+    cfg = _build(PressureConfig, {**raw, "conversations": conv, "agents": agents, "demo": demo},
+                 str(path))
     assert isinstance(cfg, PressureConfig)
     a = cfg.agents
     longest_agent = max(a.system_prompts, default=0) + a.max_turns * (
@@ -111,12 +122,13 @@ def load_config(path: str | Path = DEFAULT_CONFIG) -> PressureConfig:
             or not cfg.conversations.durations_s or not a.rates
             or not 1 <= a.min_turns <= a.max_turns or min(a.rates) <= 0
             or min(cfg.conversations.durations_s) <= 0 or a.sessions < 1
-            or not a.system_prompts
+            or not a.system_prompts or cfg.demo.conversations < 1 or cfg.demo.duration_s <= 0
             or any(n <= 0 or n % SYSTEM_BLOCK_TOKENS for n in a.system_prompts)):
         raise PressureConfigError(
             f"{path}: need device_tokens >= the longest prompt of either workload, "
             "hicache_ratio > 1, a non-empty positive load sweep per workload, sessions >= 1, "
-            "1 <= min_turns <= max_turns and system prompts of whole "
+            "1 <= min_turns <= max_turns, a demo of >= 1 conversation over > 0 s and system "
+            "prompts of whole "
             f"{SYSTEM_BLOCK_TOKENS}-token blocks")
     return cfg
 

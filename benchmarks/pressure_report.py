@@ -97,6 +97,25 @@ def verdicts(rows: Sequence[dict[str, Any]], local: str, shared_l3: str, ours: s
     return out
 
 
+def demo_sentence(rows: Sequence[dict[str, Any]], baseline: str, ours: str,
+                  point: dict[str, Any]) -> str:
+    """``make demo``'s one sentence: ours against ``baseline`` at the one point both ran."""
+    by = {r["contender"]: r for r in rows if not r.get("skipped")}
+    if ours not in by or baseline not in by:
+        return f"demo: not measured ({', '.join(sorted(set((ours, baseline)) - set(by)))} failed)"
+    me, base = by[ours], by[baseline]
+    mean = _ratio(me["ttft_mean_s"], base["ttft_mean_s"])
+    p90 = _ratio(me["ttft_p90_s"], base["ttft_p90_s"])
+    ahead = mean is not None and p90 is not None and mean < 1 and p90 < 1
+    return (f"With each engine's local cache holding 1/{point['working_set_over_local']:.1f} of "
+            f"the reusable working set ({point['requests']} requests over "
+            f"{point['span_s']:.0f} s), {ours} had {_x(mean)} the mean and {_x(p90)} the p90 "
+            f"TTFT of {baseline} and served {me['reuse']['delivered_fraction']:.0%} of prompt "
+            f"tokens from cache against {base['reuse']['delivered_fraction']:.0%}: "
+            f"{'ahead on both' if ahead else 'NOT ahead on both'} (one run; "
+            "docs/benchmarks.md has the repeats).")
+
+
 def spread(found: Sequence[dict[str, Any]]) -> list[str]:
     """Per point, each ratio's range over the repeats that measured it (noise, side by side)."""
     keys = ("mean_vs_local", "p90_vs_local", "mean_vs_shared_l3", "p90_vs_shared_l3")

@@ -16,7 +16,7 @@ from benchmarks.pressure_plan import (
     load_config,
     working_set_tokens,
 )
-from benchmarks.pressure_report import spread, table, verdicts
+from benchmarks.pressure_report import demo_sentence, spread, table, verdicts
 
 SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / (
     "conversation_multiturn_sample.jsonl")
@@ -101,3 +101,20 @@ def test_verdicts_compare_within_one_repeat_and_spread_spans_the_repeats() -> No
     assert "mean_vs_local" not in two  # the local baseline ran in repeat 1 only
     [line] = spread([one, two])
     assert "mean_vs_shared_l3 0.50-0.87x (2)" in line and "mean_vs_local 0.70-0.70x (1)" in line
+
+
+def test_the_demo_point_keeps_the_pressure_and_says_one_sentence() -> None:
+    cfg = load_config()
+    conv = replace(cfg.conversations, conversations=cfg.demo.conversations)
+    plan, _ = conversation_plan(conv, SAMPLE, cfg.page_size, cfg.demo.duration_s)
+    ws = working_set_tokens([p.input_ids for p in plan], cfg.page_size)
+    assert ws >= 3 * cfg.local_tokens, (ws, cfg.local_tokens)
+    point = {"working_set_over_local": ws / cfg.local_tokens, "requests": len(plan),
+             "span_s": cfg.demo.duration_s}
+    rows = [_row("l3", 1.0, 2.0, 500), _row("ours", 0.7, 1.4, 600)]
+    text = demo_sentence(rows, "l3", "ours", point)
+    assert "0.70x the mean and 0.70x the p90" in text and "60% of prompt tokens" in text
+    assert "ahead on both" in text and "NOT" not in text
+    assert "NOT ahead" in demo_sentence([rows[0], _row("ours", 0.7, 2.2, 600)], "l3", "ours",
+                                        point)
+    assert "not measured (ours failed)" in demo_sentence(rows[:1], "l3", "ours", point)
