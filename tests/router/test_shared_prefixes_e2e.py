@@ -4,8 +4,10 @@ real SGLang CPU worker (``docs/interfaces.md`` s. 15).
 The real router (``build_app`` under uvicorn on loopback, conductor, a tenants file with
 isolated tenants) and one worker started by ``radix-global sglang`` that registers with it (its
 pool backend asks the router for aliases). Requests go through the router with ``/generate``
-token ids, greedy. P is a 1,056-token platform prompt (264 pages of 4), registered through the
-admin API; the cold references are computed on the worker directly, under salts of their own.
+token ids, greedy. The worker runs the start-up load probe (``--pool-load-probe-tokens``), whose
+pool writes come before any prefix is registered. P is a 1,056-token platform prompt (264 pages
+of 4), registered through the admin API; the cold references are computed on the worker
+directly, under salts of their own.
 Checks:
 
 1. Tenant A's first request P + A's message computes everything. Once the index shows P's
@@ -80,7 +82,7 @@ def test_platform_prompt_shared_tenant_content_isolated(tiny_model_dir: Path,
     router = ServerThread(build_app(state)).start()
     worker = spawn("W", tiny_model_dir, ["--radix-global", router.url, "--pool-id", pool_id,
                                          "--pool-capacity-gb", "0.2", "--namespace", NS,
-                                         "--worker-id", "W"])
+                                         "--worker-id", "W", "--pool-load-probe-tokens", "512"])
     try:
         wait_healthy([worker], 900)
         with httpx.Client(base_url=router.url, timeout=httpx.Timeout(300, connect=5)) as c:
@@ -123,6 +125,9 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
     r = c.post("/admin/shared-prefixes", json={"name": "agent", "model": info["model"],
                                                "token_ids": P})
     assert r.status_code == 201, r.text
+    # The start-up load probe's pages were written while no prefix was registered, so the
+    # backend stopped asking for 2 s (s. 15): a prefix registered since is shared after that.
+    time.sleep(2.5)
     refs = {name: cold(ids) for name, ids in (("a1", a1), ("b1", b1))}  # not through the router
     canonical = page_keys(P, PAGE)
 
