@@ -23,6 +23,7 @@ class RegistrationError(ValueError):
 MAX_DP_SIZE = 1024
 MAX_PAGE_SIZE = 65536
 MAX_FETCH_MIN_TOKENS = 1 << 20
+MAX_PREFETCH_BUDGET_TOKENS = 1 << 40
 MAX_ID_CHARS = 256
 MAX_URL_CHARS = 2048
 _TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",
@@ -77,6 +78,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # measured by the launch wrapper (s. 2): once it has profiled the worker's prefill, the
     # router prices its fetches at no faster.
     pool_load_Bps: float | None = None
+    # Tokens of storage prefetches its engine holds at once before it declines new ones (SGLang:
+    # half its host tier, s. 2): the conductor plans no fetch past it. 0: no limit known.
+    pool_prefetch_budget_tokens: int = 0
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -110,6 +114,10 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if not 0 <= self.pool_fetch_min_tokens <= MAX_FETCH_MIN_TOKENS:
             raise RegistrationError(f"pool_fetch_min_tokens must be in [0, "
                                     f"{MAX_FETCH_MIN_TOKENS}], got {self.pool_fetch_min_tokens}")
+        if not 0 <= self.pool_prefetch_budget_tokens <= MAX_PREFETCH_BUDGET_TOKENS:
+            raise RegistrationError(
+                f"pool_prefetch_budget_tokens must be in [0, {MAX_PREFETCH_BUDGET_TOKENS}], "
+                f"got {self.pool_prefetch_budget_tokens}")
         if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
             raise RegistrationError(
                 f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")

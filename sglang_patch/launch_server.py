@@ -145,6 +145,8 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
         pool_aliases="pool_aliases_url" in plan.backend_config,
         pool_fetch_min_tokens=fetch_min_tokens(plan.backend_config, page_size),
+        pool_prefetch_budget_tokens=(prefetch_budget_tokens(server, kv_bytes_per_token(
+            plan.model_path, server)) if plan.backend_config else 0),
         **_disk_fields(plan),
     )
 
@@ -156,6 +158,27 @@ def fetch_min_tokens(backend_config: dict[str, Any], page_size: int) -> int:
         return 0
     return max(int(backend_config.get("prefetch_threshold", SGLANG_PREFETCH_THRESHOLD)),
                page_size)
+
+
+def prefetch_budget_tokens(server: dict[str, Any], kv_bytes: int | None) -> int:
+    """Half the engine's HiCache host tier, in tokens: SGLang declines new storage prefetches
+    while those it has not yet admitted hold that much (``prefetch_capacity_limit``; s. 2). The
+    tier is ``hicache_size`` GB when set, else ``hicache_ratio`` x the device pool's tokens
+    (``max_total_num_tokens``, top level or of the first DP rank). 0 (no limit
+    known) in ``buffer_only`` mode, without HiCache, or when ``/server_info`` does not say."""
+    if (not server.get("enable_hierarchical_cache")
+            or server.get("hicache_host_memory_mode", "cache") != "cache"):
+        return 0
+    size_gb, ratio = server.get("hicache_size") or 0, server.get("hicache_ratio") or 0
+    if size_gb > 0:
+        host = int(size_gb * 1e9 / kv_bytes) if kv_bytes else 0
+    else:
+        states = server.get("internal_states")
+        first = states[0] if isinstance(states, list) and states else {}
+        device = server.get("max_total_num_tokens") or (
+            first.get("max_total_num_tokens") if isinstance(first, dict) else None)
+        host = int(device * ratio) if isinstance(device, int) and ratio > 0 else 0
+    return max(0, host // 2)
 
 
 def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:

@@ -29,5 +29,6 @@ def worker_states(entries: Iterable[WorkerEntry], exclude: set[str] | None = Non
                 pool_id=PoolId(i.pool_id) if i.pool_id else None, url=i.url,
                 accepting=accepting, pool_aliases=i.pool_aliases and i.pool_id is not None,
                 pool_disk_id=PoolId(i.pool_disk_id) if i.pool_disk_id else None,
-                pool_fetch_min_tokens=i.pool_fetch_min_tokens))
+                pool_fetch_min_tokens=i.pool_fetch_min_tokens,
+                pool_prefetch_budget_tokens=i.pool_prefetch_budget_tokens))
     return out

@@ -70,6 +70,8 @@ class WorkerState(NamedTuple):
     pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
     pool_disk_id: PoolId | None = None  # its pool's persistent disk tier, a holder (s. 16)
     pool_fetch_min_tokens: int = 0  # its engine loads no shorter pool run (recomputes it)
+    # its engine declines new prefetches while this many tokens of them wait (0: no limit)
+    pool_prefetch_budget_tokens: int = 0
 
     @property
     def slot(self) -> Slot:
@@ -135,6 +137,10 @@ class CostView(Protocol):
     def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int) -> float: ...
 
     def outstanding(self, slot: Slot) -> int: ...
+
+    def fetching_tokens(self, slot: Slot) -> int:
+        """Pool tokens planned for ``slot``'s requests still before their first token."""
+        ...
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,6 +182,9 @@ class CostModel:
     def outstanding(self, slot: Slot) -> int:
         return self.queue.outstanding(slot)
 
+    def fetching_tokens(self, slot: Slot) -> int:
+        return self.queue.fetching_tokens(slot)
+
     # --- learning side --------------------------------------------------------------------
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
         if not decision.accepted or decision.worker_id is None:
@@ -191,7 +194,7 @@ class CostModel:
             predicted = self.prefill_s(decision.worker_id, req.input_tokens, decision.prefix_tokens)
         # A fetch delays this request's prefill start on that slot, so it occupies the queue too.
         pending = PendingPrefill(now, predicted, req.input_tokens, decision.prefix_tokens,
-                                 decision.predicted_transfer_s)
+                                 decision.predicted_transfer_s, decision.fetch_tokens)
         self.queue.add(decision.slot, req.request_id, pending)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:

@@ -28,6 +28,7 @@ class PendingPrefill(NamedTuple):
     input_tokens: int
     prefix_tokens: int
     transfer_s: float = 0.0  # KV fetch before the prefill (occupies the slot too)
+    fetch_tokens: int = 0  # planned from the pool: the engine's prefetch holds them till then
 
 
 class CompletedPrefill(NamedTuple):
@@ -108,6 +109,15 @@ class QueueModel:
     def pending_prefills(self, slot: Slot) -> int:
         """Prefills queued on ``slot``'s FIFO server (its whole compute domain, if shared)."""
         return len(self._pending.get(self._server(slot), ()))
+
+    def fetching_tokens(self, slot: Slot) -> int:
+        """Pool tokens planned for the requests routed to ``slot`` whose first token has not
+        come back: what its engine's waiting prefetches hold (``docs/interfaces.md`` s. 2,
+        ``pool_prefetch_budget_tokens``)."""
+        queue = self._pending.get(self._server(slot))
+        if not queue:
+            return 0
+        return sum(queue[r].fetch_tokens for r in self._active.get(slot, ()) if r in queue)
 
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))

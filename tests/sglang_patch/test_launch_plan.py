@@ -180,6 +180,25 @@ def test_registered_fetch_minimum_is_sglangs_prefetch_threshold():
         msgspec.structs.replace(worker_info(user, server, "m@1"), pool_fetch_min_tokens=-1)
 
 
+def test_registered_prefetch_budget_is_half_the_host_tier():
+    from sglang_patch.launch_server import prefetch_budget_tokens, worker_info
+
+    hicache = {"enable_hierarchical_cache": True, "hicache_ratio": 2.0, "hicache_size": 0,
+               "internal_states": [{"max_total_num_tokens": 4096}]}
+    assert prefetch_budget_tokens(hicache, 6144) == 4096  # host 8,192 tokens
+    assert prefetch_budget_tokens({**hicache, "hicache_size": 6}, 6000) == 500_000  # 6 GB
+    for unknown in ({**hicache, "enable_hierarchical_cache": False},
+                    {**hicache, "hicache_host_memory_mode": "buffer_only"},
+                    {**hicache, "internal_states": []}, {**hicache, "hicache_size": 6}):
+        assert prefetch_budget_tokens(unknown, None) == 0, unknown
+    server = {"page_size": 16, "served_model_name": "m", **hicache}
+    assert worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1"
+                       ).pool_prefetch_budget_tokens == 4096
+    with pytest.raises(RegistrationError, match="pool_prefetch_budget_tokens"):
+        msgspec.structs.replace(worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1"),
+                                pool_prefetch_budget_tokens=-1)
+
+
 @pytest.mark.parametrize("rate", [0.0, -5.0, float("nan"), float("inf")])
 def test_a_load_rate_must_be_positive_and_finite(rate):
     from sglang_patch.launch_server import worker_info

@@ -246,6 +246,8 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 # the wrapper timed its engine's load path from the pool before it registered:
                 # a CPU engine takes a run in at MB/s, far below any link (docs/benchmarks.md)
                 assert info.pool_load_Bps is not None and 1e5 < info.pool_load_Bps < 1e10, info
+                # half its host tier, read from the engine's /server_info (s. 2)
+                assert info.pool_prefetch_budget_tokens > 0, info
                 index, stop_index = index_subscriber(info.pool_events_endpoint, pool_id,
                                                      info.namespace)
                 time.sleep(1.0)  # SUB joins before the first publish

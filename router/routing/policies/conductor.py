@@ -192,6 +192,9 @@ class ConductorPolicy(RoutingPolicy):
         fetch_tokens = min(n, pool_pages * ps) - local_tokens
         if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
             return recompute  # the engine would not load so short a run: it recomputes it
+        budget = worker.pool_prefetch_budget_tokens
+        if budget and view.cost.fetching_tokens(worker.slot) >= budget:
+            return recompute  # its waiting prefetches hold the budget: the engine declines
         transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
         prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
         fetch = CandidateEstimate(
