@@ -268,7 +268,8 @@ def run(argv: list[str]) -> int:
             registrar.register()
             registrar.start_heartbeats()
             print(f"radix-global: {info.worker_id} joined {plan.flags.radix_global} "
-                  f"(namespace {namespace}, pool {plan.flags.pool_id})", flush=True)
+                  f"(namespace {namespace}, pool {plan.flags.pool_id}, prefetch budget "
+                  f"{info.pool_prefetch_budget_tokens or 'unknown'} tokens)", flush=True)
         else:
             print(f"radix-global: {info.worker_id} serving standalone with pool "
                   f"{plan.flags.pool_id} (namespace {namespace})", flush=True)
