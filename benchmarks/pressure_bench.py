@@ -195,14 +195,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)
+    argv = sys.argv[1:] if argv is None else argv
+    args = build_parser().parse_args(argv)
     by_name = {c.name: c for c in CONTENDERS}
     unknown = [n for n in args.contenders if n not in by_name]
     if unknown:
         raise SystemExit(f"pressure_bench: unknown contender(s) {unknown}")
-    if args.repeats < 1 or not set(args.once) <= set(args.contenders):
+    if (args.repeats < 1 or not set(args.once) <= set(args.contenders)
+            or (args.repeats > 1 and set(args.contenders) <= set(args.once))):
         raise SystemExit("pressure_bench: --repeats must be >= 1 and --once a subset of "
-                         "--contenders")
+                         "--contenders that leaves some to repeat")
+    if args.quick and (args.repeats != 1 or args.once):
+        raise SystemExit("pressure_bench: --quick is one run of the headline pair: no --repeats "
+                         "or --once")
     cfg = load_config(args.config)
     ensure_model(args.model_dir)
     if args.quick:
@@ -239,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     bench_report.write_json(out, {
-        "date": now, "machine": machine(), "config": asdict(cfg), "argv": sys.argv[1:],
+        "date": now, "machine": machine(), "config": asdict(cfg), "argv": argv,
         "points": [pt.describe(cfg.local_tokens) for pt in pts],
         "wall_s": time.monotonic() - started, "verdicts": found, "runs": rows})
     for workload in args.workloads:

@@ -83,7 +83,7 @@ class OurFlags:
     pool_disk: str | None
     pool_disk_gb: float
     heartbeat_interval: float
-    # Off by default until its interplay with shared-prefix aliases is understood (s. 2)
+    # Off by default: seconds of start-up and 512 tokens of pool room (s. 2)
     pool_load_probe_tokens: int = 0
 
 

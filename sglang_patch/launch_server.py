@@ -125,6 +125,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
     # A pool hand-off prefill worker (--role prefill alone) runs no bootstrap server.
     native_prefill = flag_value(plan.sglang_argv, "--disaggregation-mode") == "prefill"
     page_size = int(server.get("page_size") or 1)
+    kv_bytes = kv_bytes_per_token(plan.model_path, server)
     return WorkerInfo(
         worker_id=plan.flags.worker_id or f"sgl-{plan.advertise_host.strip('[]')}-{plan.port}",
         url=plan.url,
@@ -142,11 +143,11 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         # CPU engines on the same cores share them; GPU engines each have their own device.
         compute_domain=(cpu_compute_domain()
                         if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
-        kv_bytes_per_token=kv_bytes_per_token(plan.model_path, server),
+        kv_bytes_per_token=kv_bytes,
         pool_aliases="pool_aliases_url" in plan.backend_config,
         pool_fetch_min_tokens=fetch_min_tokens(plan.backend_config, page_size),
-        pool_prefetch_budget_tokens=(prefetch_budget_tokens(server, kv_bytes_per_token(
-            plan.model_path, server)) if plan.backend_config else 0),
+        pool_prefetch_budget_tokens=(prefetch_budget_tokens(server, kv_bytes)
+                                     if plan.backend_config else 0),
         **_disk_fields(plan),
     )
 
@@ -163,7 +164,8 @@ def fetch_min_tokens(backend_config: dict[str, Any], page_size: int) -> int:
 def prefetch_budget_tokens(server: dict[str, Any], kv_bytes: int | None) -> int:
     """Half the engine's HiCache host tier, in tokens: SGLang declines new storage prefetches
     while those it has not yet admitted hold that much (``prefetch_capacity_limit``; s. 2). The
-    tier is ``hicache_size`` GB when set, else ``hicache_ratio`` x the device pool's tokens
+    tier is ``hicache_size`` GB when set (per rank: over the rank's share of ``kv_bytes``, the
+    whole model's per-token KV), else ``hicache_ratio`` x the device pool's tokens
     (``max_total_num_tokens``, top level or of the first DP rank). 0 (no limit
     known) in ``buffer_only`` mode, without HiCache, or when ``/server_info`` does not say."""
     if (not server.get("enable_hierarchical_cache")
@@ -171,7 +173,8 @@ def prefetch_budget_tokens(server: dict[str, Any], kv_bytes: int | None) -> int:
         return 0
     size_gb, ratio = server.get("hicache_size") or 0, server.get("hicache_ratio") or 0
     if size_gb > 0:
-        host = int(size_gb * 1e9 / kv_bytes) if kv_bytes else 0
+        ranks = int(server.get("tp_size") or 1) * int(server.get("pp_size") or 1)
+        host = int(size_gb * 1e9 * ranks / kv_bytes) if kv_bytes else 0
     else:
         states = server.get("internal_states")
         first = states[0] if isinstance(states, list) and states else {}

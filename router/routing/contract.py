@@ -138,8 +138,9 @@ class CostView(Protocol):
 
     def outstanding(self, slot: Slot) -> int: ...
 
-    def fetching_tokens(self, slot: Slot) -> int:
-        """Pool tokens planned for ``slot``'s requests still before their first token."""
+    def prefetch_reserved_tokens(self, slot: Slot, min_tokens: int) -> int:
+        """Prompt tokens beyond the local prefix of ``slot``'s requests still before their
+        first token, counting those of at least ``min_tokens``."""
         ...
 
 

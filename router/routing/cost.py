@@ -182,8 +182,8 @@ class CostModel:
     def outstanding(self, slot: Slot) -> int:
         return self.queue.outstanding(slot)
 
-    def fetching_tokens(self, slot: Slot) -> int:
-        return self.queue.fetching_tokens(slot)
+    def prefetch_reserved_tokens(self, slot: Slot, min_tokens: int) -> int:
+        return self.queue.prefetch_reserved_tokens(slot, min_tokens)
 
     # --- learning side --------------------------------------------------------------------
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:

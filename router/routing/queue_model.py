@@ -28,7 +28,7 @@ class PendingPrefill(NamedTuple):
     input_tokens: int
     prefix_tokens: int
     transfer_s: float = 0.0  # KV fetch before the prefill (occupies the slot too)
-    fetch_tokens: int = 0  # planned from the pool: the engine's prefetch holds them till then
+    fetch_tokens: int = 0  # of prefix_tokens, planned from the pool (the rest: local)
 
 
 class CompletedPrefill(NamedTuple):
@@ -110,14 +110,18 @@ class QueueModel:
         """Prefills queued on ``slot``'s FIFO server (its whole compute domain, if shared)."""
         return len(self._pending.get(self._server(slot), ()))
 
-    def fetching_tokens(self, slot: Slot) -> int:
-        """Pool tokens planned for the requests routed to ``slot`` whose first token has not
-        come back: what its engine's waiting prefetches hold (``docs/interfaces.md`` s. 2,
+    def prefetch_reserved_tokens(self, slot: Slot, min_tokens: int) -> int:
+        """What ``slot``'s engine holds for storage prefetches of the requests routed there
+        whose first token has not come back: each one's prompt beyond its local prefix, when
+        that is at least ``min_tokens`` (SGLang reserves it at arrival, found in the pool or
+        not, and frees it at admission; ``docs/interfaces.md`` s. 2,
         ``pool_prefetch_budget_tokens``)."""
-        queue = self._pending.get(self._server(slot))
-        if not queue:
-            return 0
-        return sum(queue[r].fetch_tokens for r in self._active.get(slot, ()) if r in queue)
+        total = 0
+        for request_id, p in self._pending.get(self._server(slot), {}).items():
+            rest = p.input_tokens - p.prefix_tokens + p.fetch_tokens
+            if self._slot_of.get(request_id) == slot and rest >= max(1, min_tokens):
+                total += rest
+        return total
 
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))

@@ -187,6 +187,8 @@ def test_registered_prefetch_budget_is_half_the_host_tier():
                "internal_states": [{"max_total_num_tokens": 4096}]}
     assert prefetch_budget_tokens(hicache, 6144) == 4096  # host 8,192 tokens
     assert prefetch_budget_tokens({**hicache, "hicache_size": 6}, 6000) == 500_000  # 6 GB
+    sharded = {**hicache, "hicache_size": 6, "tp_size": 2}  # 6 GB a rank, 3,000 B a token each
+    assert prefetch_budget_tokens(sharded, 6000) == 1_000_000
     for unknown in ({**hicache, "enable_hierarchical_cache": False},
                     {**hicache, "hicache_host_memory_mode": "buffer_only"},
                     {**hicache, "internal_states": []}, {**hicache, "hicache_size": 6}):

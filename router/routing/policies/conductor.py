@@ -193,8 +193,9 @@ class ConductorPolicy(RoutingPolicy):
         if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
             return recompute  # the engine would not load so short a run: it recomputes it
         budget = worker.pool_prefetch_budget_tokens
-        if budget and view.cost.fetching_tokens(worker.slot) >= budget:
-            return recompute  # its waiting prefetches hold the budget: the engine declines
+        if budget and view.cost.prefetch_reserved_tokens(
+                worker.slot, worker.pool_fetch_min_tokens) >= budget:
+            return recompute  # its waiting requests hold the prefetch budget: it declines
         transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
         prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
         fetch = CandidateEstimate(

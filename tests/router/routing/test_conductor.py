@@ -107,10 +107,11 @@ def test_no_fetch_planned_below_the_engines_prefetch_threshold() -> None:
         assert dec.prefix_tokens == 40 * PS + fetched
 
 
-def test_no_fetch_planned_while_the_engines_waiting_prefetches_hold_its_budget() -> None:
-    """SGLang declines a storage prefetch while those it has not admitted yet hold half its
-    host tier (``pool_prefetch_budget_tokens``): under a queue the cache-pressure run lost the
-    planned fetches so declined, so the router plans none past the budget."""
+def test_no_fetch_planned_while_the_engines_waiting_requests_hold_its_prefetch_budget() -> None:
+    """SGLang reserves, for every request it queues, the prompt beyond its local prefix (when
+    at least its prefetch threshold, in the pool or not) until it admits it, and declines a
+    storage prefetch while those reservations reach half its host tier
+    (``pool_prefetch_budget_tokens``): the router plans no fetch past that."""
     prompts = [[PageKey(5000 + 100 * i + j) for j in range(64)] for i in range(4)]
     idx = index_with()
     for keys in prompts:  # 1,024 tokens each, in the pool only
@@ -119,16 +120,22 @@ def test_no_fetch_planned_while_the_engines_waiting_prefetches_hold_its_budget()
     def ask(i: int) -> RouteRequest:
         return RouteRequest(f"r{i}", NS, 64 * PS, prompts[i], PS)
 
-    ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_prefetch_budget_tokens=2048)]
+    short = RouteRequest("short", NS, 8 * PS, [PageKey(9000 + j) for j in range(8)], PS)
+    ws = [WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_fetch_min_tokens=256,
+                      pool_prefetch_budget_tokens=2048)]
     d = driver(idx)
+    slot = ws[0].slot
+    assert d.route(short, ws, 0.0).fetch_tokens == 0
+    assert d.cost.prefetch_reserved_tokens(slot, 256) == 0  # 128 tokens: under the threshold
     fetched = [d.route(ask(i), ws, 0.0).fetch_tokens for i in range(3)]
-    assert fetched == [64 * PS, 64 * PS, 0]  # the third arrives with 2,048 tokens held
-    assert d.cost.fetching_tokens(ws[0].slot) == 2 * 64 * PS
-    d.prefill_done("r0", 1.0)  # admitted: its prefetch no longer holds the budget
-    assert d.cost.fetching_tokens(ws[0].slot) == 64 * PS
+    assert fetched == [64 * PS, 64 * PS, 0]  # the third arrives with 2,048 tokens reserved
+    assert d.cost.prefetch_reserved_tokens(slot, 256) == 3 * 64 * PS  # a recompute holds too
+    for done in ("r0", "r2"):
+        d.prefill_done(done, 1.0)  # admitted: no longer holding
+    assert d.cost.prefetch_reserved_tokens(slot, 256) == 64 * PS
     assert d.route(ask(3), ws, 1.0).fetch_tokens == 64 * PS
     d.finished("r1", ok=False, now=1.0)
-    assert d.cost.fetching_tokens(ws[0].slot) == 64 * PS  # r3's; r1 is gone
+    assert d.cost.prefetch_reserved_tokens(slot, 256) == 64 * PS  # r3's; r1 is gone
     unbounded = [WorkerState(WorkerId("w0"), NS, pool_id=POOL)]  # 0: no limit known
     d = driver(idx)
     assert [d.route(ask(i), unbounded, 0.0).fetch_tokens for i in range(3)] == [64 * PS] * 3
