@@ -49,6 +49,7 @@ from benchmarks.bench import (
 from benchmarks.cluster import ClusterError, EngineSet, LocalCluster, RouterSpec
 from benchmarks.pressure_plan import (
     DEFAULT_CONFIG,
+    Conversations,
     PressureConfig,
     agent_plan,
     conversation_plan,
@@ -115,13 +116,18 @@ class Point:
                 "working_set_over_local": self.working_set / local_tokens}
 
 
+def conversation_point(conv: Conversations, trace: str, page_size: int,
+                       duration_s: float) -> Point:
+    plan, _ = conversation_plan(conv, trace, page_size, duration_s)
+    return Point("conversations", f"{len(plan)} req / {duration_s:.0f} s", plan, duration_s,
+                 page_size)
+
+
 def points(cfg: PressureConfig, workloads: list[str], trace: str) -> list[Point]:
     out = []
     if "conversations" in workloads:
-        for d in cfg.conversations.durations_s:
-            plan, _ = conversation_plan(cfg.conversations, trace, cfg.page_size, d)
-            out.append(Point("conversations", f"{len(plan)} req / {d:.0f} s", plan, d,
-                             cfg.page_size))
+        out += [conversation_point(cfg.conversations, trace, cfg.page_size, d)
+                for d in cfg.conversations.durations_s]
     if "agents" in workloads:
         for rate in cfg.agents.rates:
             plan = agent_plan(cfg.agents, rate)
@@ -132,9 +138,7 @@ def points(cfg: PressureConfig, workloads: list[str], trace: str) -> list[Point]
 
 def demo_point(cfg: PressureConfig, trace: str) -> Point:
     conv = replace(cfg.conversations, conversations=cfg.demo.conversations)
-    plan, _ = conversation_plan(conv, trace, cfg.page_size, cfg.demo.duration_s)
-    return Point("conversations", f"{len(plan)} req / {cfg.demo.duration_s:.0f} s", plan,
-                 cfg.demo.duration_s, cfg.page_size)
+    return conversation_point(conv, trace, cfg.page_size, cfg.demo.duration_s)
 
 
 def breakdown(point: Point, row: dict[str, Any], page_size: int) -> dict[str, Any]:
