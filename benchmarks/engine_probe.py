@@ -1,7 +1,7 @@
 """One engine of each kind alone: cold prefill time by prompt length and decode time per token.
 
     python -m benchmarks.engine_probe [--kinds stock-hicache stock-file ours]
-        [--sizes 256 512 1024 2048] [--repeats 3] [--output-tokens 32] [--out FILE]
+        [--sizes 256 512 1024 2048] [--repeats 3] [--output-tokens 32] [--burst N] [--out FILE]
 
 The engines are the cache-pressure benchmark's (``benchmarks/data/pressure.toml``,
 ``pressure_bench.engine_specs``), one at a time on one core, with nothing else sent to them: it
@@ -14,6 +14,11 @@ own fitted profile is reported next to it. Every prompt is new (distinct token i
 then drop their device and host caches (``/flush_cache``) and get the same prompts again: the
 TTFT of a prompt loaded from L3, with the tokens the engine reports from storage. Table on
 stdout, JSON to ``--out``.
+
+``--burst N`` adds, after those, N new prompts of each size sent at once (then the next size):
+the engine's throughput when it has a queue, which the one-at-a-time requests never show. The
+L3 kinds write every computed page through to their tier behind the requests; a burst is where
+that work competes with prefill on the engine's one core.
 """
 
 from __future__ import annotations
@@ -64,6 +69,22 @@ async def measure(url: str, ids_list: list[list[int]], output_tokens: int
     return rows
 
 
+async def measure_burst(url: str, ids_list: list[list[int]], output_tokens: int
+                        ) -> dict[str, Any]:
+    """Every prompt sent at once: mean TTFT and the time until the last first token."""
+    async with httpx.AsyncClient(timeout=600) as client:
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(stream_ids(client, url, ids, output_tokens, i, t0)
+                                      for i, ids in enumerate(ids_list)))
+    ttfts = []
+    for result, _ in done:
+        if result.status != "ok" or result.ttft_s is None:
+            raise RuntimeError(f"burst request failed: {result.error}")
+        ttfts.append(result.sent_s + result.ttft_s)
+    return {"tokens": len(ids_list[0]), "requests": len(ids_list),
+            "ttft_mean_s": statistics.fmean(ttfts), "last_first_token_s": max(ttfts)}
+
+
 def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
     """Least squares of TTFT = fixed + linear n + quadratic n^2 over the median cold TTFT of
     each prompt length (a median: one slow first request must not bend the curve)."""
@@ -77,7 +98,8 @@ def fit(rows: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[int]],
-               output_tokens: int, model_dir: str) -> dict[str, Any]:
+               output_tokens: int, model_dir: str, bursts: list[list[list[int]]]
+               ) -> dict[str, Any]:
     spec = replace(spec, n=1)
     router = None
     if spec.kind == "ours":
@@ -94,6 +116,7 @@ def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[
             if flush_caches([url]):
                 raise RuntimeError(f"{kind}: /flush_cache refused")
             out["from_l3"] = asyncio.run(measure(url, ids_list, output_tokens))
+        out["bursts"] = [asyncio.run(measure_burst(url, b, output_tokens)) for b in bursts]
         if router is not None:
             cluster.wait_workers(router, 1)
             deadline = time.monotonic() + 300
@@ -135,6 +158,12 @@ def table(results: list[dict[str, Any]], sizes: list[int]) -> str:
         if "from_l3" in res:
             lines.append(f"| {res['kind']} | from L3 | "
                          + " | ".join(_cells(res["from_l3"], sizes)) + " | | |")
+    bursts = [(res["kind"], b) for res in results for b in res.get("bursts", [])]
+    if bursts:
+        lines += ["", "| kind | burst | TTFT mean (s) | last first token (s) |",
+                  "|---|---|---|---|"]
+        lines += [f"| {kind} | {b['requests']} x {b['tokens']} tokens | {b['ttft_mean_s']:.2f} | "
+                  f"{b['last_first_token_s']:.2f} |" for kind, b in bursts]
     return "\n".join(lines)
 
 
@@ -145,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", nargs="+", type=int, default=[256, 512, 1024, 2048])
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--output-tokens", type=int, default=32)
+    p.add_argument("--burst", type=int, default=0,
+                   help="also send N new prompts of each size at once (default 0: none)")
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
     p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--out", default=str(REPO / "benchmarks" / "results" / "engine_probe.json"))
@@ -152,9 +183,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     if max(args.sizes) + args.output_tokens > cfg.device_tokens or min(args.sizes) < 16:
         p.error(f"sizes must lie in [16, {cfg.device_tokens - args.output_tokens}]")
-    if args.repeats < 1 or args.output_tokens < 2:
-        p.error("--repeats >= 1 and --output-tokens >= 2")
+    if args.repeats < 1 or args.output_tokens < 2 or args.burst < 0:
+        p.error("--repeats >= 1, --output-tokens >= 2 and --burst >= 0")
     ids_list = prompts(args.sizes, args.repeats, seed=15)
+    fresh = prompts(args.sizes, args.burst, seed=16)  # never seen by the sequential requests
+    bursts = [fresh[i * args.burst:(i + 1) * args.burst] for i in range(len(args.sizes))
+              ] if args.burst else []
     results = []
     run_dir = REPO / "build" / f"engine-probe-{time.strftime('%Y%m%d-%H%M%S')}"
     with (tempfile.TemporaryDirectory(prefix="radix-global-file-l3-", dir="/dev/shm") as d,
@@ -163,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.kinds:
             print(f"== {kind}", flush=True)
             results.append(probe_kind(cluster, kind, specs[kind], ids_list, args.output_tokens,
-                                      args.model_dir))
+                                      args.model_dir, bursts))
     print(table(results, args.sizes))
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps({"command": " ".join(sys.argv), "sizes": args.sizes,
-                                          "results": results}, indent=1))
+                                          "burst": args.burst, "results": results}, indent=1))
     print(f"JSON: {args.out}")
     return 0
 
