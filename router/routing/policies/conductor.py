@@ -166,13 +166,14 @@ class ConductorPolicy(RoutingPolicy):
         ``shared``: :func:`_pool_pages` of the match of ``req.shared_keys``."""
         if pools is None:
             pools = _pool_pages(match)
-        local_pages, pool_pages, pool = _reachable_pages(worker, match, pools)
+        own = match.matched.get((worker.worker_id, worker.dp_rank)) if match is not None else None
+        local_pages = own.host if own is not None else 0
+        runs = _pool_runs(worker, pools) if match is not None else []
         if req.shared_keys and worker.pool_id is not None:
             if shared is not None and worker.pool_aliases:
-                pool_pages, pool = _with_shared_prefix(worker, pool_pages, pool, shared,
-                                                       len(req.shared_keys))
+                runs = _with_shared_prefix(worker, runs, shared, len(req.shared_keys))
             else:  # its salted pool run over the prefix may be another worker's alias keys
-                pool_pages = 0
+                runs = []
         if routed is None:
             routed = self._routed_pages(worker, req, now)
         local_pages = max(local_pages, routed)
@@ -187,24 +188,30 @@ class ConductorPolicy(RoutingPolicy):
             worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
             queue + prefill, load,
         )
-        if pool is None or not self._worth_fetching(local_pages, pool_pages):
+        best: CandidateEstimate | None = None
+        budget_checked = False
+        for pool, pool_pages in runs:  # each priced: a longer run may sit on a slower holder
+            if not self._worth_fetching(local_pages, pool_pages):
+                continue
+            fetch_tokens = min(n, pool_pages * ps) - local_tokens
+            if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
+                continue  # the engine would not load so short a run: it recomputes it
+            budget = worker.pool_prefetch_budget_tokens
+            if not budget_checked and budget and view.cost.prefetch_reserved_tokens(
+                    worker.slot, worker.pool_fetch_min_tokens) >= budget:
+                return recompute  # its waiting requests hold the prefetch budget: it declines
+            budget_checked = True
+            transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
+            prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
+            fetch = CandidateEstimate(
+                worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
+                queue, prefill_f, transfer, queue + transfer + prefill_f, load,
+            )
+            if best is None or fetch.ttft_s < best.ttft_s:
+                best = fetch
+        if best is None or (self.compare_fetch_cost and best.ttft_s >= recompute.ttft_s):
             return recompute
-        fetch_tokens = min(n, pool_pages * ps) - local_tokens
-        if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
-            return recompute  # the engine would not load so short a run: it recomputes it
-        budget = worker.pool_prefetch_budget_tokens
-        if budget and view.cost.prefetch_reserved_tokens(
-                worker.slot, worker.pool_fetch_min_tokens) >= budget:
-            return recompute  # its waiting requests hold the prefetch budget: it declines
-        transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
-        prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
-        fetch = CandidateEstimate(
-            worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
-            queue, prefill_f, transfer, queue + transfer + prefill_f, load,
-        )
-        if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
-            return recompute
-        return fetch
+        return best
 
     def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float) -> int:
         if self._routed is None:
@@ -284,44 +291,36 @@ def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
     return out
 
 
-def _reachable_pages(
-    worker: WorkerState, match: MatchResult | None, pools: dict[HolderId, int]
-) -> tuple[int, int, PoolId | None]:
-    """(local pages on this slot's GPU/host, pages in the pool this slot reads, and the pool
-    holder that has them). A slot reads every segment of its pool's store
-    (``radix_global/pool_ids.py``); a prefix split over segments counts as its longest run in
-    one of them: an underestimate, never a promise the store cannot keep."""
-    own = match.matched.get((worker.worker_id, worker.dp_rank)) if match is not None else None
-    local = own.host if own is not None else 0
-    if match is None or worker.pool_id is None:
-        return local, 0, worker.pool_id
-    best, best_pages = _best_pool(worker, pools)
-    return local, best_pages, best
-
-
-def _best_pool(worker: WorkerState, pools: dict[HolderId, int]) -> tuple[PoolId, int]:
-    """The holder with the longest run among the worker's pool, the other segments of its
-    store, and its pool's disk tier (the memory pool wins a tie: it is the faster one)."""
-    assert worker.pool_id is not None
+def _pool_runs(worker: WorkerState, pools: dict[HolderId, int]) -> list[tuple[PoolId, int]]:
+    """(holder, pages) of every holder this slot reads that has a run: its pool first, then the
+    other segments of its store (``radix_global/pool_ids.py``), then its pool's disk tier. A
+    prefix split over segments counts as its longest run in one of them: an underestimate,
+    never a promise the store cannot keep."""
     pool_id = worker.pool_id
-    best, best_pages = pool_id, pools.get(pool_id, 0)
+    if pool_id is None:
+        return []
+    runs = [(pool_id, pools.get(pool_id, 0))]
     if is_segment(pool_id):
         store = store_of(pool_id)
-        for holder, pages in pools.items():
-            if pages > best_pages and is_segment(holder) and store_of(holder) == store:
-                best, best_pages = PoolId(holder), pages
+        runs += [(PoolId(h), pages) for h, pages in pools.items()
+                 if h != pool_id and is_segment(h) and store_of(h) == store]
     disk = worker.pool_disk_id
-    if disk is not None and pools.get(disk, 0) > best_pages:
-        best, best_pages = disk, pools[disk]
-    return best, best_pages
+    if disk is not None:
+        runs.append((disk, pools.get(disk, 0)))
+    return [(h, pages) for h, pages in runs if pages > 0]
 
 
-def _with_shared_prefix(worker: WorkerState, pool_pages: int, pool: PoolId | None,
-                        shared: dict[HolderId, int], shared_len: int) -> tuple[int, PoolId | None]:
+def _with_shared_prefix(worker: WorkerState, runs: list[tuple[PoolId, int]],
+                        shared: dict[HolderId, int], shared_len: int
+                        ) -> list[tuple[PoolId, int]]:
     """The pool run of a request whose first ``shared_len`` pages are a registered prefix, on a
     worker whose pool resolves aliases: the canonical run of those pages (the only copy the pool
-    keeps: a salted alias entry of another worker may be stale), and past them the salted run."""
-    holder, pages = _best_pool(worker, shared)
-    if pages < shared_len or pool_pages <= pages:
-        return pages, holder
-    return pool_pages, pool
+    keeps: a salted alias entry of another worker may be stale), and past them the longest
+    salted run (the first holder wins a tie: its own pool is the faster one)."""
+    canonical = max(_pool_runs(worker, shared), key=lambda r: r[1], default=None)
+    salted = max(runs, key=lambda r: r[1], default=None)
+    if canonical is None:
+        return []
+    if canonical[1] < shared_len or salted is None or salted[1] <= canonical[1]:
+        return [canonical]
+    return [salted]

@@ -221,9 +221,11 @@ def test_a_worker_reads_every_segment_of_its_store_and_nothing_else() -> None:
     for pool in (PoolId("mooncake-other@10.0.0.3"), PoolId("mooncake-m-1")):
         ws = [WorkerState(WorkerId("w1"), NS, pool_id=pool)]
         assert d.route(request(0), ws, 0.0).fetch_tokens == 0, pool
-    # split over two segments: the longest run in one of them, never their union
+    # split over two other hosts' segments (one link speed): the longest run in one of them,
+    # never their union
     d = driver(index_with((seg_a, 0, Tier.POOL, 40), (seg_b, 0, Tier.POOL, 20)))
-    dec = d.route(request(0), reader, 0.0)
+    third = [WorkerState(WorkerId("w2"), NS, pool_id=PoolId("mooncake-m-1@10.0.0.4"))]
+    dec = d.route(request(0), third, 0.0)
     assert dec.fetch_from == seg_a and dec.fetch_tokens == 40 * PS
 
 
@@ -295,3 +297,20 @@ def test_a_disk_tier_is_read_at_its_own_bandwidth_and_loses_to_recomputing_when_
     assert fast.route(request(0), [w._replace(pool_disk_id=None)], 0.0).fetch_tokens == 0
     idx.apply(StorePages(NS, Location(POOL, 0, Tier.POOL), None, KEYS[:64]))
     assert fast.route(request(0), [w], 0.0).fetch_from == POOL  # a tie: the memory pool
+
+
+def test_the_cheapest_holder_wins_not_the_longest_run() -> None:
+    """Each holder a worker reads is priced at its own bandwidth: a shorter run in the memory
+    pool beats a longer one on a slow disk tier, which would lose to recomputing (the longest
+    run alone priced: no fetch at all)."""
+    disk = PoolId("pool+disk")
+    idx = index_with((disk, 0, Tier.POOL, 64), (POOL, 0, Tier.POOL, 40))
+    w = WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_disk_id=disk)
+    slow = driver(idx, routed_ttl_s=0)
+    slow.cost.set_holder_bandwidth(disk, 10e6)
+    dec = slow.route(request(0), [w], 0.0)
+    assert dec.fetch_from == POOL and dec.fetch_tokens == 40 * PS
+    fast = driver(idx, routed_ttl_s=0)
+    fast.cost.set_holder_bandwidth(disk, 50e9)
+    dec = fast.route(request(0), [w], 0.0)
+    assert dec.fetch_from == disk and dec.fetch_tokens == 64 * PS
