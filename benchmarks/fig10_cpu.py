@@ -48,11 +48,13 @@ def simulate(point: Point, cal: Calibration, instances: int) -> dict[str, float]
 
 
 def real_hit_rates(runs: list[dict[str, Any]], point: Point) -> dict[str, float | None]:
+    """Both contenders' delivered fraction at ``point``, from the first repeat (``--repeats``:
+    the one where a contender run ``--once`` ran too, on the same engines' start)."""
     out: dict[str, float | None] = {}
     for name in (LOCAL, GLOBAL):
         row = next((r for r in runs if r.get("contender") == name and not r.get("skipped")
-                    and r.get("workload") == point.workload and r.get("load") == point.load),
-                   None)
+                    and r.get("workload") == point.workload and r.get("load") == point.load
+                    and r.get("repeat", 1) == 1), None)
         out[name] = None if row is None else row["reuse"]["delivered_fraction"]
     return out
 

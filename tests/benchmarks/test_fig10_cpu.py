@@ -63,5 +63,7 @@ def test_real_hit_rates_take_the_matching_runs_only() -> None:
         {"contender": GLOBAL, "workload": "conversations", "load": "other",
          "reuse": {"delivered_fraction": 0.9}},
         {"contender": GLOBAL, "workload": "conversations", "load": p.load, "skipped": "x"},
+        {"contender": GLOBAL, "workload": "conversations", "load": p.load, "repeat": 2,
+         "reuse": {"delivered_fraction": 0.7}},  # a later repeat: (1) ran in the first only
     ]
     assert real_hit_rates(runs, p) == {LOCAL: 0.4, GLOBAL: None}
