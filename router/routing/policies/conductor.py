@@ -188,30 +188,29 @@ class ConductorPolicy(RoutingPolicy):
             worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
             queue + prefill, load,
         )
-        best: CandidateEstimate | None = None
-        budget_checked = False
-        for pool, pool_pages in runs:  # each priced: a longer run may sit on a slower holder
-            if not self._worth_fetching(local_pages, pool_pages):
-                continue
-            fetch_tokens = min(n, pool_pages * ps) - local_tokens
-            if fetch_tokens <= 0 or fetch_tokens < worker.pool_fetch_min_tokens:
-                continue  # the engine would not load so short a run: it recomputes it
-            budget = worker.pool_prefetch_budget_tokens
-            if not budget_checked and budget and view.cost.prefetch_reserved_tokens(
-                    worker.slot, worker.pool_fetch_min_tokens) >= budget:
-                return recompute  # its waiting requests hold the prefetch budget: it declines
-            budget_checked = True
+        # each run priced on its own holder: a longer run may sit behind a slower link or disk
+        fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
+                   if self._worth_fetching(local_pages, pages)]
+        # the engine would not load so short a run: it recomputes it
+        fetches = [(pool, t) for pool, t in fetches if t > 0 and t >= worker.pool_fetch_min_tokens]
+        if not fetches:
+            return recompute
+        budget = worker.pool_prefetch_budget_tokens
+        if budget and view.cost.prefetch_reserved_tokens(
+                worker.slot, worker.pool_fetch_min_tokens) >= budget:
+            return recompute  # its waiting requests hold the prefetch budget: it declines
+        options = []
+        for pool, fetch_tokens in fetches:
             transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
             prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
-            fetch = CandidateEstimate(
+            options.append(CandidateEstimate(
                 worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
                 queue, prefill_f, transfer, queue + transfer + prefill_f, load,
-            )
-            if best is None or fetch.ttft_s < best.ttft_s:
-                best = fetch
-        if best is None or (self.compare_fetch_cost and best.ttft_s >= recompute.ttft_s):
+            ))
+        fetch = min(options, key=lambda e: e.ttft_s)  # a tie: the first, the worker's own pool
+        if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
             return recompute
-        return best
+        return fetch
 
     def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float) -> int:
         if self._routed is None:
