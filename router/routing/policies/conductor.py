@@ -9,11 +9,11 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   (:mod:`router.routing.routed_prefixes`): ``c`` has it once that prefill is done, and the queue
   model already puts the new request behind it, while KV events arrive only after the batch;
   after that the index knows better (an engine under cache pressure evicts it within seconds);
-- fetchable: the longest prefix held by the L3 pool ``c`` reads (``c.pool_id``, the other
-  segments of its store, its disk tier ``c.pool_disk_id``, each priced at its own bandwidth); for
-  a salted
-  request that starts with a registered platform prefix, on a worker whose pool resolves aliases,
-  the pool run of those pages is their canonical one (``docs/interfaces.md`` s. 15);
+- fetchable: the prefix held by each L3 holder ``c`` reads (``c.pool_id``, the other segments
+  of its store, its disk tier ``c.pool_disk_id``), each run priced at its holder's bandwidth and
+  the cheapest fetch kept; for a salted request that starts with a registered platform prefix,
+  on a worker whose pool resolves aliases, the pool run of those pages is their canonical one
+  (``docs/interfaces.md`` s. 15), its longest run only;
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
   when fetching is predicted faster than recomputing (slow links lose to recomputation);
