@@ -168,7 +168,7 @@ class ConductorPolicy(RoutingPolicy):
             pools = _pool_pages(match)
         own = match.matched.get((worker.worker_id, worker.dp_rank)) if match is not None else None
         local_pages = own.host if own is not None else 0
-        runs = _pool_runs(worker, pools) if match is not None else []
+        runs = _pool_runs(worker, pools)  # empty without a match: pools come from it
         if req.shared_keys and worker.pool_id is not None:
             if shared is not None and worker.pool_aliases:
                 runs = _with_shared_prefix(worker, runs, shared, len(req.shared_keys))
