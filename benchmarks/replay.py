@@ -97,6 +97,11 @@ def _header_int(headers: httpx.Headers, name: str) -> int | None:
     return int(value) if value and value.isdigit() else None
 
 
+def _header_ms(headers: httpx.Headers, name: str) -> float | None:
+    ms = _header_int(headers, name)
+    return None if ms is None else ms / 1000.0
+
+
 def _int_or_none(v: Any) -> int | None:
     return int(v) if isinstance(v, int | float) else None
 
@@ -119,6 +124,8 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
             result.worker = resp.headers.get("x-radix-worker")
             result.router_prefix_tokens = _header_int(resp.headers, "x-radix-prefix-tokens")
             result.router_fetch_tokens = _header_int(resp.headers, "x-radix-fetch-tokens")
+            result.router_queue_s = _header_ms(resp.headers, "x-radix-predicted-queue-ms")
+            result.router_ttft_s = _header_ms(resp.headers, "x-radix-predicted-ttft-ms")
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 result.status = "rejected" if resp.status_code in REJECT_STATUSES else "failed"

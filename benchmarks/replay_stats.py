@@ -47,6 +47,8 @@ class RequestResult:
     worker: str | None = None  # where our router sent it (x-radix-worker); peers do not say
     router_prefix_tokens: int | None = None  # the prefix our router expected there
     router_fetch_tokens: int | None = None  # of it, what our router planned to fetch from L3
+    router_queue_s: float | None = None  # the wait our router predicted there
+    router_ttft_s: float | None = None  # the TTFT our router predicted there
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -138,11 +138,8 @@ class PoolForward:
         self.started, self.status_code = True, run.status_code
         await send({"type": "http.response.start", "status": run.status_code, "headers": [
             (b"content-type", media.encode()),
-            (b"x-radix-worker", str(run.prefill.worker_id).encode()),
             (b"x-radix-decode-worker", str(run.decode.worker_id).encode()),
-            (b"x-radix-prefix-tokens", str(self.routed.decision.prefix_tokens).encode()),
-            (b"x-radix-fetch-tokens", str(self.routed.decision.fetch_tokens).encode()),
-            (b"x-radix-request-id", inbound.req.request_id.encode())]})
+            *self.routed.headers(inbound.req.request_id)]})
         chunk = first
         try:
             while chunk is not None:

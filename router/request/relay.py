@@ -267,13 +267,6 @@ class Forward:
             half.cancel()
             raise
 
-    def _extra_headers(self) -> list[tuple[bytes, bytes]]:
-        d = self.routed.decision
-        return [(b"x-radix-worker", self.routed.entry.info.worker_id.encode()),
-                (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
-                (b"x-radix-fetch-tokens", str(d.fetch_tokens).encode()),
-                (b"x-radix-request-id", self.engine_rid.encode())]
-
     def _observe_first(self) -> None:
         st = self.state
         now = st.clock()
@@ -291,7 +284,7 @@ class Forward:
         self.status_code = upstream.status_code
         await send({"type": "http.response.start", "status": upstream.status_code,
                     "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
-                                *self._extra_headers()]})
+                                *self.routed.headers(self.engine_rid)]})
         self.state.metrics.worker(self.routed.entry.info.worker_id).proxied_bytes.inc(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
         answer = json_or_none(content) if upstream.status_code == 200 else None
@@ -303,7 +296,8 @@ class Forward:
         try:
             self.started, self.status_code = True, upstream.status_code
             await send({"type": "http.response.start", "status": upstream.status_code,
-                        "headers": [*upstream.headers, *self._extra_headers()]})
+                        "headers": [*upstream.headers,
+                                    *self.routed.headers(self.engine_rid)]})
             relayed = 0
             try:
                 async for chunk in upstream.aiter_raw():

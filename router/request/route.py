@@ -23,6 +23,21 @@ class Routed(NamedTuple):
     decision: Decision
     entry: WorkerEntry
 
+    def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
+        """The decision as response headers (``docs/interfaces.md`` s. 17): where the request
+        went, the prefix expected there, of it what is fetched from L3, the predicted queue and
+        TTFT in whole milliseconds (no TTFT header for a policy that predicts none), and
+        ``request_id``, the engine rid."""
+        d = self.decision
+        out = [(b"x-radix-worker", self.entry.info.worker_id.encode()),
+               (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
+               (b"x-radix-fetch-tokens", str(d.fetch_tokens).encode()),
+               (b"x-radix-predicted-queue-ms", str(round(d.predicted_queue_s * 1000)).encode())]
+        if d.predicted_ttft_s is not None:
+            out.append((b"x-radix-predicted-ttft-ms",
+                        str(round(d.predicted_ttft_s * 1000)).encode()))
+        return [*out, (b"x-radix-request-id", request_id.encode())]
+
 
 def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:
     clock, m, model = state.clock, state.metrics, inbound.model

@@ -187,6 +187,8 @@ def test_disagreement_is_flagged_not_silent(upstreams, router_factory):
             r = c.post("/generate", json={"input_ids": ids})
             assert int(r.headers["x-radix-prefix-tokens"]) > 0
             assert r.headers["x-radix-fetch-tokens"] == "0"  # a local hit: nothing to fetch
+            assert int(r.headers["x-radix-predicted-queue-ms"]) >= 0
+            assert int(r.headers["x-radix-predicted-ttft-ms"]) > 0
         problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
         assert "predicted_hits_never_observed" in problems
         assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
