@@ -3,6 +3,7 @@ and a reuse bar chart (``benchmarks/pressure_bench.py``)."""
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -21,11 +22,21 @@ COLUMNS = (("contender", "contender", "{}"), ("workload @ load", "where", "{}"),
            ("TBT p90", "tbt_p90_s", "ms"), ("SLO", "slo_attainment", "pct"),
            ("avail", "available_fraction", "pct"), ("capt", "captured_fraction", "pct"),
            ("deliv", "delivered_fraction", "pct"), ("dev/host/L3 tok", "tiers", "{}"),
-           ("late", "late", "{}"), ("MB moved", "bytes_moved", "mb"))
+           ("late", "late", "{}"), ("MB moved", "bytes_moved", "mb"),
+           ("TTFT-pred", "prediction_error_s", "ms"))
 
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
+
+
+def prediction_error_s(r: dict[str, Any]) -> float | None:
+    """Median over the run's requests of measured TTFT minus the TTFT our router predicted for
+    them (``x-radix-predicted-ttft-ms``): > 0, the cost model is optimistic. None for a router
+    that predicts nothing."""
+    errors = [q["ttft_s"] - q["router_ttft_s"] for q in r.get("requests_detail", ())
+              if q.get("ttft_s") is not None and q.get("router_ttft_s") is not None]
+    return statistics.median(errors) if errors else None
 
 
 def _flat(r: dict[str, Any]) -> dict[str, Any]:
@@ -39,7 +50,8 @@ def _flat(r: dict[str, Any]) -> dict[str, Any]:
     return {**out, **{k: u[k] for k in ("available_fraction", "captured_fraction",
                                         "delivered_fraction", "late")},
             "ok_of": f"{r['ok']}/{r['requests']}", "tiers": tiers,
-            "bytes_moved": r.get("bytes_moved") or None}
+            "bytes_moved": r.get("bytes_moved") or None,
+            "prediction_error_s": prediction_error_s(r)}
 
 
 def table(rows: Sequence[dict[str, Any]]) -> str:

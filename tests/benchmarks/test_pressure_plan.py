@@ -17,7 +17,13 @@ from benchmarks.pressure_plan import (
     load_config,
     working_set_tokens,
 )
-from benchmarks.pressure_report import demo_sentence, spread, table, verdicts
+from benchmarks.pressure_report import (
+    demo_sentence,
+    prediction_error_s,
+    spread,
+    table,
+    verdicts,
+)
 
 SAMPLE = Path(__file__).resolve().parents[2] / "benchmarks" / "data" / (
     "conversation_multiturn_sample.jsonl")
@@ -89,6 +95,16 @@ def test_verdicts_check_the_targets_against_both_baselines() -> None:
     head = lines[0].split()
     # no prediction; the row has 2 words fewer before it ("TTFT mean", "TBT p90" are 2 each)
     assert lines[-1].split()[head.index("capt") - 2] == "-"
+
+
+def test_the_prediction_error_is_the_median_of_measured_minus_predicted() -> None:
+    detail = [{"ttft_s": 1.0, "router_ttft_s": 0.25}, {"ttft_s": 0.5, "router_ttft_s": 0.5},
+              {"ttft_s": 2.0, "router_ttft_s": 0.5}, {"ttft_s": None, "router_ttft_s": 0.1},
+              {"ttft_s": 9.0, "router_ttft_s": None}]
+    assert prediction_error_s({"requests_detail": detail}) == 0.75
+    assert prediction_error_s({"requests_detail": detail[3:]}) is None  # a peer: no header
+    row = {**_row("ours", 0.7, 1.4, 600), "requests_detail": detail}
+    assert table([row]).splitlines()[-1].split()[-1] == "750"
 
 
 def test_verdicts_compare_within_one_repeat_and_spread_spans_the_repeats() -> None:
