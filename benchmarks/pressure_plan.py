@@ -8,9 +8,13 @@ of :class:`~benchmarks.replay_plan.PlannedRequest`, replayed open-loop by ``benc
   them (``benchmarks/replay_plan.py``), with more conversations so that their turns interleave;
   a load point sends the same requests over ``duration_s``.
 - ``agents``: a few long shared system prompts; sessions start as a Poisson process (the same
-  draws at every load point, scaled by the rate), each runs 3-6 turns ``think_s`` apart, and
-  turn k's prompt is the system prompt, the user messages 0..k and the fixed answers 0..k-1
-  (fixed tokens, since an open-loop plan cannot wait for the model's answer).
+  draws at every load point, scaled by the rate), each runs 3-6 turns, and turn k's prompt is
+  the system prompt, the user messages 0..k and the fixed answers 0..k-1 (fixed tokens: the
+  plan is written before the model answers). With ``think_after_answer`` a turn is sent
+  ``think_s`` after the previous turn's answer ended, as a user or an agent loop would (closed
+  loop within a session, open-loop session starts); without it ``think_s`` after the previous
+  turn was sent, answered or not, which under a queue sends prompts whose "previous answer" does
+  not exist yet and feeds the queue that delayed it (``docs/benchmarks.md``, run 9).
 """
 
 from __future__ import annotations
@@ -59,6 +63,7 @@ class Agents:
     message_tokens: int
     answer_tokens: int
     think_s: float
+    think_after_answer: bool  # the next turn waits for the answer (else only for think_s)
     rates: tuple[float, ...]
     seed: int
 
@@ -155,9 +160,11 @@ def agent_plan(a: Agents, rate: float) -> list[PlannedRequest]:
             if k:
                 ids += block_prompt([5_000_000 + 1000 * s + 2 * k - 1], a.answer_tokens)
             ids += block_prompt([5_000_000 + 1000 * s + 2 * k], a.message_tokens)
-            at = start + k * a.think_s
+            at = start + k * a.think_s  # the earliest: every answer instant
             trace = TraceRequest(at * 1000.0, len(ids), a.answer_tokens, ())
-            plan.append(PlannedRequest(len(plan), at, list(ids), a.answer_tokens, trace))
+            after = len(plan) - 1 if k and a.think_after_answer else None
+            plan.append(PlannedRequest(len(plan), at, list(ids), a.answer_tokens, trace,
+                                       after, a.think_s))
     plan.sort(key=lambda p: (p.send_at_s, p.position))
     return plan
 

@@ -107,14 +107,16 @@ def _int_or_none(v: Any) -> int | None:
 
 
 async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest, text: str,
-                   t0: float, opts: ClientOptions) -> RequestResult:
+                   t0: float, opts: ClientOptions, scheduled_s: float | None = None
+                   ) -> RequestResult:
     body: dict[str, Any] = {"text": text, "stream": True, "sampling_params": {
         "max_new_tokens": planned.output_tokens, "ignore_eos": True,
         "temperature": opts.temperature}}
     if opts.model:
         body["model"] = opts.model
     sent = time.perf_counter()
-    result = RequestResult(planned.position, "ok", planned.send_at_s, sent - t0,
+    scheduled = planned.send_at_s if scheduled_s is None else scheduled_s
+    result = RequestResult(planned.position, "ok", scheduled, sent - t0,
                            len(planned.input_ids), planned.output_tokens)
     state = {"sent": sent, "last": sent}
     try:
@@ -185,18 +187,31 @@ async def stream_ids(client: httpx.AsyncClient, url: str, ids: list[int], output
 async def run_replay(plan: Sequence[PlannedRequest], router_url: str, opts: ClientOptions,
                      on_done: Callable[[RequestResult], None] | None = None
                      ) -> tuple[list[RequestResult], float]:
-    """Send every planned request at its time; return results (plan order) and the wall time."""
+    """Send every planned request at its time (a request with ``after``: also ``think_s`` after
+    that one ended, however it ended); return results (plan order) and the wall time."""
     texts = [prompt_text(p.input_ids) for p in plan]
     url = router_url.rstrip("/")
     limits = httpx.Limits(max_connections=max(16, len(plan)), max_keepalive_connections=64)
+    ended = {p.position: asyncio.Event() for p in plan}
+    unknown = {p.after for p in plan if p.after is not None} - ended.keys()
+    if unknown:
+        raise ValueError(f"requests planned after positions not in the plan: {sorted(unknown)}")
+    ended_at: dict[int, float] = {}
     async with httpx.AsyncClient(limits=limits, timeout=opts.request_timeout_s) as client:
         t0 = time.perf_counter()
 
         async def scheduled(p: PlannedRequest, text: str) -> RequestResult:
-            delay = t0 + p.send_at_s - time.perf_counter()
-            if delay > 0:
-                await asyncio.sleep(delay)
-            r = await send_one(client, url, p, text, t0, opts)
+            try:
+                at = p.send_at_s
+                await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+                if p.after is not None:
+                    await ended[p.after].wait()
+                    at = max(at, ended_at[p.after] + p.think_s)
+                    await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
+                r = await send_one(client, url, p, text, t0, opts, scheduled_s=at)
+            finally:
+                ended_at[p.position] = time.perf_counter() - t0
+                ended[p.position].set()
             if on_done is not None:
                 on_done(r)
             return r

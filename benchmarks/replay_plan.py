@@ -48,10 +48,14 @@ class ReplayScaling:
 
 class PlannedRequest(NamedTuple):
     position: int  # index in the replayed slice
-    send_at_s: float  # seconds after the replay start
+    send_at_s: float  # seconds after the replay start (the earliest, with ``after``)
     input_ids: list[int]
     output_tokens: int
     trace: TraceRequest
+    # The position of the request whose answer this prompt contains: it is sent no sooner than
+    # ``think_s`` after that request ended (closed-loop turns; None: at ``send_at_s`` only).
+    after: int | None = None
+    think_s: float = 0.0
 
 
 def choose_tokens_per_hash_id(trace: Sequence[TraceRequest], target_mean_prompt: int,

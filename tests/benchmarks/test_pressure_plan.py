@@ -52,6 +52,20 @@ def test_a_wrong_key_or_value_is_a_clear_error(tmp_path: Path) -> None:
         load_config(bad)
 
 
+def test_a_turn_waits_for_its_sessions_previous_answer_when_configured() -> None:
+    a = load_config().agents
+    assert a.think_after_answer  # the committed scenario (since run 9)
+    plan = agent_plan(a, 0.4)
+    by_pos = {p.position: p for p in plan}
+    later = [p for p in plan if p.after is not None]
+    assert later and len(later) == len(plan) - a.sessions  # every turn but each session's first
+    for p in later:
+        prev = by_pos[p.after]
+        assert p.input_ids[:len(prev.input_ids)] == prev.input_ids  # its own session's turn
+        assert p.think_s == a.think_s and p.send_at_s == pytest.approx(prev.send_at_s + a.think_s)
+    assert all(p.after is None for p in agent_plan(replace(a, think_after_answer=False), 0.4))
+
+
 def test_agent_sessions_grow_their_prompt_and_every_load_sends_the_same_requests() -> None:
     a = load_config().agents
     slow, fast = agent_plan(a, 0.25), agent_plan(replace(a), 0.5)

@@ -128,6 +128,22 @@ def test_requests_leave_at_their_scaled_times() -> None:
     assert report.summary["send_lag_max_s"] < 0.3
 
 
+def test_a_turn_after_another_waits_for_its_answer_and_the_think_time() -> None:
+    first, second, free = _plan(3, spacing_ms=0, time_scale=1.0, outputs=4)
+    second = second._replace(after=first.position, think_s=0.3)
+    with SsePeer() as peer:
+        peer.ttft_s = 0.4  # each answer takes ~0.45 s: a plan time alone would send at once
+        report = replay.replay([first, second, free], peer.url, replay.ClientOptions(),
+                               SloTargets(), progress=False)
+    one, two, three = report.results
+    ended = one.sent_s + (one.latency_s or 0)
+    assert two.sent_s >= ended + 0.3 - 0.01, (ended, two.sent_s)
+    assert two.scheduled_s == pytest.approx(ended + 0.3, abs=0.05)  # lag counts from there
+    assert three.sent_s < 0.2  # no ``after``: its plan time only
+    with pytest.raises(ValueError, match="not in the plan"):
+        replay.replay([second], peer.url, replay.ClientOptions(), SloTargets(), progress=False)
+
+
 def test_ttft_tbt_and_usage_are_measured() -> None:
     plan = _plan(3, spacing_ms=0, time_scale=1.0, outputs=7)
     with SsePeer() as peer:
