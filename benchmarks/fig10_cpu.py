@@ -8,7 +8,9 @@ Real: the cache-pressure benchmark's runs (``benchmarks/pressure_bench.py``): ou
 pool, against ``cache_aware`` over each engine's local HiCache (L1 + L2), both routed cache-aware;
 delivered = the engines' own cached-token reports over the prompt tokens (``docs/interfaces.md``
 s.17). Simulated: the same plans (every load point of both workloads of
-``benchmarks/data/pressure.toml``, request for request: arrival, token-id pages, output length) on
+``benchmarks/data/pressure.toml``, request for request: arrival, token-id pages, output length;
+an agent turn at its earliest time, as if every answer were instant: the simulator does not wait
+for answers) on
 the simulator (``benchmarks/simulate``) with the CPU calibration of the tiny model, as many
 instances as the benchmark has engines: ``global_cache_aware`` (conductor + pool) against
 ``local_cache_aware`` (the conductor over local caches; the simulator has no sglang-router, whose
