@@ -131,8 +131,8 @@ class QueueModel:
     def running(self, slot: Slot) -> int:
         """Requests routed to ``slot`` whose first token came back and that have not finished
         (decoding there)."""
-        queue = self._pending.get(self._server(slot), {})
-        waiting = sum(1 for r in self._active.get(slot, ()) if r in queue)
+        queue = self._pending.get(self._server(slot))
+        waiting = sum(1 for r in self._active.get(slot, ()) if queue and r in queue)
         return self.outstanding(slot) - waiting
 
     def forget_worker(self, worker_id: WorkerId) -> None:
