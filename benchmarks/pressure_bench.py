@@ -73,10 +73,10 @@ CONTENDERS = (
     # it the router prices a pool fetch at its 10 GB/s default, nearly free on this machine.
     Contender("conductor + pool, load probe off (ours)", "ours-unprobed",
               RouterSpec("ours", "conductor")),
-    # The A/B of the learned drag of running requests (router/routing/drag_model.py): without
-    # it the router prices a busy engine's first token as if the engine ran nothing else.
+    # The A/B of the learned drag of a slot's requests (router/routing/drag_model.py): without
+    # it the router prices a busy engine's first token as if the engine decoded nothing.
     Contender("conductor + pool, drag off (ours)", "ours",
-              RouterSpec("ours", "conductor", {"--running-drag-half-life": "0"})),
+              RouterSpec("ours", "conductor", {"--drag-half-life": "0"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 # The headline pair: ours and the stronger stock set-up (the shared L3 in every run so

@@ -111,7 +111,7 @@ class RouterConfig:
     remote_segment_bandwidth_bytes_per_s: float = _COST.remote_segment_bandwidth_Bps
     transfer_overhead_s: float = _COST.transfer_overhead_s
     learn_from_inferred_prefill: bool = _COST.learn_from_inferred_prefill
-    running_drag_half_life: float = _COST.running_drag_half_life
+    drag_half_life: float = _COST.drag_half_life
     # Prefill-model bootstrap (router/cluster/profiling.py): timed 1-token generations up to this
     # many input tokens when a worker joins; 0 = off (the GPU-like prior until refitted online).
     profile_max_tokens: int = 1024
@@ -202,7 +202,7 @@ class RouterConfig:
                           remote_segment_bandwidth_Bps=self.remote_segment_bandwidth_bytes_per_s,
                           transfer_overhead_s=self.transfer_overhead_s,
                           learn_from_inferred_prefill=self.learn_from_inferred_prefill,
-                          running_drag_half_life=self.running_drag_half_life)
+                          drag_half_life=self.drag_half_life)
 
     def slo_config(self) -> SloConfig:
         """The one SLO: the conductor's TTFT admission and the driver's decode admission."""

@@ -52,7 +52,7 @@ def make_cost(cal: Calibration) -> CostModel:
         transfer_overhead_s=cal.fetch_latency_s,
         # A simulated instance runs nothing beside its FIFO of prefills (decode is elsewhere,
         # engine.py): there is no drag of running requests to learn.
-        running_drag_half_life=0.0,
+        drag_half_life=0.0,
     )
     prior = cal.prior_coefficients()
     return CostModel(config, prefill_prior=lambda: PrefillModel(prior=prior))

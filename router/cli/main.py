@@ -77,8 +77,8 @@ _HELP = {
                                             "(docs/interfaces.md s. 14)",
     "transfer_overhead_s": "fixed cost of one pool fetch",
     "learn_from_inferred_prefill": "refit profiled workers on FIFO-inferred prefill times too",
-    "running_drag_half_life": "learn what requests running on a worker add to a first token; "
-                              "a measured TTFT weighs half after this many more; 0 = off",
+    "drag_half_life": "learn what the requests a worker has add to a first token; a "
+                      "measured TTFT weighs half after this many more; 0 = off",
     "profile_max_tokens": "prefill profiling on worker join up to this many tokens; 0 = off",
     "profile_sizes": "input lengths profiled",
     "ttft_slo_s": "TTFT SLO: 429 for what is predicted to miss it; 0 = none",

@@ -4,8 +4,9 @@
   created from ``prefill_prior`` on first use and refitted online from observed prefills;
 - queue: :class:`router.routing.queue_model.QueueModel` (router-side FIFO reconstruction),
   blended with the engine-reported waiting tokens when the worker reports them (other routers'
-  traffic), plus the delay the requests already running on the slot add to a first token,
-  learned per worker from measured TTFTs (:class:`router.routing.drag_model.DragModel`);
+  traffic), plus the delay the requests the slot already has add to a first token (their
+  decode steps), learned per worker from measured TTFTs
+  (:class:`router.routing.drag_model.DragModel`);
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
   (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed),
   and, once the worker's prefill is profiled, no faster than its engine loads a pool run
@@ -53,14 +54,14 @@ class CostConfig:
     # prior always learns from them (it has nothing better).
     learn_from_inferred_prefill: bool = False
     # Learn per worker what a first token takes beyond queue + transfer + prefill, against the
-    # requests running there (DragModel); a residual weighs half after this many more; 0: off.
-    running_drag_half_life: float = 64.0
+    # requests on its slot (DragModel); a residual weighs half after this many more; 0: off.
+    drag_half_life: float = 64.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.engine_queue_weight <= 1.0:
             raise ValueError("engine_queue_weight must be in [0, 1]")
-        if self.running_drag_half_life < 0:
-            raise ValueError("running_drag_half_life must be >= 0 (0: off)")
+        if self.drag_half_life < 0:
+            raise ValueError("drag_half_life must be >= 0 (0: off)")
         if min(self.kv_bytes_per_token, self.default_bandwidth_Bps,
                self.remote_segment_bandwidth_Bps) <= 0:
             raise ValueError("kv_bytes_per_token and the bandwidths must be > 0")
@@ -119,14 +120,15 @@ class CostModel:
 
     def queue_s(self, worker: WorkerState, now: float) -> float:
         """The wait before a request routed to ``worker`` now starts its prefill: the FIFO of
-        prefills (blended with the engine's report), plus the drag of what runs there."""
+        prefills (blended with the engine's report), plus the drag of the requests it has."""
         return self._fifo_s(worker, now) + self.drag_s(worker.slot)
 
     def drag_s(self, slot: Slot) -> float:
-        """What the requests running on ``slot`` add to a new request's first token, as
-        learned from its worker's measured TTFTs (0 until it has enough, or when off)."""
+        """What the requests ``slot`` has (queued or decoding) add to a new request's first
+        token, as learned from its worker's measured TTFTs (0 until it has enough, or when
+        off)."""
         drag = self._drag.get(slot[0])
-        return drag.predict(self.queue.running(slot)) if drag is not None else 0.0
+        return drag.predict(self.queue.outstanding(slot)) if drag is not None else 0.0
 
     def _fifo_s(self, worker: WorkerState, now: float) -> float:
         router_side = self.queue.queue_s(worker.slot, now)
@@ -212,11 +214,11 @@ class CostModel:
         if predicted is None:
             predicted = self.prefill_s(decision.worker_id, req.input_tokens, decision.prefix_tokens)
         # A fetch delays this request's prefill start on that slot, so it occupies the queue too.
-        # The wait and the running count are what its measured TTFT is later compared against.
+        # The wait and the slot's requests are what its measured TTFT is later compared against.
         slot = decision.slot
         pending = PendingPrefill(now, predicted, req.input_tokens, decision.prefix_tokens,
                                  decision.predicted_transfer_s, decision.fetch_tokens,
-                                 self.queue.queue_s(slot, now), self.queue.running(slot))
+                                 self.queue.queue_s(slot, now), self.queue.outstanding(slot))
         self.queue.add(slot, req.request_id, pending)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
@@ -233,13 +235,14 @@ class CostModel:
             self.prefill_model(worker).observe(
                 done.pending.input_tokens, done.pending.prefix_tokens, measured
             )
-        half_life = self.config.running_drag_half_life
+        half_life = self.config.drag_half_life
         if half_life > 0:
             p = done.pending
             drag = self._drag.get(worker)
             if drag is None:
                 drag = self._drag[worker] = DragModel(half_life)
-            drag.observe(p.running, (now - p.routed_at) - (p.wait_s + p.transfer_s + p.predicted_s))
+            drag.observe(p.outstanding,
+                         (now - p.routed_at) - (p.wait_s + p.transfer_s + p.predicted_s))
 
     def on_finished(self, request_id: str, now: float) -> None:
         self.queue.finished(request_id)

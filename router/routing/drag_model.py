@@ -1,17 +1,19 @@
-"""How much the requests already running on a slot delay a new request's first token, learned.
+"""How much the requests a slot already has delay a new request's first token, learned online.
 
 The queue model (the router-side FIFO of prefills) and the prefill curve price a request as if
-its engine did nothing else. A real engine runs the new prefill between the decode steps of every
-request it is already running, and pays costs an idle engine's profile does not show (on a CPU
-engine each running request takes a share of every step; on a GPU a mixed batch is slower).
-Measured on the cache-pressure benchmark's agents workload (``docs/benchmarks.md``, run 9): the
-first token came 0.26-0.44 s after the prediction with nothing running on the engine, and about
-0.2 s later for each request running there, so the busier engine looked as free as the idle one.
+its engine did nothing but the prefills queued ahead of it. A real engine runs the new prefill
+between the decode steps of every request it has, and pays costs an idle engine's profile does
+not show (on a CPU engine each request in the batch takes a share of every step; on a GPU a
+mixed batch is slower). Measured on the cache-pressure benchmark's agents workload
+(``docs/benchmarks.md``, run 9): the first token came 0.26-0.44 s after the prediction with
+nothing else on the engine, and 0.15-0.3 s later for each request in flight there, so the busier
+engine looked as free as the idle one.
 
 :class:`DragModel` fits the residual ``measured TTFT - (FIFO wait + transfer + prefill)`` as
-``base + per_running * k``, ``k`` the requests on the slot past their first token when the
-request was routed, by least squares with exponential forgetting (a worker's load path and batch
-change; recent requests weigh most). ``per_running`` is never negative (noise must not make a
+``base + per_request * k``, ``k`` the requests routed to the slot and not finished when the
+request was routed (queued or decoding: one queued ahead is decoding by the time this one's
+prefill runs), by least squares with exponential forgetting (a worker's load path and batch
+change; recent requests weigh most). ``per_request`` is never negative (noise must not make a
 busy slot look faster), and the predicted drag never below 0 (the profile prices the rest).
 Pure: the caller feeds observations.
 """
@@ -23,8 +25,8 @@ from typing import NamedTuple
 
 
 class DragFit(NamedTuple):
-    base_s: float  # the residual with nothing running
-    per_running_s: float  # added per request running on the slot
+    base_s: float  # the residual with nothing else on the slot
+    per_request_s: float  # added per request the slot has
     observations: int
 
 
@@ -45,20 +47,20 @@ class DragModel:
         self._w = self._k = self._kk = self._y = self._ky = 0.0
         self.observations = 0
 
-    def observe(self, running: int, residual_s: float) -> None:
-        """A request routed while ``running`` requests ran on its slot took ``residual_s`` more
+    def observe(self, outstanding: int, residual_s: float) -> None:
+        """A request routed while its slot had ``outstanding`` others took ``residual_s`` more
         than predicted to its first token. A non-finite residual is ignored."""
-        if running < 0:
-            raise ValueError(f"running must be >= 0, got {running}")
+        if outstanding < 0:
+            raise ValueError(f"outstanding must be >= 0, got {outstanding}")
         if not math.isfinite(residual_s):
             return
         y = max(-self.max_residual_s, min(self.max_residual_s, residual_s))
-        d = self._decay
+        k, d = outstanding, self._decay
         self._w = d * self._w + 1.0
-        self._k = d * self._k + running
-        self._kk = d * self._kk + running * running
+        self._k = d * self._k + k
+        self._kk = d * self._kk + k * k
         self._y = d * self._y + y
-        self._ky = d * self._ky + running * y
+        self._ky = d * self._ky + k * y
         self.observations += 1
 
     def fit(self) -> DragFit:
@@ -70,9 +72,10 @@ class DragModel:
         slope = max(0.0, slope)
         return DragFit((y - slope * k) / w, slope, self.observations)
 
-    def predict(self, running: int) -> float:
-        """Seconds to add to a request's predicted TTFT on a slot running ``running``."""
+    def predict(self, outstanding: int) -> float:
+        """Seconds to add to the predicted TTFT of a request routed to a slot that has
+        ``outstanding`` requests."""
         if self.observations < self.min_observations:
             return 0.0
         fit = self.fit()
-        return max(0.0, fit.base_s + fit.per_running_s * running)
+        return max(0.0, fit.base_s + fit.per_request_s * outstanding)

@@ -30,7 +30,7 @@ class PendingPrefill(NamedTuple):
     transfer_s: float = 0.0  # KV fetch before the prefill (occupies the slot too)
     fetch_tokens: int = 0  # of prefix_tokens, planned from the pool (the rest: local)
     wait_s: float = 0.0  # the FIFO wait this model predicted for it when it was routed
-    running: int = 0  # requests past their first token on its slot when it was routed
+    outstanding: int = 0  # requests routed to its slot and not finished when it was routed
 
 
 class CompletedPrefill(NamedTuple):
@@ -127,13 +127,6 @@ class QueueModel:
 
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))
-
-    def running(self, slot: Slot) -> int:
-        """Requests routed to ``slot`` whose first token came back and that have not finished
-        (decoding there)."""
-        queue = self._pending.get(self._server(slot))
-        waiting = sum(1 for r in self._active.get(slot, ()) if queue and r in queue)
-        return self.outstanding(slot) - waiting
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._active if s[0] == worker_id]:

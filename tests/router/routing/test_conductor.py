@@ -316,21 +316,21 @@ def test_the_cheapest_holder_wins_not_the_longest_run() -> None:
     assert dec.fetch_from == disk and dec.fetch_tokens == 64 * PS
 
 
-def test_a_cache_holder_busy_with_running_requests_loses_once_their_drag_is_learned() -> None:
-    """w0 holds the prompt and runs 10 requests; each has delayed first tokens there by 0.2 s
-    beyond the prediction. With the drag learned, w1 (idle, fetching the prompt from the pool)
-    wins; with it off (``running_drag_half_life = 0``), w0 looks idle and keeps it."""
+def test_a_cache_holder_busy_with_decoding_requests_loses_once_their_drag_is_learned() -> None:
+    """w0 holds the prompt and has 10 requests decoding; each has delayed first tokens there by
+    0.2 s beyond the prediction. With the drag learned, w1 (idle, fetching the prompt from the
+    pool) wins; with it off (``drag_half_life = 0``), w0 looks idle and keeps it."""
     chosen = {}
     for half_life in (64.0, 0.0):
         idx = index_with(("w0", 0, Tier.GPU, 64), (POOL, 0, Tier.POOL, 64))
         cost = CostModel(
             CostConfig(kv_bytes_per_token=64 * 1024, default_bandwidth_Bps=5e9,
-                       running_drag_half_life=half_life),
+                       drag_half_life=half_life),
             prefill_prior=lambda: PrefillModel.calibrated(0.001, 1e-4, 1e-9),
         )
         d = PolicyDriver(ConductorPolicy(), cost, idx)
         ws = workers(2)
-        for i in range(10):  # w0's running requests, each later by 0.2 s per one before it
+        for i in range(10):  # w0's requests, each later by 0.2 s per one before it
             rid = f"r{100 + i}"
             d.cost.on_routed(request(100 + i, pages=4), Decision(
                 rid, "conductor", True, WorkerId("w0"), predicted_prefill_s=0.01), float(i))

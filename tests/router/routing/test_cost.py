@@ -224,52 +224,61 @@ def test_kv_bytes_per_token_per_namespace() -> None:
 def _first_tokens(cost: CostModel, worker: WorkerId, residual: Callable[[int], float],
                   n: int, finish: bool, t0: float = 0.0) -> float:
     """``n`` requests routed to ``worker`` one after another, each predicted at 0.1 s of prefill,
-    whose first token comes ``residual(running)`` later than predicted; ``finish``: each ends
-    at once (else they stay running). Returns the time after the last."""
+    whose first token comes ``residual(requests the slot had)`` later than predicted;
+    ``finish``: each ends at once (else they stay, decoding). Returns the time after the last."""
     t = t0
     for i in range(n):
         rid = f"{worker}-{t0}-{i}"
-        running = cost.queue.running((worker, 0))
+        had = cost.outstanding((worker, 0))
         cost.on_routed(RouteRequest(rid, NS, 1000, [], 16),
                        Decision(rid, "x", True, worker, 0, predicted_prefill_s=0.1), t)
-        cost.on_prefill_done(rid, t + 0.1 + residual(running))
+        cost.on_prefill_done(rid, t + 0.1 + residual(had))
         if finish:
             cost.on_finished(rid, t + 0.5)
         t += 1.0
     return t
 
 
-def test_the_drag_of_running_requests_is_learned_from_measured_first_tokens() -> None:
-    """Each request running on the worker delays a first token by 0.2 s beyond the FIFO +
-    prefill prediction, and the engine adds 0.3 s: the queue a new request sees there is the
-    learned line, and only once enough was seen; ``running_drag_half_life = 0`` turns it off."""
+def test_the_drag_of_a_slots_requests_is_learned_from_measured_first_tokens() -> None:
+    """Each request the worker has delays a first token by 0.2 s beyond the FIFO + prefill
+    prediction, and the engine adds 0.3 s: the queue a new request sees there is the learned
+    line, and only once enough was seen; ``drag_half_life = 0`` turns it off."""
     for half_life, expect in ((64.0, True), (0.0, False)):
-        cost = CostModel(CostConfig(running_drag_half_life=half_life))
+        cost = CostModel(CostConfig(drag_half_life=half_life))
         t = _first_tokens(cost, W, lambda k: 0.3 + 0.2 * k, 6, finish=False)
-        assert cost.queue.running((W, 0)) == 6 and cost.outstanding((W, 0)) == 6
+        assert cost.outstanding((W, 0)) == 6
         assert cost.drag_s((W, 0)) == 0.0  # 6 < the 8 observations it needs
         _first_tokens(cost, W, lambda k: 0.3 + 0.2 * k, 6, finish=False, t0=t)
-        assert cost.queue.running((W, 0)) == 12
+        assert cost.outstanding((W, 0)) == 12
         if expect:
             assert cost.drag_s((W, 0)) == pytest.approx(0.3 + 0.2 * 12, rel=1e-6)
             assert cost.queue_s(ws(), 100.0) == pytest.approx(0.3 + 0.2 * 12, rel=1e-6)
-            assert cost.stats()[W]["drag"]["per_running_s"] == pytest.approx(0.2)
+            assert cost.stats()[W]["drag"]["per_request_s"] == pytest.approx(0.2)
         else:
             assert cost.drag_s((W, 0)) == 0.0 and cost.queue_s(ws(), 100.0) == 0.0
     with pytest.raises(ValueError):
-        CostConfig(running_drag_half_life=-1.0)
+        CostConfig(drag_half_life=-1.0)
 
 
-def test_a_waiting_request_is_not_running_and_its_wait_is_not_drag() -> None:
-    """A request queued behind another's prefill is not running there, and the FIFO wait the
-    queue model predicted for it is not counted as drag."""
+def test_the_fifo_wait_is_not_counted_as_drag_and_a_queued_request_counts_for_the_next() -> None:
+    """A request queued behind another's prefill waits what the queue model predicted: that
+    wait is not drag. The one queued ahead counts among the slot's requests for the next one
+    (it is decoding by the time the next one's prefill runs)."""
     cost = CostModel()
     t = _first_tokens(cost, W, lambda k: 0.0, 8, finish=True)  # no residual: no drag
     for rid in ("a", "b"):
         cost.on_routed(RouteRequest(rid, NS, 1000, [], 16),
                        Decision(rid, "x", True, W, 0, predicted_prefill_s=1.0), t)
-    assert cost.queue.running((W, 0)) == 0 and cost.outstanding((W, 0)) == 2
+    assert cost.queue.queue_s((W, 0), t) == pytest.approx(2.0)
     cost.on_prefill_done("a", t + 1.0)
-    assert cost.queue.running((W, 0)) == 1
     cost.on_prefill_done("b", t + 2.0)  # exactly its predicted wait of 1 s + 1 s of prefill
     assert cost.drag_s((W, 0)) == pytest.approx(0.0, abs=1e-9)
+    cost2 = CostModel()
+    t = _first_tokens(cost2, W, lambda k: 0.5 * k, 8, finish=True)  # k always 0: the base only
+    for rid in ("a", "b"):
+        cost2.on_routed(RouteRequest(rid, NS, 1000, [], 16),
+                        Decision(rid, "x", True, W, 0, predicted_prefill_s=1.0), t)
+    cost2.on_prefill_done("a", t + 1.0)
+    cost2.on_prefill_done("b", t + 2.5)  # 0.5 s late, routed while "a" was queued
+    _first_tokens(cost2, W, lambda k: 0.5 * k, 8, finish=False, t0=t + 3.0)
+    assert cost2.stats()[W]["drag"]["per_request_s"] == pytest.approx(0.5, rel=1e-6)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from router.routing.drag_model import DragModel
 
 
-def test_learns_a_base_and_a_per_running_cost_from_noisy_residuals() -> None:
+def test_learns_a_base_and_a_per_request_cost_from_noisy_residuals() -> None:
     model = DragModel()
     rng = random.Random(3)
     for _ in range(200):
@@ -21,7 +21,7 @@ def test_learns_a_base_and_a_per_running_cost_from_noisy_residuals() -> None:
         model.observe(k, 0.3 + 0.2 * k + rng.uniform(-0.05, 0.05))
     fit = model.fit()
     assert fit.base_s == pytest.approx(0.3, abs=0.03)
-    assert fit.per_running_s == pytest.approx(0.2, abs=0.02)
+    assert fit.per_request_s == pytest.approx(0.2, abs=0.02)
     assert model.predict(3) == pytest.approx(0.9, abs=0.06)
 
 
@@ -43,7 +43,7 @@ def test_a_falling_residual_gives_no_negative_slope() -> None:
     for k in (0, 1, 2, 3) * 5:
         model.observe(k, 1.0 - 0.2 * k)  # noise that would make a busy slot look faster
     fit = model.fit()
-    assert fit.per_running_s == 0.0
+    assert fit.per_request_s == 0.0
     assert fit.base_s == pytest.approx(0.7, abs=0.02)  # the (recency-weighted) mean residual
     assert model.predict(10) == pytest.approx(fit.base_s)
 
@@ -98,5 +98,5 @@ def test_the_fit_is_weighted_least_squares(points: list[tuple[int, float]],
     if slope <= 0:
         slope = 0.0
     base = float(np.sum(w * (y - slope * k)) / np.sum(w))
-    assert fit.per_running_s == pytest.approx(slope, rel=1e-6, abs=1e-6)
+    assert fit.per_request_s == pytest.approx(slope, rel=1e-6, abs=1e-6)
     assert fit.base_s == pytest.approx(base, rel=1e-6, abs=1e-6)
