@@ -107,10 +107,11 @@ def test_one_config_reaches_every_part():
                        max_retry_after_s=9.0, decode_tbt_base_s=0.03,
                        decode_default_output_tokens=64, warm_min_pages=5, warm_cooldown_s=7.0,
                        pd_mode="pool", pd_ratio="1:2", pd_decode_attempts=3,
-                       pd_pool_ready_poll_s=0.05)
+                       pd_pool_ready_poll_s=0.05, drag_half_life=16.0)
     state = RouterState(cfg)
     assert state.routing.cost.config == cfg.cost_config()
     assert state.routing.cost.config.kv_bytes_per_token == 4096
+    assert state.routing.cost.config.drag_half_life == 16.0
     assert state.routing.slo == cfg.slo_config()
     assert state.routing.policy.slo is state.routing.slo  # type: ignore[attr-defined]
     assert state.routing.decode.config == cfg.decode_config()
@@ -137,6 +138,7 @@ def test_learn_from_inferred_prefill_has_one_default():
     ([], {"RADIX_GLOBAL_TTFT_HEADROOM": "1.5"}, "ttft_headroom must be in"),
     ([], {"RADIX_GLOBAL_LEARN_FROM_INFERRED_PREFILL": "maybe"}, "must be one of 1/0"),
     (["--log-level", "loud"], {}, "log_level must be"),
+    (["--drag-half-life", "-1"], {}, "drag_half_life must be >= 0"),
 ])
 def test_a_bad_option_is_one_line_and_exit_2(argv, env, match, capsys, monkeypatch):
     for key, value in env.items():
