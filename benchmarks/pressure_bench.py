@@ -14,8 +14,9 @@ runs:
 2. the same + an L3 tier stock SGLang already has: its ``file`` storage backend on one folder
    both engines share (in ``/dev/shm``, as fast as our pool's medium), routing unaware of it;
 3. ours: ``conductor`` + our pool (``radix-global sglang --radix-global``);
-4. (``--contenders``) ours ``conductor`` in front of contender 1's engines (pool off), and
-5. ours ``least_load`` + our pool.
+4. (``--contenders``) ours ``conductor`` in front of contender 1's engines (pool off),
+5. ours ``least_load`` + our pool, and the A/B halves of ours: the load probe off, the drag
+   off.
 
 Per run: TTFT mean/p50/p90/p99, TBT p90, SLO attainment, bytes moved and the reuse breakdown
 (``docs/interfaces.md`` s.17: available / captured / delivered by tier / late). Runs are grouped
