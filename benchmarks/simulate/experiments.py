@@ -51,7 +51,7 @@ def make_cost(cal: Calibration) -> CostModel:
         default_bandwidth_Bps=cal.bandwidth_bytes_per_s,
         transfer_overhead_s=cal.fetch_latency_s,
         # A simulated instance runs nothing beside its FIFO of prefills (decode is elsewhere,
-        # engine.py): there is no drag of running requests to learn.
+        # engine.py): there is no drag of decoding requests to learn.
         drag_half_life=0.0,
     )
     prior = cal.prior_coefficients()
