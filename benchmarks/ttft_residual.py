@@ -6,7 +6,7 @@ For each of our contenders' runs in a cache-pressure result (``benchmarks/pressu
 requests that carry the router's ``router_ttft_s``) and each worker: the median of ``measured -
 predicted`` TTFT, grouped by the requests of that worker still in flight (sent, not finished,
 as the client saw them) when the request was sent. This is the evidence behind the cost model's
-drag of running requests (``router/routing/drag_model.py``, ``docs/benchmarks.md`` run 9): a
+drag of a slot's requests (``router/routing/drag_model.py``, ``docs/benchmarks.md`` run 9): a
 residual that grows with the count is work the router's FIFO of prefills does not see.
 Pure functions and a table on stdout.
 """
@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from benchmarks.bench import RESULTS
 from benchmarks.replay_stats import RequestResult
 
-REPO = Path(__file__).resolve().parent.parent
 MAX_GROUP = 4  # in-flight counts from here up are one group ("4+")
 
 
@@ -67,7 +67,7 @@ def rows(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m benchmarks.ttft_residual",
                                 description=__doc__.splitlines()[0])
-    p.add_argument("--real", default=str(REPO / "benchmarks" / "results" / "pressure.json"))
+    p.add_argument("--real", default=str(RESULTS / "pressure.json"))
     args = p.parse_args(argv)
     table = rows(json.loads(Path(args.real).read_text())["runs"])
     groups = " | ".join(f"{k}{'+' if k == MAX_GROUP else ''} in flight"
