@@ -39,6 +39,7 @@ from router.state import RouterState
 
 pytestmark = [pytest.mark.e2e, pytest.mark.vllm]
 HISTORY_PAGES = 3  # a later turn must reuse at least this many cached 128-token blocks
+BACKGROUND_TOKENS = 2048  # each overloading request decodes this many (~15 s on an idle machine)
 
 
 class Workers(NamedTuple):
@@ -150,19 +151,22 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
     assert router.client.post(f"/admin/workers/{other.worker_id}/drain").status_code == 200
     background: list[threading.Thread] = []
     answers: list[httpx.Response] = []
+    # Long enough to stay in flight while the others are routed: on a loaded machine the four
+    # were routed up to seconds apart, and with 256 tokens (2 s) the first one was done before
+    # the fourth was routed, so 4 were never in flight at once (a CI failure).
     for k in range(4):
         bg = [*messages, {"role": "user", "content": text(500 + k, 500)}]
         t = threading.Thread(target=lambda m=bg: answers.append(
-            chat(router.client, m, max_tokens=256, ignore_eos=True)))
+            chat(router.client, m, max_tokens=BACKGROUND_TOKENS, ignore_eos=True)))
         t.start()
         background.append(t)
     try:
         t0 = time.monotonic()
-        deadline = t0 + 120  # 0.05 s here when idle; a CI run once did not see 4 within 30 s
-        while router.state.routing.in_flight() < 4:
-            assert time.monotonic() < deadline, (  # what to look at when it happens again
-                "background requests were not routed", router.state.routing.in_flight(),
-                len(answers), [t.is_alive() for t in background], list(router.state.recent)[-4:])
+        deadline, peak = t0 + 120, 0
+        while (now_in_flight := router.state.routing.in_flight()) < 4:
+            peak = max(peak, now_in_flight)
+            assert time.monotonic() < deadline and not answers, (
+                "4 background requests were never in flight at once", peak, len(answers))
             time.sleep(0.05)
         print(f"4 in flight after {time.monotonic() - t0:.2f} s")
         readd = router.client.post("/admin/workers", content=encode_worker_info(other))
