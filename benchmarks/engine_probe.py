@@ -12,8 +12,10 @@ n^2 for a cold prompt of n tokens). ``ours`` is registered with our router (cond
 own fitted profile is reported next to it. Every prompt is new (distinct token ids), greedy,
 ``ignore_eos``. Kinds with an L3 tier (ours: the pool; stock-file: SGLang's ``file`` backend)
 then drop their device and host caches (``/flush_cache``) and get the same prompts again: the
-TTFT of a prompt loaded from L3, with the tokens the engine reports from storage. Table on
-stdout, JSON to ``--out``.
+TTFT of a prompt loaded from L3, with the tokens the engine reports from storage. Before that,
+every kind gets the same prompts again at once: the TTFT of a device cache hit, which tells the
+cost of loading from L3 apart from the cost of computing over a cached prefix. Table on stdout,
+JSON to ``--out``.
 
 ``--burst N`` adds, after those, N new prompts of each size sent at once (then the next size):
 the engine's throughput when it has a queue, which the one-at-a-time requests never show. The
@@ -111,6 +113,7 @@ def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[
         asyncio.run(measure(url, warm, 4))
         rows = asyncio.run(measure(url, ids_list, output_tokens))
         out: dict[str, Any] = {"kind": kind, "requests": rows, "fit": fit(rows)}
+        out["cached"] = asyncio.run(measure(url, ids_list, output_tokens))  # device cache hits
         if spec.kind == "ours" or spec.storage_dir is not None:  # an L3 tier: load from it
             time.sleep(L3_SETTLE_S)
             if flush_caches([url]):
@@ -133,15 +136,16 @@ def probe_kind(cluster: LocalCluster, kind: str, spec: Any, ids_list: list[list[
             cluster.stop(router)
 
 
-def _cells(rows: list[dict[str, Any]], sizes: list[int]) -> list[str]:
-    """Median TTFT (min-max) per size; with the median storage tokens where there are any."""
+def _cells(rows: list[dict[str, Any]], sizes: list[int], key: str = "storage",
+           label: str = "from L3") -> list[str]:
+    """Median TTFT (min-max) per size; with the median ``key`` tokens where there are any."""
     cells = []
     for n in sizes:
         mine = [r for r in rows if r["tokens"] == n]
         t = [r["ttft_s"] for r in mine]
         cell = f"{statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})"
-        stored = statistics.median(r["storage"] for r in mine)
-        cells.append(cell + (f" [{stored:.0f} from L3]" if stored else ""))
+        reused = statistics.median(r[key] or 0 for r in mine)
+        cells.append(cell + (f" [{reused:.0f} {label}]" if reused else ""))
     return cells
 
 
@@ -155,6 +159,8 @@ def table(results: list[dict[str, Any]], sizes: list[int]) -> str:
         lines.append(f"| {res['kind']} | cold | " + " | ".join(_cells(res["requests"], sizes))
                      + f" | {dec:.1f} | {f['fixed_s']:.3f} / {f['linear_s_per_token']:.2e} / "
                      f"{f['quadratic_s_per_token2']:.2e} |")
+        lines.append(f"| {res['kind']} | again, cached | "
+                     + " | ".join(_cells(res["cached"], sizes, "cached", "cached")) + " | | |")
         if "from_l3" in res:
             lines.append(f"| {res['kind']} | from L3 | "
                          + " | ".join(_cells(res["from_l3"], sizes)) + " | | |")

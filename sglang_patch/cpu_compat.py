@@ -25,6 +25,8 @@ Built-in patches
   (``sglang-kernel``/``sglang_kernel`` appear in 0.5.23 only as distribution names in version
   checks, never as an import, so no stand-in is needed for them.)
 - ``cpu-engine-env``: ``SGLANG_USE_CPU_ENGINE=1`` selects SGLang's CPU platform (``is_cpu()``).
+- ``torch-native-prefix-extend``: the CPU attention backend computes only a request's new rows
+  over a cached prefix, as GPU backends do (``sglang_patch/attention_cpu.py`` says why).
 
 Child processes
 SGLang starts its scheduler and detokenizer with ``multiprocessing`` *spawn*
@@ -230,6 +232,19 @@ register_patch(Patch(
 register_patch(Patch(
     "sgl-kernel-stand-in", SGL_KERNEL_REASON,
     lambda device: not real_package_works("sgl_kernel"), _install_sgl_kernel_stand_in,
+))
+
+
+def _install_prefix_extend() -> None:
+    from sglang_patch import attention_cpu
+
+    attention_cpu.install()
+
+
+register_patch(Patch(
+    "torch-native-prefix-extend",
+    "SGLang's torch_native extend attention recomputes a cached prefix's rows and drops them",
+    lambda device: importlib.util.find_spec("sglang") is not None, _install_prefix_extend,
 ))
 
 
