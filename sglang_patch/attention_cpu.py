@@ -21,10 +21,16 @@ SGLang engine started on CPU by this project, stock contenders of the benchmarks
 
 from __future__ import annotations
 
+import importlib.abc
+import importlib.machinery
+import sys
+from types import ModuleType
 from typing import Any
 
 import torch
 from torch.nn.functional import scaled_dot_product_attention
+
+BACKEND_MODULE = "sglang.srt.layers.attention.torch_native_backend"
 
 
 def extend_attention(
@@ -79,10 +85,9 @@ def extend_attention(
     return output
 
 
-def install() -> None:
-    from sglang.srt.layers.attention.torch_native_backend import TorchNativeAttnBackend
-
-    stock = TorchNativeAttnBackend._run_sdpa_forward_extend
+def patch_backend(backend: Any) -> None:
+    """Route ``backend._run_sdpa_forward_extend`` through :func:`extend_attention`. Idempotent."""
+    stock = backend._run_sdpa_forward_extend
     if getattr(stock, "__wrapped_stock__", None) is not None:
         return
 
@@ -90,4 +95,33 @@ def install() -> None:
         return extend_attention(stock, self, *args, **kwargs)
 
     patched.__wrapped_stock__ = stock  # type: ignore[attr-defined]
-    TorchNativeAttnBackend._run_sdpa_forward_extend = patched
+    backend._run_sdpa_forward_extend = patched
+
+
+class _PatchOnImport(importlib.abc.MetaPathFinder):
+    """Patches the backend class when SGLang imports its module: importing SGLang here, while
+    the other CPU patches are still being applied, could fail or cost a child that never
+    attends (the detokenizer)."""
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+        if name != BACKEND_MODULE:
+            return None
+        spec = importlib.machinery.PathFinder.find_spec(name, path)
+        if spec is None or spec.loader is None:
+            return spec
+        run = spec.loader.exec_module
+
+        def run_and_patch(module: ModuleType) -> None:
+            run(module)
+            patch_backend(module.TorchNativeAttnBackend)
+
+        spec.loader.exec_module = run_and_patch  # type: ignore[method-assign]
+        return spec
+
+
+def install() -> None:
+    module = sys.modules.get(BACKEND_MODULE)
+    if module is not None:
+        patch_backend(module.TorchNativeAttnBackend)
+    elif not any(isinstance(f, _PatchOnImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _PatchOnImport())
