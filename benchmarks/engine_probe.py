@@ -13,7 +13,7 @@ own fitted profile is reported next to it. Every prompt is new (distinct token i
 ``ignore_eos``. Kinds with an L3 tier (ours: the pool; stock-file: SGLang's ``file`` backend)
 then drop their device and host caches (``/flush_cache``) and get the same prompts again: the
 TTFT of a prompt loaded from L3, with the tokens the engine reports from storage. Before that,
-every kind gets the same prompts again at once: the TTFT of a device cache hit, which tells the
+every kind gets the same prompts again right away: the TTFT of a device cache hit, which tells the
 cost of loading from L3 apart from the cost of computing over a cached prefix. Table on stdout,
 JSON to ``--out``.
 
@@ -159,8 +159,10 @@ def table(results: list[dict[str, Any]], sizes: list[int]) -> str:
         lines.append(f"| {res['kind']} | cold | " + " | ".join(_cells(res["requests"], sizes))
                      + f" | {dec:.1f} | {f['fixed_s']:.3f} / {f['linear_s_per_token']:.2e} / "
                      f"{f['quadratic_s_per_token2']:.2e} |")
-        lines.append(f"| {res['kind']} | again, cached | "
-                     + " | ".join(_cells(res["cached"], sizes, "cached", "cached")) + " | | |")
+        if "cached" in res:  # results before session 17 have none
+            lines.append(f"| {res['kind']} | again, cached | "
+                         + " | ".join(_cells(res["cached"], sizes, "cached", "cached"))
+                         + " | | |")
         if "from_l3" in res:
             lines.append(f"| {res['kind']} | from L3 | "
                          + " | ".join(_cells(res["from_l3"], sizes)) + " | | |")

@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.machinery
+import inspect
+import logging
 import sys
 from types import ModuleType
 from typing import Any
@@ -30,7 +32,13 @@ from typing import Any
 import torch
 from torch.nn.functional import scaled_dot_product_attention
 
+PATCH_NAME = "torch-native-prefix-extend"
 BACKEND_MODULE = "sglang.srt.layers.attention.torch_native_backend"
+STOCK_PARAMETERS = ["self", "query", "output", "k_cache", "v_cache", "req_to_token",
+                    "req_pool_indices", "seq_lens", "extend_prefix_lens", "extend_seq_lens",
+                    "encoder_lens", "scaling", "enable_gqa", "causal", "is_cross_attn",
+                    "sliding_window_size"]
+log = logging.getLogger(__name__)
 
 
 def extend_attention(
@@ -71,7 +79,7 @@ def extend_attention(
             key = k_cache[tokens].movedim(0, 1)
             value = v_cache[tokens].movedim(0, 1)
             q = heads_first[:, start:end, :]
-            if key.dtype != q.dtype:
+            if not q.dtype == key.dtype == value.dtype:
                 key, value = key.to(q.dtype), value.to(q.dtype)
             mask = None
             if prefix > 0:  # shifted causal mask: the square one would be wrong here
@@ -86,9 +94,15 @@ def extend_attention(
 
 
 def patch_backend(backend: Any) -> None:
-    """Route ``backend._run_sdpa_forward_extend`` through :func:`extend_attention`. Idempotent."""
+    """Route ``backend._run_sdpa_forward_extend`` through :func:`extend_attention`. Idempotent.
+    A method whose parameters are not the ones this was written against (another SGLang) is
+    left as it is, with a warning: passing arguments into the wrong slots would be worse."""
     stock = backend._run_sdpa_forward_extend
     if getattr(stock, "__wrapped_stock__", None) is not None:
+        return
+    if list(inspect.signature(stock).parameters) != STOCK_PARAMETERS:
+        log.warning("%s: %s._run_sdpa_forward_extend has other parameters than SGLang 0.5.23's; "
+                    "left unpatched", PATCH_NAME, backend.__name__)
         return
 
     def patched(self: Any, *args: Any, **kwargs: Any) -> torch.Tensor:
@@ -96,6 +110,25 @@ def patch_backend(backend: Any) -> None:
 
     patched.__wrapped_stock__ = stock  # type: ignore[attr-defined]
     backend._run_sdpa_forward_extend = patched
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """The backend module's own loader, then the patch."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+
+    def create_module(self, spec: Any) -> Any:
+        return self.inner.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self.inner.exec_module(module)
+        backend = getattr(module, "TorchNativeAttnBackend", None)
+        if backend is None:
+            log.warning("%s: %s has no TorchNativeAttnBackend; left unpatched", PATCH_NAME,
+                        BACKEND_MODULE)
+        else:
+            patch_backend(backend)
 
 
 class _PatchOnImport(importlib.abc.MetaPathFinder):
@@ -107,15 +140,8 @@ class _PatchOnImport(importlib.abc.MetaPathFinder):
         if name != BACKEND_MODULE:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
-        if spec is None or spec.loader is None:
-            return spec
-        run = spec.loader.exec_module
-
-        def run_and_patch(module: ModuleType) -> None:
-            run(module)
-            patch_backend(module.TorchNativeAttnBackend)
-
-        spec.loader.exec_module = run_and_patch  # type: ignore[method-assign]
+        if spec is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader)
         return spec
 
 

@@ -242,7 +242,7 @@ def _install_prefix_extend() -> None:
 
 
 register_patch(Patch(
-    "torch-native-prefix-extend",
+    "torch-native-prefix-extend",  # attention_cpu.PATCH_NAME (importing it here costs torch)
     "SGLang's torch_native extend attention recomputes a cached prefix's rows and drops them",
     lambda device: importlib.util.find_spec("sglang") is not None, _install_prefix_extend,
 ))

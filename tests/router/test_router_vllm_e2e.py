@@ -165,8 +165,10 @@ def test_conversation_follows_its_cache_and_leaves_an_overloaded_holder(workers,
         deadline, peak = t0 + 120, 0
         while (now_in_flight := router.state.routing.in_flight()) < 4:
             peak = max(peak, now_in_flight)
-            assert time.monotonic() < deadline and not answers, (
-                "4 background requests were never in flight at once", peak, len(answers))
+            alive = [t.is_alive() for t in background]
+            assert time.monotonic() < deadline and all(alive), (  # one ended: 4 never will be
+                "4 background requests were never in flight at once", peak, len(answers), alive,
+                list(router.state.recent)[-4:])
             time.sleep(0.05)
         print(f"4 in flight after {time.monotonic() - t0:.2f} s")
         readd = router.client.post("/admin/workers", content=encode_worker_info(other))
