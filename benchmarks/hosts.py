@@ -26,6 +26,7 @@ import shlex
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,6 +37,7 @@ from benchmarks.netns import POOL_BASE, PREFIX, HostError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BRIDGE = "br0"
+SPAWN_TIMEOUT_S = 10.0
 PORT_RANGE = (30100, 32000)  # below the kernel's ephemeral ports (32768+): no clash with clients
 _NAME = re.compile(r"[a-z0-9]{1,10}")
 _WRAPPERS = ("radix_global_cli", "radix-global")
@@ -177,7 +179,8 @@ class HostSet:
     def spawn(self, host: str, name: str, argv: Sequence[str], env: dict[str, str] | None = None,
               cores: set[int] | None = None) -> subprocess.Popen[bytes]:
         """Start ``argv`` in ``host`` after ``check_pool_args``: own session, output to
-        ``log_path`` (command line first), pinned to ``cores`` if given; ``close`` kills it."""
+        ``log_path`` (command line first), pinned to ``cores`` if given; ``close`` kills it.
+        Returns once the process is in the host's namespace (or has already exited)."""
         self.check_pool_args(host, argv)
         if self[host].netns not in self._made:
             raise HostError(f"host {host!r} is not up")
@@ -190,6 +193,13 @@ class HostSet:
                 env=env or dict(os.environ), start_new_session=True,
                 preexec_fn=None if cores is None else lambda: os.sched_setaffinity(0, cores))
         self._spawned.append((host, popen))
+        # `ip netns exec` enters the namespace after the fork: until then `fail` would not see
+        # (nor kill) the process (a CI run listed no pid right after the spawn).
+        deadline = time.monotonic() + SPAWN_TIMEOUT_S
+        while popen.pid not in self.pids(host) and popen.poll() is None:
+            if time.monotonic() > deadline:
+                raise HostError(f"host {host}: {name} did not enter it in {SPAWN_TIMEOUT_S} s")
+            time.sleep(0.01)
         return popen
 
     def pool_args(self, host: str) -> list[str]:
