@@ -113,8 +113,9 @@ class RouterConfig:
     learn_from_inferred_prefill: bool = _COST.learn_from_inferred_prefill
     drag_half_life: float = _COST.drag_half_life
     # Prefill-model bootstrap (router/cluster/profiling.py): timed 1-token generations up to this
-    # many input tokens when a worker joins; 0 = off (the GPU-like prior until refitted online).
-    profile_max_tokens: int = 1024
+    # many input tokens when a worker joins (at most the engine's KV capacity: a profile that
+    # fails keeps the peers' curve); 0 = off (the GPU-like prior until refitted online).
+    profile_max_tokens: int = 2048
     profile_sizes: int = 3  # input lengths profiled (halving), each cold and half cached
     # Fitted profiles are saved here and a returning worker (same id and namespace) is priced
     # with its saved one at once, without profiling again (router/cluster/profile_store.py).

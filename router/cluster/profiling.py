@@ -40,22 +40,42 @@ class ProfileSample(NamedTuple):
 
 
 def fit_profile(samples: Sequence[ProfileSample], **model_kw: float) -> PrefillModel:
-    """A model whose prior is ``t = fixed + per_token * m`` fitted (non-negative) on ``samples``,
-    with the attention terms scaled from the measured per-token cost (a 1k-token context adds
-    1% per new token). Two free coefficients: robust with a handful of noisy points."""
+    """A model whose prior is ``t = fixed + per_token * m + attention * m * (p + m/2)`` fitted
+    on ``samples`` (``docs/interfaces.md`` s. 8, "Profile fit"): the causal attention of ``m``
+    new tokens over ``p`` cached ones and each other is the one superlinear term, so three
+    non-negative coefficients describe the curve and stay identifiable with a handful of noisy
+    points. Samples that leave the attention term at 0 (a linear curve) get 1% of ``per_token``
+    per thousand tokens of context."""
     good = [s for s in samples if np.isfinite(s.seconds) and s.seconds > 0 and s.input_tokens > 0]
     if len(good) < 2:
         raise ValueError("need at least two valid profile samples")
     m = np.array([(s.input_tokens - s.prefix_tokens) / _K for s in good])
+    p = np.array([s.prefix_tokens / _K for s in good])
     t = np.array([s.seconds for s in good])
-    a = np.stack([np.ones_like(m), m], axis=1) / t[:, None]  # relative error
-    (fixed, per_k), *_ = np.linalg.lstsq(a, np.ones_like(t), rcond=None)
-    if per_k <= 0:  # no length dependence resolved: all of it is per token at the mean length
+    x = np.stack([np.ones_like(m), m, m * (p + m / 2)], axis=1) / t[:, None]  # relative error
+    fixed, per_k, attention = _nonnegative_lstsq(x, np.ones_like(t))
+    if per_k <= 0 and attention <= 0:  # no length dependence: all of it per token at the mean
         per_k, fixed = float(np.mean(t / np.maximum(m, 1e-3))), 0.0
-    fixed = max(0.0, float(fixed))
-    per_k = float(per_k)
-    attention = 0.01 * per_k
+    if attention <= 0:
+        attention = 0.01 * per_k
     return PrefillModel(prior=(fixed, per_k, attention, attention / 2), **model_kw)  # type: ignore[arg-type]
+
+
+def _nonnegative_lstsq(a: np.ndarray, b: np.ndarray) -> tuple[float, ...]:
+    """``argmin |a x - b|`` over ``x >= 0`` for a few columns: the best unconstrained solution
+    over every subset of columns that comes out non-negative (the optimum is one of them)."""
+    cols = a.shape[1]
+    best: tuple[float, np.ndarray] = (float("inf"), np.zeros(cols))
+    for subset in range(1, 1 << cols):
+        idx = [j for j in range(cols) if subset >> j & 1]
+        sol, *_ = np.linalg.lstsq(a[:, idx], b, rcond=None)
+        if np.all(sol >= 0) and np.all(np.isfinite(sol)):
+            x = np.zeros(cols)
+            x[idx] = sol
+            err = float(np.sum((a @ x - b) ** 2))
+            if err < best[0]:
+                best = (err, x)
+    return tuple(float(v) for v in best[1])
 
 
 def _ids(rng: np.random.Generator, n: int) -> list[int]:
@@ -79,7 +99,7 @@ async def _generate(client: httpx.AsyncClient, url: str, ids: list[int], timeout
 
 
 async def profile_worker(client: httpx.AsyncClient, url: str, page_size: int,
-                         max_input_tokens: int = 1024, sizes: int = 3,
+                         max_input_tokens: int = 2048, sizes: int = 3,
                          timeout_s: float = 120.0, seed: int | None = None,
                          model: str | None = None) -> list[ProfileSample]:
     """Time one 1-token generation per :func:`profile_plan` point on the worker at ``url``

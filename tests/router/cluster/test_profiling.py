@@ -8,7 +8,10 @@ import json
 import time
 
 import httpx
+import numpy as np
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from radix_global.index import GlobalIndex
 from radix_global.ops import StorePages
@@ -66,6 +69,42 @@ def test_fit_recovers_the_measured_per_token_cost() -> None:
     # the cached prefix saves what its tokens cost (the whole point of routing to the holder)
     saved = m.predict(1024, 0) - m.predict(1024, 768)
     assert saved == pytest.approx(CPU_S_PER_TOKEN * 768, rel=0.1)
+
+
+# The tiny model's cold curve on one core of the bench VM, with the prefix-extend patch
+# (docs/benchmarks.md, engine probe): attention makes 2,048 tokens cost 2.3x what 1,024 do.
+FIXED_S, PER_K_S, ATTENTION_S = 0.05, 0.3, 0.2  # attention: seconds per (thousand tokens)^2
+
+
+def quadratic_s(n: int, p: int) -> float:
+    m, c = (n - p) / 1000, p / 1000
+    return FIXED_S + PER_K_S * m + ATTENTION_S * m * (c + m / 2)
+
+
+def test_fit_recovers_the_attention_term_and_extrapolates_to_longer_prompts() -> None:
+    samples = [ProfileSample(n, p, quadratic_s(n, p)) for n in (512, 1024, 2048)
+               for p in (0, n // 2)]
+    model = fit_profile(samples)
+    for n, p in [(2521, 0), (3072, 0), (3072, 2048), (1024, 768)]:
+        assert model.predict(n, p) == pytest.approx(quadratic_s(n, p), rel=0.02), (n, p)
+
+
+def test_a_linear_fit_underprices_long_prompts_negative_control() -> None:
+    """What the fit was before the attention term was fitted: the same samples, a line through
+    them, prices a 3,072-token cold prefill well under what it costs."""
+    samples = [ProfileSample(n, 0, quadratic_s(n, 0)) for n in (256, 512, 1024)]
+    m = np.array([s.input_tokens / 1000 for s in samples])
+    t = np.array([s.seconds for s in samples])
+    fixed, per_k = np.polyfit(m, t, 1)[::-1]
+    assert fixed + per_k * 3.072 < 0.8 * quadratic_s(3072, 0)
+    assert fit_profile(samples).predict(3072, 0) == pytest.approx(quadratic_s(3072, 0), rel=0.02)
+
+
+@given(st.lists(st.tuples(st.integers(16, 4096), st.floats(0, 1), st.floats(1e-3, 10)),
+                min_size=2, max_size=10))
+def test_fit_coefficients_are_never_negative(rows: list[tuple[int, float, float]]) -> None:
+    samples = [ProfileSample(n, int(n * f), s) for n, f, s in rows]
+    assert all(c >= 0 for c in fit_profile(samples).coef)
 
 
 def test_fit_rejects_too_few_or_invalid_samples() -> None:
