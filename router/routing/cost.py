@@ -134,9 +134,10 @@ class CostModel:
         router_side = self.queue.queue_s(worker.slot, now)
         if worker.waiting_tokens is None:
             return router_side
-        # Queued prompts are batched by the engine's scheduler: price them as one cold prefill.
+        # Queued prompts are batched by the engine's scheduler: price them as one cold prefill
+        # of separate prompts (no attention across them; their lengths are not reported).
         engine = (
-            self.prefill_model(worker.worker_id).predict(worker.waiting_tokens, 0)
+            self.prefill_model(worker.worker_id).predict_separate(worker.waiting_tokens)
             if worker.waiting_tokens > 0
             else 0.0
         )

@@ -116,6 +116,15 @@ class PrefillModel:
         m = max(0, input_tokens - prefix_tokens) / _K
         return max(c0 + m * (c1 + c2 * p + c3 * m), MIN_PREDICTION_S)
 
+    def predict_separate(self, tokens: int) -> float:
+        """Prefill of ``tokens`` cold tokens spread over prompts of unknown lengths (an engine's
+        waiting queue, run as one batch): the fixed and per-token cost, without the attention
+        term, since prompts in one batch do not attend to each other."""
+        if self._unfitted:
+            self._refit()
+        c0, c1, _, _ = self._coef_f
+        return max(c0 + c1 * max(0, tokens) / _K, MIN_PREDICTION_S)
+
     def observe(self, input_tokens: int, prefix_tokens: int, seconds: float) -> None:
         """Add one measured prefill. Non-positive or non-finite times are ignored (a clock or
         bookkeeping error must not poison the fit)."""

@@ -122,7 +122,10 @@ def test_engine_reported_waiting_tokens_are_blended_in() -> None:
     cost = CostModel(CostConfig(engine_queue_weight=0.5),
                      prefill_prior=lambda: PrefillModel.calibrated(0.05, 2e-4, 4e-8))
     assert cost.queue_s(ws(), 0.0) == 0.0
-    engine = true_curve(10_000, 0)
+    # queued prompts are separate sequences: their fixed and per-token cost, no attention
+    # across them (as one 10k-token prompt it would be 4 s more)
+    engine = 0.05 + 2e-4 * 10_000
+    assert true_curve(10_000, 0) > engine + 1.0
     assert cost.queue_s(ws(waiting_tokens=10_000), 0.0) == pytest.approx(0.5 * engine)
     assert cost.queue_s(ws(waiting_tokens=0), 0.0) == 0.0
 
