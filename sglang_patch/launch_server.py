@@ -33,6 +33,7 @@ from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
 from sglang_patch.load_probe import LoadProbeError, probe_load
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
+from sglang_patch.ports import endpoint_taken
 from sglang_patch.register import (
     TOKEN_ENV,
     Registrar,
@@ -46,6 +47,7 @@ SGLANG_VERSION = "0.5.23"
 REQUIRED_MODULES = ("torch", "zmq", "msgspec", "xxhash", "numpy", "httpx")
 READY_TIMEOUT_ENV = "RADIX_GLOBAL_READY_TIMEOUT"
 SGLANG_PREFETCH_THRESHOLD = 256  # HiCache's default storage prefetch threshold, in tokens
+PORT_RETRIES = 3  # new event ports when one this wrapper picked was taken (_picked_port_taken)
 
 
 def check_environment(plan: LaunchPlan) -> None:
@@ -240,16 +242,31 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait(timeout=10)
 
 
+def _start(plan: LaunchPlan) -> subprocess.Popen[bytes]:
+    cmd = [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv]
+    log.info("starting: %s", " ".join(cmd))
+    return subprocess.Popen(cmd, env=server_env(plan), start_new_session=True,
+                            preexec_fn=_die_with_parent)
+
+
+def _picked_port_taken(plan: LaunchPlan) -> bool:
+    """After the engine exited before it was ready: whether another process now holds an event
+    port this wrapper picked for it. Wrappers started at once on one host can pick the same free
+    port; the engine that binds it second dies (seen in CI: ZMQ "Address already in use")."""
+    if plan.flags.event_port_base is not None:  # the operator's ports: theirs to fix
+        return False
+    endpoints = (plan.kv_events_endpoint, plan.kv_events_replay_endpoint,
+                 plan.pool_events_endpoint)
+    return any(endpoint_taken(ep) for ep in endpoints if ep)
+
+
 def run(argv: list[str]) -> int:
     model_path = flag_value(argv, "--model-path") or flag_value(argv, "--model") or ""
     served = flag_value(argv, "--served-model-name") or model_path
     default_ns = namespace_for(served, model_path) if model_path else None
     plan = build_plan(argv, default_namespace=default_ns)
     check_environment(plan)
-    cmd = [sys.executable, "-m", "sglang.launch_server", *plan.sglang_argv]
-    log.info("starting: %s", " ".join(cmd))
-    proc = subprocess.Popen(cmd, env=server_env(plan), start_new_session=True,
-                            preexec_fn=_die_with_parent)
+    proc = _start(plan)
     registrar: Registrar | None = None
     stopping = False
 
@@ -260,8 +277,19 @@ def run(argv: list[str]) -> int:
 
     signal.signal(signal.SIGTERM, on_signal)
     try:
-        server = wait_ready(proc, plan.url,
-                            float(os.environ.get(READY_TIMEOUT_ENV, "900")))
+        for attempt in range(PORT_RETRIES + 1):
+            try:
+                server = wait_ready(proc, plan.url,
+                                    float(os.environ.get(READY_TIMEOUT_ENV, "900")))
+                break
+            except LaunchError:
+                if (proc.poll() is None or attempt == PORT_RETRIES
+                        or not _picked_port_taken(plan)):
+                    raise
+                log.warning("SGLang exited: an event port this wrapper picked was taken before "
+                            "it bound it; starting again on new ports")
+                plan = build_plan(argv, default_namespace=default_ns)
+                proc = _start(plan)
         namespace = str(plan.backend_config.get("namespace") or default_ns)
         info = worker_info(plan, server, namespace)
         if plan.flags.radix_global:

@@ -45,3 +45,17 @@ def _ephemeral_low() -> int:
         return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
     except (OSError, ValueError, IndexError):
         return 32768
+
+
+def endpoint_taken(endpoint: str) -> bool:
+    """Whether some process holds the port of ``endpoint`` (``tcp://host:port``) now: binding
+    it fails. Not a reservation: the answer can change the moment after."""
+    host, _, port = endpoint.removeprefix("tcp://").rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family) as s:
+        try:
+            s.bind((host, int(port)))
+        except OSError:
+            return True
+    return False
