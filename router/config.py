@@ -35,14 +35,15 @@ from router.pd.protocol import PdConfig, PdError, PdMode
 from router.routing.admission import SloConfig
 from router.routing.cost import CostConfig
 from router.routing.decode_select import DecodeConfig, TbtModel
+from router.routing.dispatch_gate import DispatchConfig
 from router.routing.policies import PolicyConfigError, check_policy
 from router.routing.policies.options import coerce
 from router.transport.http_server import ServerLimits
 from router.transport.proxy import ProxyConfig
 
 # The parts' defaults, which the fields below take theirs from.
-_COST, _SLO, _DECODE, _WARM, _PD = (CostConfig(), SloConfig(), DecodeConfig(), WarmConfig(),
-                                    PdConfig())
+_COST, _SLO, _DECODE, _WARM, _PD, _DISPATCH = (CostConfig(), SloConfig(), DecodeConfig(),
+                                               WarmConfig(), PdConfig(), DispatchConfig())
 _SERVER, _PROXY, _HEALTH = ServerLimits(), ProxyConfig(), HealthConfig()
 
 
@@ -128,6 +129,14 @@ class RouterConfig:
     min_retry_after_s: float = _SLO.min_retry_after_s
     max_retry_after_s: float = _SLO.max_retry_after_s
     pd_tbt_slo_s: float = _SLO.tbt_slo_s or 0.0
+    # Router-side dispatch (router/routing/dispatch_gate.py, DispatchConfig; docs/interfaces.md
+    # s. 19): hold streaming requests while every engine that could take them has
+    # dispatch_depth prefills in flight, and send them off | fifo | shortest_first (held
+    # dispatch_max_hold_s or longer: first; held dispatch_timeout_s: 503).
+    dispatch: str = _DISPATCH.order
+    dispatch_depth: int = _DISPATCH.depth
+    dispatch_max_hold_s: float = _DISPATCH.max_hold_s
+    dispatch_timeout_s: float = _DISPATCH.timeout_s
     # Decode selection (router/routing/decode_select.py, DecodeConfig): predicted time between
     # tokens = base + per_request x batch; a request without a hint reserves this much output.
     decode_tbt_base_s: float = _DECODE.tbt.base_s
@@ -192,7 +201,7 @@ class RouterConfig:
             object.__setattr__(self, "policy_options",
                                check_policy(self.policy, self.policy_options))
             self.cost_config(), self.slo_config(), self.decode_config(), self.warm_config()
-            self.pd_config()
+            self.pd_config(), self.dispatch_config()
         except (PolicyConfigError, PdError, ValueError) as exc:
             raise ConfigError(str(exc)) from exc
 
@@ -204,6 +213,10 @@ class RouterConfig:
                           transfer_overhead_s=self.transfer_overhead_s,
                           learn_from_inferred_prefill=self.learn_from_inferred_prefill,
                           drag_half_life=self.drag_half_life)
+
+    def dispatch_config(self) -> DispatchConfig:
+        return DispatchConfig(self.dispatch, self.dispatch_depth, self.dispatch_max_hold_s,
+                              self.dispatch_timeout_s)
 
     def slo_config(self) -> SloConfig:
         """The one SLO: the conductor's TTFT admission and the driver's decode admission."""

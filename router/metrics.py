@@ -87,6 +87,11 @@ class RouterMetrics:
         self.outstanding = Gauge("router_outstanding_requests", "In-flight requests per worker",
                                  ["worker"], registry=r)
         self.workers = Gauge("router_workers", "Workers by model", ["model"], registry=r)
+        self.dispatch_held = Gauge("router_dispatch_held", "Requests held at the router while "
+                                   "the engines are busy (docs/interfaces.md s. 19)", registry=r)
+        self.dispatch_hold_s = Histogram("router_dispatch_hold_seconds",
+                                         "How long released requests were held at the router",
+                                         buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_KeyMismatch(self))
         # worker -> whether it never hit where the router expected hits: read when scraped
         self.key_mismatch: Callable[[], Iterable[tuple[str, bool]]] = lambda: ()

@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.types import PoolId, WorkerId
+from router.cluster.dispatcher import Dispatcher
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.profile_store import ProfileStore
@@ -76,9 +77,13 @@ class RouterState:
         self.routing = PolicyDriver(
             policy or get_policy(config.policy, slo, **config.policy_options),
             CostModel(config.cost_config()), self.index.view,
-            decode=DecodeSelector(config.decode_config()), slo=slo)
+            decode=DecodeSelector(config.decode_config()), slo=slo,
+            gate=config.dispatch_config().gate())
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
+        gate = self.routing.gate
+        self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock)
+                           if gate is not None else None)
         self.proxy = Proxy(config.proxy_config())
         self.health = HealthMonitor(self.registry, config.health_config(), self.proxy.client,
                                     clock=clock,

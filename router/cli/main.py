@@ -85,6 +85,11 @@ _HELP = {
     "ttft_headroom": "fraction of the TTFT SLO kept back for what the cost model does not see",
     "min_retry_after_s": "smallest Retry-After of a 429", "max_retry_after_s": "largest one",
     "pd_tbt_slo_s": "decode TBT SLO; 0 = none",
+    "dispatch": "hold streaming requests while the engines are busy, send them: off | fifo | "
+                "shortest_first",
+    "dispatch_depth": "requests per engine without a first token before the router holds more",
+    "dispatch_max_hold_s": "shortest_first: a request held this long goes first",
+    "dispatch_timeout_s": "a request held this long is answered 503, never sent",
     "decode_tbt_base_s": "predicted time between tokens of an empty decode batch",
     "decode_tbt_per_request_s": "... plus this per request in the batch",
     "decode_default_output_tokens": "output tokens reserved for a request without a hint",

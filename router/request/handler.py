@@ -40,7 +40,7 @@ from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
 from router.request.inbound import Inbound, client_rid_label, new_rid
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
-from router.request.route import route
+from router.request.route import route_when_released
 from router.routing.contract import RouteRequest
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
@@ -157,7 +157,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
                                for keys in (req.page_keys, req.shared_keys) if keys))
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)
-    first = route(state, inbound, set())
+    first = await route_when_released(state, inbound)
     if isinstance(first, Response):
         return first
     if state.warmer.enabled and ids:  # token ids of reused prefixes, for hot-prefix warming

@@ -1,6 +1,7 @@
 """The route step of a request: the routing core's decision, as a worker to send to or as the
-answer that refuses the request (429 with ``Retry-After``, or 503). The handler runs it first;
-the relays run it again, with the workers that refused excluded, to retry."""
+answer that refuses the request (429 with ``Retry-After``, or 503). The handler runs it first,
+after the request's wait at the dispatch gate when that is on (:func:`route_when_released`); the
+relays run it again, with the workers that refused excluded, to retry."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import NamedTuple
 
 from starlette.responses import Response
 
+from router.cluster.dispatcher import HeldTooLong
 from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
 from router.request.finish import remember
@@ -22,6 +24,7 @@ from router.transport.errors import ErrorType, error_response
 class Routed(NamedTuple):
     decision: Decision
     entry: WorkerEntry
+    held_s: float = 0.0  # at the dispatch gate, before it was routed
 
     def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
         """The decision as response headers (``docs/interfaces.md`` s. 17): where the request
@@ -36,7 +39,39 @@ class Routed(NamedTuple):
         if d.predicted_ttft_s is not None:
             out.append((b"x-radix-predicted-ttft-ms",
                         str(round(d.predicted_ttft_s * 1000)).encode()))
+        if self.held_s > 0:
+            out.append((b"x-radix-hold-ms", str(round(self.held_s * 1000)).encode()))
         return [*out, (b"x-radix-request-id", request_id.encode())]
+
+
+async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | Response:
+    """:func:`route`, after holding the request at the dispatch gate while the engines that
+    could take it are busy (``docs/interfaces.md`` s. 19). Not held: dispatch off, a
+    non-streaming request (no first token to see), or one the policy rejects now (answered at
+    once)."""
+    dispatcher, req = state.dispatcher, inbound.req
+    if dispatcher is None or not inbound.stream:
+        return route(state, inbound, set())
+    slots = worker_states(state.registry.for_model(inbound.model))
+    estimate = state.routing.estimate(req, slots, state.clock())
+    if not estimate.accepted or estimate.worker_id is None:
+        return route(state, inbound, set())
+    cost_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None
+              else state.routing.cost.prefill_s(estimate.worker_id, req.input_tokens,
+                                                estimate.prefix_tokens))
+    try:
+        held_s = await dispatcher.wait(req.request_id, inbound.model,
+                                       cost_s + estimate.predicted_transfer_s,
+                                       state.config.dispatch_timeout_s)
+    except HeldTooLong as exc:
+        state.totals["held_too_long"] += 1
+        return error_response(503, str(exc), ErrorType.UNAVAILABLE)
+    routed = route(state, inbound, set())
+    if isinstance(routed, Response):
+        if dispatcher.gate.drop(req.request_id):
+            dispatcher.pump()
+        return routed
+    return routed._replace(held_s=held_s)
 
 
 def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:

@@ -9,7 +9,7 @@ The caller then forwards and later reports ``prefill_done`` and ``finished`` (or
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from radix_global.types import Role, WorkerId
 from router.routing.admission import SloConfig, reject
@@ -23,6 +23,7 @@ from router.routing.contract import (
 )
 from router.routing.cost import CostModel
 from router.routing.decode_select import DecodeSelector
+from router.routing.dispatch_gate import DispatchGate
 
 
 class PolicyDriver:
@@ -33,6 +34,7 @@ class PolicyDriver:
         index: IndexView | None = None,
         decode: DecodeSelector | None = None,
         slo: SloConfig | None = None,
+        gate: DispatchGate | None = None,
     ) -> None:
         self.policy = policy
         self.cost = cost
@@ -40,6 +42,16 @@ class PolicyDriver:
         self.decode = decode or DecodeSelector()
         self.slo = slo or SloConfig()
         self._requests: dict[str, RouteRequest] = {}
+        # Router-side dispatch (docs/interfaces.md s. 19): told where released requests went
+        # and when their prefill ended; ``on_room`` is called when that made room at the gate.
+        self.gate = gate
+        self.on_room: Callable[[], None] | None = None
+
+    def estimate(self, req: RouteRequest, workers: Sequence[WorkerState], now: float
+                 ) -> Decision:
+        """The policy's decision for ``req`` now, recorded nowhere (a request about to be held:
+        its predicted work, or its rejection)."""
+        return self.policy.choose(req, workers, self.view, now)
 
     def route(self, req: RouteRequest, workers: Sequence[WorkerState], now: float) -> Decision:
         """Decide and, if accepted, record the request as routed. A caller that then fails to
@@ -61,6 +73,8 @@ class PolicyDriver:
                     req.request_id, (pick.worker_id, pick.dp_rank), pick.reserve_tokens
                 )
         self._requests[req.request_id] = req
+        if self.gate is not None:
+            self.gate.placed(req.request_id, self.cost.queue.server(decision.slot))
         self.cost.on_routed(req, decision, now)
         self.policy.on_routed(req, decision, now)
         return decision
@@ -68,11 +82,15 @@ class PolicyDriver:
     def prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen (``prefill_s``: measured prefill compute time, if known)."""
         self.cost.on_prefill_done(request_id, now, prefill_s)
+        if self.gate is not None and self.gate.first_token(request_id):
+            self._room()
 
     def finished(self, request_id: str, ok: bool, now: float) -> None:
         """The request ended (completed, failed, cancelled, or never forwarded). Idempotent."""
         self.cost.on_finished(request_id, now)
         self.decode.release(request_id)
+        if self.gate is not None and self.gate.drop(request_id):
+            self._room()
         if self._requests.pop(request_id, None) is not None:
             self.policy.on_finished(request_id, ok, now)
 
@@ -80,6 +98,10 @@ class PolicyDriver:
         self.cost.on_worker_removed(worker_id)
         self.decode.forget_worker(worker_id)
         self.policy.on_worker_removed(worker_id)
+
+    def _room(self) -> None:
+        if self.on_room is not None:
+            self.on_room()
 
     def in_flight(self) -> int:
         return len(self._requests)

@@ -58,7 +58,8 @@ class QueueModel:
         else:
             self._domain[worker_id] = domain
 
-    def _server(self, slot: Slot) -> Hashable:
+    def server(self, slot: Slot) -> Hashable:
+        """The FIFO server ``slot`` queues on: itself, or its compute domain."""
         domain = self._domain.get(slot[0])
         return slot if domain is None else ("domain", domain)
 
@@ -66,7 +67,7 @@ class QueueModel:
         """A request was routed to ``slot``. A duplicate id replaces the earlier record."""
         if request_id in self._slot_of:
             self.finished(request_id)
-        self._pending.setdefault(self._server(slot), OrderedDict())[request_id] = pending
+        self._pending.setdefault(self.server(slot), OrderedDict())[request_id] = pending
         self._active.setdefault(slot, set()).add(request_id)
         self._slot_of[request_id] = slot
 
@@ -75,7 +76,7 @@ class QueueModel:
         slot = self._slot_of.get(request_id)
         if slot is None:
             return None
-        server = self._server(slot)
+        server = self.server(slot)
         queue = self._pending.get(server)
         pending = queue.pop(request_id, None) if queue is not None else None
         if pending is None:
@@ -89,7 +90,7 @@ class QueueModel:
         slot = self._slot_of.pop(request_id, None)
         if slot is None:
             return None
-        queue = self._pending.get(self._server(slot))
+        queue = self._pending.get(self.server(slot))
         if queue is not None:
             queue.pop(request_id, None)
         self._active.get(slot, set()).discard(request_id)
@@ -97,7 +98,7 @@ class QueueModel:
 
     def queue_s(self, slot: Slot, now: float) -> float:
         """Predicted wait before a request routed to ``slot`` at ``now`` would start prefill."""
-        server = self._server(slot)
+        server = self.server(slot)
         queue = self._pending.get(server)
         if not queue:
             return 0.0
@@ -110,7 +111,7 @@ class QueueModel:
 
     def pending_prefills(self, slot: Slot) -> int:
         """Prefills queued on ``slot``'s FIFO server (its whole compute domain, if shared)."""
-        return len(self._pending.get(self._server(slot), ()))
+        return len(self._pending.get(self.server(slot), ()))
 
     def prefetch_reserved_tokens(self, slot: Slot, min_tokens: int) -> int:
         """What ``slot``'s engine holds for storage prefetches of the requests routed there
@@ -119,7 +120,7 @@ class QueueModel:
         not, and frees it at admission; ``docs/interfaces.md`` s. 2,
         ``pool_prefetch_budget_tokens``)."""
         total = 0
-        for request_id, p in self._pending.get(self._server(slot), {}).items():
+        for request_id, p in self._pending.get(self.server(slot), {}).items():
             rest = p.input_tokens - p.prefix_tokens + p.fetch_tokens
             if self._slot_of.get(request_id) == slot and rest >= max(1, min_tokens):
                 total += rest
@@ -130,7 +131,7 @@ class QueueModel:
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._active if s[0] == worker_id]:
-            server = self._server(slot)
+            server = self.server(slot)
             queue = self._pending.get(server)
             for request_id in self._active.pop(slot):
                 self._slot_of.pop(request_id, None)

@@ -64,6 +64,8 @@ class Upstream:
         self.headers: list[dict[str, str]] = []  # request headers, as self.requests
         self.cached_tokens = 0
         self.chunks = 3
+        # Set: a stream sends its first chunk only once this is set (an engine busy prefilling).
+        self.first_chunk: threading.Event | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
         self.aborted: list[str] = []
         self.app = Starlette(routes=[
@@ -92,6 +94,8 @@ class Upstream:
         return {"cached_tokens": self.cached_tokens, "prompt_tokens": 10, "id": body.get("rid")}
 
     async def _stream(self, make: Any) -> AsyncIterator[bytes]:
+        if self.first_chunk is not None:
+            await asyncio.to_thread(self.first_chunk.wait, 30)
         for i in range(self.chunks):
             if self.mode == "slow":
                 await asyncio.sleep(0.2)

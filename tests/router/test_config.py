@@ -58,6 +58,7 @@ def _sample(name: str) -> tuple[str, object]:
     special: dict[str, tuple[str, object]] = {
         "policy": ("least_load", "least_load"), "pd_mode": ("pool", "pool"),
         "pd_ratio": ("2:3", "2:3"), "log_level": ("debug", "debug"),
+        "dispatch": ("shortest_first", "shortest_first"),
         "ttft_headroom": ("0.25", 0.25), "engine_queue_weight": ("0.75", 0.75),
         "policy_options": ("fetch_ratio=1.5 min_fetch_pages=3",
                            {"fetch_ratio": 1.5, "min_fetch_pages": 3}),
@@ -107,7 +108,8 @@ def test_one_config_reaches_every_part():
                        max_retry_after_s=9.0, decode_tbt_base_s=0.03,
                        decode_default_output_tokens=64, warm_min_pages=5, warm_cooldown_s=7.0,
                        pd_mode="pool", pd_ratio="1:2", pd_decode_attempts=3,
-                       pd_pool_ready_poll_s=0.05, drag_half_life=16.0)
+                       pd_pool_ready_poll_s=0.05, drag_half_life=16.0, dispatch="fifo",
+                       dispatch_depth=3, dispatch_max_hold_s=2.0, dispatch_timeout_s=9.0)
     state = RouterState(cfg)
     assert state.routing.cost.config == cfg.cost_config()
     assert state.routing.cost.config.kv_bytes_per_token == 4096
@@ -119,6 +121,9 @@ def test_one_config_reaches_every_part():
     assert state.pd_pool is not None and state.pd_pool.orch.config == cfg.pd_config()
     assert state.pd_pool.orch.config.decode_attempts == 3
     assert state.pd_util.config == cfg.pd_config()
+    gate = state.routing.gate
+    assert gate is not None and gate.depth == 3 and gate.order.name == "fifo"
+    assert cfg.dispatch_config().timeout_s == 9.0
 
 
 def test_learn_from_inferred_prefill_has_one_default():

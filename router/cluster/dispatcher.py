@@ -1,0 +1,91 @@
+"""The async face of the router-side dispatch gate (``router/routing/dispatch_gate.py``,
+``docs/interfaces.md`` s. 19).
+
+A held request's coroutine waits on a future of its own; :meth:`Dispatcher.pump` asks the gate
+what to release and resolves those futures. It is pumped when a request arrives, when the driver
+reports room (a first token, a failure), and every ``tick_s`` while anything is held (a worker
+that joined or came back makes room without any request ending).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Hashable
+
+from radix_global.types import Role
+from router.cluster.registry import WorkerRegistry
+from router.cluster.slots import worker_states
+from router.metrics import RouterMetrics
+from router.routing.dispatch_gate import DispatchGate
+from router.routing.driver import PolicyDriver
+
+log = logging.getLogger("radix_global.router.dispatch")
+
+
+class HeldTooLong(Exception):
+    """A request was held longer than its bound without any engine making room."""
+
+
+class Dispatcher:
+    def __init__(self, gate: DispatchGate, driver: PolicyDriver, registry: WorkerRegistry,
+                 metrics: RouterMetrics, clock: Callable[[], float], tick_s: float = 0.1
+                 ) -> None:
+        self.gate, self._driver, self._registry = gate, driver, registry
+        self._metrics, self._clock, self.tick_s = metrics, clock, tick_s
+        self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._ticker: asyncio.Task[None] | None = None
+        driver.on_room = self.pump
+
+    async def wait(self, request_id: str, model: str, cost_s: float, timeout_s: float) -> float:
+        """Hold ``request_id`` until the gate releases it; returns the seconds held. Raises
+        :class:`HeldTooLong` after ``timeout_s`` (the request leaves the gate). Cancelled (the
+        client left): it leaves the gate."""
+        t0 = self._clock()
+        future = asyncio.get_running_loop().create_future()
+        self._waiters[request_id] = future
+        self.gate.hold(request_id, model, cost_s, t0)
+        self.pump()
+        if not future.done() and (self._ticker is None or self._ticker.done()):
+            self._ticker = asyncio.create_task(self._tick())
+        try:
+            await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            self.gate.drop(request_id)
+            raise HeldTooLong(f"held at the router for {timeout_s:g} s: no worker made room"
+                              ) from None
+        except asyncio.CancelledError:
+            if self.gate.drop(request_id):  # released as it was cancelled: the room is free
+                self.pump()
+            raise
+        finally:
+            self._waiters.pop(request_id, None)
+            self._metrics.dispatch_held.set(self.gate.held())
+        held = self._clock() - t0
+        self._metrics.dispatch_hold_s.observe(held)
+        return held
+
+    def pump(self) -> None:
+        """Release what the gate lets go now."""
+        for request_id in self.gate.release(self._servers(), self._clock()):
+            future = self._waiters.get(request_id)
+            if future is not None and not future.done():
+                future.set_result(None)
+            else:  # its coroutine is gone (it timed out or was cancelled meanwhile)
+                self.gate.drop(request_id)
+        self._metrics.dispatch_held.set(self.gate.held())
+
+    def _servers(self) -> dict[str, set[Hashable]]:
+        """Per model, the compute servers of its accepting slots that can run a prefill."""
+        queue = self._driver.cost.queue
+        return {model: {queue.server(w.slot) for w in worker_states(self._registry.for_model(model))
+                        if w.accepting and w.role != Role.DECODE}
+                for model in self._registry.models()}
+
+    async def _tick(self) -> None:
+        while self.gate.held():
+            await asyncio.sleep(self.tick_s)
+            try:
+                self.pump()
+            except Exception:  # the ticker must outlive one bad round
+                log.exception("dispatch pump failed")

@@ -1,0 +1,167 @@
+"""Router-side dispatch: hold requests while every engine that could take them is busy with
+prefills, and send the held ones in the order of a strategy (``docs/interfaces.md`` s. 19).
+
+Why: an SGLang engine puts every prompt waiting in its queue into one prefill batch, and on a
+compute-bound engine the batch's first tokens all come out when the whole batch is done, so a
+short prompt sent beside long ones waits for all of them. Sent ``depth`` at a time per compute
+server, each prompt's first token comes when its own prefill is done; sending the least work
+first (shortest job first) lowers the mean wait further; and a held request is placed when it is
+sent, against the cache of that moment.
+
+The gate counts, per compute server (a slot or a shared compute domain: whatever the caller
+names), the requests it released that were placed there and have not returned a first token.
+Pure: the caller passes time and the servers each group (a model) can use.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import Counter
+from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import ClassVar, NamedTuple
+
+
+class Held(NamedTuple):
+    request_id: str
+    group: str  # the model: only its servers can make room for it
+    arrived: float
+    cost_s: float  # predicted work (prefill + fetch), without queueing
+    seq: int  # arrival order among equal times
+
+
+class DispatchOrder(ABC):
+    """Which held request goes next when a server has room."""
+
+    name: ClassVar[str]
+
+    @abstractmethod
+    def next(self, held: Sequence[Held], now: float) -> Held:
+        """One of ``held`` (never empty)."""
+
+
+class Fifo(DispatchOrder):
+    name = "fifo"
+
+    def next(self, held: Sequence[Held], now: float) -> Held:
+        return min(held, key=lambda h: h.seq)
+
+
+class ShortestFirst(DispatchOrder):
+    """The least predicted work first; a request held ``max_hold_s`` or longer goes before all
+    others (oldest first), so a long prompt waits at most about that long behind short ones."""
+
+    name = "shortest_first"
+
+    def __init__(self, max_hold_s: float) -> None:
+        self.max_hold_s = max_hold_s
+
+    def next(self, held: Sequence[Held], now: float) -> Held:
+        overdue = [h for h in held if now - h.arrived >= self.max_hold_s]
+        if overdue:
+            return min(overdue, key=lambda h: h.seq)
+        return min(held, key=lambda h: (h.cost_s, h.seq))
+
+
+OFF = "off"
+DISPATCH_ORDERS: dict[str, Callable[[float], DispatchOrder]] = {
+    Fifo.name: lambda max_hold_s: Fifo(),
+    ShortestFirst.name: ShortestFirst,
+}
+
+
+@dataclass(frozen=True)
+class DispatchConfig:
+    """``RouterConfig.dispatch_config()``; the defaults here are the router's."""
+
+    order: str = OFF  # off | fifo | shortest_first
+    depth: int = 2  # gated requests per compute server without a first token
+    max_hold_s: float = 5.0  # shortest_first: held this long, a request goes first
+    timeout_s: float = 60.0  # held this long, a request is answered 503 and never sent
+
+    def __post_init__(self) -> None:
+        if self.order != OFF and self.order not in DISPATCH_ORDERS:
+            raise ValueError(f"dispatch must be one of {[OFF, *DISPATCH_ORDERS]}, "
+                             f"got {self.order!r}")
+        if self.depth < 1:
+            raise ValueError(f"dispatch_depth must be >= 1, got {self.depth}")
+        if not self.max_hold_s > 0 or not self.timeout_s > 0:
+            raise ValueError(f"dispatch_max_hold_s and dispatch_timeout_s must be > 0, got "
+                             f"{self.max_hold_s} and {self.timeout_s}")
+
+    def gate(self) -> DispatchGate | None:
+        """The gate this config asks for; None when dispatch is off."""
+        if self.order == OFF:
+            return None
+        return DispatchGate(DISPATCH_ORDERS[self.order](self.max_hold_s), self.depth)
+
+
+class DispatchGate:
+    def __init__(self, order: DispatchOrder, depth: int) -> None:
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.order, self.depth = order, depth
+        self._held: dict[str, Held] = {}
+        self._unplaced: dict[str, str] = {}  # released, not yet routed -> group
+        self._server_of: dict[str, Hashable] = {}
+        self._in_flight: Counter[Hashable] = Counter()
+        self._seq = 0
+
+    def hold(self, request_id: str, group: str, cost_s: float, now: float) -> None:
+        """Hold ``request_id`` until :meth:`release` returns it. A duplicate id is an error."""
+        if request_id in self._held or request_id in self._unplaced \
+                or request_id in self._server_of:
+            raise ValueError(f"request {request_id!r} is already at the gate")
+        self._seq += 1
+        self._held[request_id] = Held(request_id, group, now, max(0.0, cost_s), self._seq)
+
+    def release(self, servers: Mapping[str, Collection[Hashable]], now: float) -> list[str]:
+        """The held requests to send now, in the strategy's order: as many per group as its
+        ``servers`` have room (``depth`` minus their gated requests without a first token, minus
+        the group's released requests not yet placed). A group with no server releases all
+        (routing answers them: no worker). Released ids count as unplaced until
+        :meth:`placed` or :meth:`drop`."""
+        out: list[str] = []
+        for group in {h.group for h in self._held.values()}:
+            candidates = [h for h in self._held.values() if h.group == group]
+            pool = set(servers.get(group, ()))
+            room = (sum(max(0, self.depth - self._in_flight[s]) for s in pool)
+                    - sum(1 for g in self._unplaced.values() if g == group)) \
+                if pool else len(candidates)
+            while room > 0 and candidates:
+                pick = self.order.next(candidates, now)
+                candidates.remove(pick)
+                del self._held[pick.request_id]
+                self._unplaced[pick.request_id] = group
+                out.append(pick.request_id)
+                room -= 1
+        return out
+
+    def placed(self, request_id: str, server: Hashable) -> None:
+        """A released request was routed to ``server``; it counts there until its first token.
+        Ids the gate did not release are ignored (they were never held)."""
+        if self._unplaced.pop(request_id, None) is not None:
+            self._server_of[request_id] = server
+            self._in_flight[server] += 1
+
+    def first_token(self, request_id: str) -> bool:
+        """``request_id``'s first token came back. True when that made room."""
+        server = self._server_of.pop(request_id, None)
+        if server is None:
+            return False
+        self._in_flight[server] -= 1
+        if self._in_flight[server] <= 0:
+            del self._in_flight[server]
+        return True
+
+    def drop(self, request_id: str) -> bool:
+        """``request_id`` ended or left, wherever it is at the gate. True when that made room
+        (it was released and not yet done with its prefill). Idempotent."""
+        self._held.pop(request_id, None)
+        return self._unplaced.pop(request_id, None) is not None or self.first_token(request_id)
+
+    def held(self) -> int:
+        return len(self._held)
+
+    def in_flight(self, server: Hashable) -> int:
+        return self._in_flight[server]

@@ -1,0 +1,115 @@
+"""Router-side dispatch (docs/interfaces.md s. 19) through the HTTP front end, against a peer
+worker whose first chunk waits until the test lets it go (an engine busy prefilling)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import httpx
+
+
+def _stream(url: str, ids: list[int], out: dict[str, Any], key: str) -> None:
+    with httpx.Client(base_url=url, timeout=30) as c:
+        r = c.post("/generate", json={"input_ids": ids, "stream": True})
+        out[key] = r
+
+
+def _until(predicate: Any, timeout: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.02)
+
+
+def _three_requests(router: Any, peer: Any) -> tuple[dict[str, Any], list[threading.Thread]]:
+    """A long request the engine is busy with, then a long and a short one behind it."""
+    out: dict[str, Any] = {}
+    prompts = {"a": list(range(5, 200)), "b": list(range(5, 180)), "c": list(range(5, 12))}
+    threads = []
+    for key in ("a", "b", "c"):
+        t = threading.Thread(target=_stream, args=(router.url, prompts[key], out, key))
+        t.start()
+        threads.append(t)
+        if key == "a":
+            _until(lambda: len(peer.requests) == 1)
+        else:
+            time.sleep(0.2)
+    return out, threads
+
+
+def _arrival_lengths(peer: Any) -> list[int]:
+    return [len(body["input_ids"]) for _, body in peer.requests]
+
+
+def test_held_while_busy_then_the_shortest_goes_first(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), dispatch="shortest_first", dispatch_depth=1)
+    router.wait_workers(1)
+    gate = router.state.routing.gate
+    out, threads = _three_requests(router, peer)
+    _until(lambda: gate.held() == 2)
+    assert len(peer.requests) == 1  # the engine has only the one it is busy with
+    with router.client() as c:
+        assert "router_dispatch_held 2.0" in c.get("/metrics").text
+    peer.first_chunk.set()
+    for t in threads:
+        t.join(30)
+    assert _arrival_lengths(peer) == [195, 7, 175]  # the short one before the long one
+    assert all(out[k].status_code == 200 for k in "abc")
+    assert int(out["c"].headers["x-radix-hold-ms"]) >= 150
+    assert gate.held() == 0 and gate.in_flight((out["a"].headers["x-radix-worker"], 0)) == 0
+
+
+def test_off_sends_everything_at_once(upstreams, router_factory):
+    """The negative control of the test above: without the gate the busy engine gets all three
+    in arrival order."""
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    assert router.state.dispatcher is None
+    out, threads = _three_requests(router, peer)
+    _until(lambda: len(peer.requests) == 3)
+    peer.first_chunk.set()
+    for t in threads:
+        t.join(30)
+    assert _arrival_lengths(peer) == [195, 175, 7]
+    assert "x-radix-hold-ms" not in out["c"].headers
+
+
+def test_non_streaming_requests_are_not_held(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1)
+    router.wait_workers(1)
+    out: dict[str, Any] = {}
+    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
+    busy.start()
+    _until(lambda: len(peer.requests) == 1)
+    with router.client() as c:  # the router sees no first token of these: never held
+        assert c.post("/generate", json={"input_ids": [5, 6, 7]}).status_code == 200
+    peer.first_chunk.set()
+    busy.join(30)
+    assert out["a"].status_code == 200
+
+
+def test_held_longer_than_the_request_timeout_is_503(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1,
+                            dispatch_timeout_s=1.0)
+    router.wait_workers(1)
+    out: dict[str, Any] = {}
+    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
+    busy.start()
+    _until(lambda: len(peer.requests) == 1)
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": [5, 6, 7], "stream": True})
+        assert r.status_code == 503 and "held at the router" in r.json()["error"]["message"]
+        assert router.state.routing.gate.held() == 0
+    peer.first_chunk.set()
+    busy.join(30)
+    assert len(peer.requests) == 1  # the one held too long never reached the engine

@@ -1,0 +1,164 @@
+"""The dispatch gate (router/routing/dispatch_gate.py): how many go, which go first."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from router.routing.dispatch_gate import (
+    DispatchConfig,
+    DispatchGate,
+    Fifo,
+    ShortestFirst,
+)
+
+SERVERS = {"m": {"s0", "s1"}}
+
+
+def test_depth_per_server_bounds_what_is_released():
+    gate = DispatchGate(Fifo(), depth=2)
+    for i in range(6):
+        gate.hold(f"r{i}", "m", 1.0, now=0.0)
+    assert gate.release(SERVERS, now=0.0) == ["r0", "r1", "r2", "r3"]
+    # released but not placed yet: they hold the room
+    assert gate.release(SERVERS, now=0.0) == []
+    for rid, server in (("r0", "s0"), ("r1", "s0"), ("r2", "s1"), ("r3", "s1")):
+        gate.placed(rid, server)
+    assert gate.release(SERVERS, now=0.0) == []
+    assert gate.first_token("r2") is True
+    assert gate.release(SERVERS, now=0.0) == ["r4"]
+    assert gate.held() == 1 and gate.in_flight("s1") == 1
+
+
+def test_shortest_first_and_the_overdue_go_first():
+    gate = DispatchGate(ShortestFirst(max_hold_s=5.0), depth=1)
+    gate.hold("long", "m", 3.0, now=0.0)
+    gate.hold("short", "m", 0.2, now=1.0)
+    gate.hold("mid", "m", 1.0, now=2.0)
+    one = {"m": {"s0"}}
+    assert gate.release(one, now=3.0) == ["short"]
+    gate.drop("short")
+    assert gate.release(one, now=3.0) == ["mid"]
+    gate.drop("mid")
+    gate.hold("tiny", "m", 0.1, now=4.0)
+    # "long" has been held 5 s: it goes before the cheaper one
+    assert gate.release(one, now=5.0) == ["long"]
+
+
+def test_fifo_keeps_arrival_order():
+    gate = DispatchGate(Fifo(), depth=1)
+    for rid, cost in (("a", 5.0), ("b", 0.1), ("c", 1.0)):
+        gate.hold(rid, "m", cost, now=0.0)
+    order = []
+    for _ in range(3):
+        (rid,) = gate.release({"m": {"s0"}}, now=0.0)
+        order.append(rid)
+        gate.placed(rid, "s0")
+        gate.first_token(rid)
+    assert order == ["a", "b", "c"]
+
+
+def test_a_group_is_released_only_by_its_own_servers():
+    gate = DispatchGate(Fifo(), depth=1)
+    gate.hold("a1", "alpha", 1.0, now=0.0)
+    gate.hold("b1", "beta", 1.0, now=0.0)
+    gate.hold("b2", "beta", 1.0, now=0.0)
+    assert sorted(gate.release({"alpha": {"sa"}, "beta": {"sb"}}, now=0.0)) == ["a1", "b1"]
+    gate.placed("a1", "sa")
+    gate.placed("b1", "sb")
+    gate.first_token("a1")  # alpha's room does not release beta's request
+    assert gate.release({"alpha": {"sa"}, "beta": {"sb"}}, now=0.0) == []
+
+
+def test_a_group_without_servers_releases_everything():
+    gate = DispatchGate(Fifo(), depth=1)
+    gate.hold("a", "m", 1.0, now=0.0)
+    gate.hold("b", "m", 1.0, now=0.0)
+    assert gate.release({}, now=0.0) == ["a", "b"]
+
+
+def test_drop_is_idempotent_and_frees_room_only_once():
+    gate = DispatchGate(Fifo(), depth=1)
+    gate.hold("a", "m", 1.0, now=0.0)
+    assert gate.drop("a") is False  # held, never released: no room was taken
+    gate.hold("b", "m", 1.0, now=0.0)
+    assert gate.release({"m": {"s0"}}, now=0.0) == ["b"]
+    assert gate.drop("b") is True  # released, not placed
+    gate.hold("c", "m", 1.0, now=0.0)
+    gate.release({"m": {"s0"}}, now=0.0)
+    gate.placed("c", "s0")
+    assert gate.drop("c") is True
+    assert gate.drop("c") is False
+    assert gate.in_flight("s0") == 0
+    gate.placed("never-held", "s0")  # ignored: it never went through the gate
+    assert gate.in_flight("s0") == 0
+
+
+def test_a_request_is_at_the_gate_once():
+    gate = DispatchGate(Fifo(), depth=1)
+    gate.hold("a", "m", 1.0, now=0.0)
+    with pytest.raises(ValueError, match="already"):
+        gate.hold("a", "m", 1.0, now=0.0)
+
+
+@pytest.mark.parametrize("kw", [{"order": "lifo"}, {"depth": 0}, {"max_hold_s": 0.0},
+                                {"timeout_s": -1.0}])
+def test_bad_config_is_refused(kw):
+    with pytest.raises(ValueError):
+        DispatchConfig(**kw)
+
+
+def test_off_means_no_gate():
+    assert DispatchConfig().gate() is None
+    gate = DispatchConfig("shortest_first", depth=3, max_hold_s=2.0).gate()
+    assert gate is not None and gate.depth == 3 and isinstance(gate.order, ShortestFirst)
+
+
+# Ops: hold a new request, release, place a released one, first token / drop of one.
+_op = st.tuples(st.sampled_from(["hold", "release", "place", "first", "drop"]),
+                st.integers(0, 50), st.floats(0.0, 5.0), st.integers(0, 2))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_op, max_size=80), st.integers(1, 3))
+def test_released_and_unfinished_never_exceed_the_room(ops, depth):
+    """Whatever the order of events, no server holds more than ``depth`` gated requests without
+    a first token, and a group's released-not-done never exceeds its servers' room."""
+    servers = ["s0", "s1", "s2"]
+    gate = DispatchGate(ShortestFirst(max_hold_s=2.0), depth)
+    held, unplaced, placed = set(), set(), {}
+    t, n = 0.0, 0
+    for op, k, cost, s in ops:
+        t += 0.1
+        if op == "hold":
+            n += 1
+            gate.hold(f"r{n}", "m", cost, t)
+            held.add(f"r{n}")
+        elif op == "release":
+            out = gate.release({"m": set(servers)}, t)
+            assert set(out) <= held
+            held -= set(out)
+            unplaced |= set(out)
+        elif op == "place" and unplaced:
+            rid = sorted(unplaced)[k % len(unplaced)]
+            # the router places where the policy says; with room, as the policy sees queues
+            free = [x for x in servers if gate.in_flight(x) < depth] or servers
+            gate.placed(rid, free[s % len(free)])
+            unplaced.discard(rid)
+            placed[rid] = free[s % len(free)]
+        elif op == "first" and placed:
+            rid = sorted(placed)[k % len(placed)]
+            assert gate.first_token(rid) is True
+            del placed[rid]
+        elif op == "drop":
+            pool = sorted(held | unplaced | set(placed))
+            if pool:
+                rid = pool[k % len(pool)]
+                assert gate.drop(rid) is (rid in unplaced or rid in placed)
+                held.discard(rid)
+                unplaced.discard(rid)
+                placed.pop(rid, None)
+        assert gate.held() == len(held)
+        assert all(gate.in_flight(x) <= depth for x in servers)
+        assert len(placed) + len(unplaced) <= depth * len(servers)
