@@ -78,6 +78,10 @@ CONTENDERS = (
     # it the router prices a busy engine's first token as if the engine decoded nothing.
     Contender("conductor + pool, drag off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--drag-half-life": "0"})),
+    # The A/B of router-side dispatch (docs/interfaces.md s. 19): requests held at the router
+    # while both engines are busy, sent shortest first.
+    Contender("conductor + pool, dispatch shortest_first (ours)", "ours",
+              RouterSpec("ours", "conductor", {"--dispatch": "shortest_first"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 # The headline pair: ours and the stronger stock set-up (the shared L3 in every run so
@@ -188,8 +192,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--workloads", nargs="+", default=["conversations", "agents"],
                    choices=["conversations", "agents"])
-    p.add_argument("--contenders", nargs="+", default=list(DEFAULT_CONTENDERS), metavar="NAME",
-                   help="of: " + "; ".join(c.name for c in CONTENDERS))
+    p.add_argument("--contenders", nargs="+", metavar="NAME",
+                   help="default: the first three (--quick: the headline pair); of: "
+                        + "; ".join(c.name for c in CONTENDERS))
     p.add_argument("--reverse", action="store_true",
                    help="run the contenders in reverse order (ours first)")
     p.add_argument("--repeats", type=int, default=1,
@@ -198,7 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--once", nargs="+", default=[], metavar="NAME",
                    help="of --contenders, those run in the first repeat only")
     p.add_argument("--quick", action="store_true",
-                   help="make demo: the headline pair at the [demo] point only")
+                   help="make demo: the [demo] point only (with --contenders: those there)")
     p.add_argument("--out", default=str(RESULTS / "pressure.json"))
     return p
 
@@ -207,6 +212,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     args = build_parser().parse_args(argv)
     by_name = {c.name: c for c in CONTENDERS}
+    if args.contenders is None:
+        args.contenders = list(HEADLINE_PAIR if args.quick else DEFAULT_CONTENDERS)
     unknown = [n for n in args.contenders if n not in by_name]
     if unknown:
         raise SystemExit(f"pressure_bench: unknown contender(s) {unknown}")
@@ -220,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = load_config(args.config)
     ensure_model(args.model_dir)
     if args.quick:
-        args.workloads, args.contenders, args.repeats = ["conversations"], list(HEADLINE_PAIR), 1
+        args.workloads, args.repeats = ["conversations"], 1
     pts = [demo_point(cfg, args.trace)] if args.quick else points(cfg, args.workloads, args.trace)
     print(f"local capacity per engine: {cfg.device_tokens} device + host tier x"
           f"{cfg.hicache_ratio:g} = {cfg.local_tokens} tokens; L3 pool "
