@@ -65,6 +65,11 @@ class Dispatcher:
         self._metrics.dispatch_hold_s.observe(held)
         return held
 
+    def wait_s(self, model: str, cost_s: float) -> float:
+        """The predicted hold of a request of ``model`` and ``cost_s`` arriving now."""
+        servers = self._servers().get(model, set())
+        return self.gate.wait_s(model, cost_s, len(servers), self._clock())
+
     def pump(self) -> None:
         """Release what the gate lets go now."""
         for request_id in self.gate.release(self._servers(), self._clock()):

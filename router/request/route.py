@@ -15,7 +15,7 @@ from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
 from router.request.finish import remember
 from router.request.inbound import Inbound
-from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO
+from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO, TTFT_SLO, reject, ttft_excess
 from router.routing.contract import Decision
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
@@ -48,7 +48,8 @@ async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | 
     """:func:`route`, after holding the request at the dispatch gate while the engines that
     could take it are busy (``docs/interfaces.md`` s. 19). Not held: dispatch off, a
     non-streaming request (no first token to see), or one the policy rejects now (answered at
-    once)."""
+    once). With a TTFT SLO, the predicted hold counts: a request that would miss it after
+    waiting behind the held ones is refused now (429), as it would be without the gate."""
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())
@@ -59,9 +60,17 @@ async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | 
     cost_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None
               else state.routing.cost.prefill_s(estimate.worker_id, req.input_tokens,
                                                 estimate.prefix_tokens))
+    cost_s += estimate.predicted_transfer_s
+    if estimate.predicted_ttft_s is not None:
+        slo = state.routing.slo
+        excess = ttft_excess(req, estimate.predicted_ttft_s
+                             + dispatcher.wait_s(inbound.model, cost_s), slo)
+        if excess is not None:
+            return _answer(state, inbound, reject(req, estimate.policy, TTFT_SLO,
+                                                  slo.retry_after_s(excess),
+                                                  estimate.candidates))
     try:
-        held_s = await dispatcher.wait(req.request_id, inbound.model,
-                                       cost_s + estimate.predicted_transfer_s,
+        held_s = await dispatcher.wait(req.request_id, inbound.model, cost_s,
                                        state.config.dispatch_timeout_s)
     except HeldTooLong as exc:
         state.totals["held_too_long"] += 1
@@ -75,11 +84,17 @@ async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | 
 
 
 def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:
-    clock, m, model = state.clock, state.metrics, inbound.model
+    clock = state.clock
     t = clock()
-    slots = worker_states(state.registry.for_model(model), excluded)
+    slots = worker_states(state.registry.for_model(inbound.model), excluded)
     decision = state.routing.route(inbound.req, slots, clock())
-    m.stage("policy").observe(clock() - t)
+    state.metrics.stage("policy").observe(clock() - t)
+    return _answer(state, inbound, decision)
+
+
+def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed | Response:
+    """A decision as the worker to send to, or as the answer that refuses the request."""
+    clock, m, model = state.clock, state.metrics, inbound.model
     outcome = "accepted" if decision.accepted else (decision.reason or "rejected")
     m.decision(model, outcome).inc()
     state.totals[f"decision_{outcome}"] += 1

@@ -55,13 +55,19 @@ class SloConfig:
 
 def check_ttft(req: RouteRequest, best: CandidateEstimate, slo: SloConfig) -> float | None:
     """None when ``best`` meets the TTFT SLO (or there is none); else the excess in seconds."""
+    return ttft_excess(req, best.ttft_s, slo)
+
+
+def ttft_excess(req: RouteRequest, ttft_s: float, slo: SloConfig) -> float | None:
+    """None when a predicted TTFT of ``ttft_s`` meets ``req``'s TTFT SLO (or there is none);
+    else the excess in seconds."""
     limit = slo.ttft_for(req)
     if limit is None:
         return None
     limit *= 1.0 - slo.ttft_headroom
-    if best.ttft_s <= limit:
+    if ttft_s <= limit:
         return None
-    return best.ttft_s - limit
+    return ttft_s - limit
 
 
 def reject(

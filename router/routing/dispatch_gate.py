@@ -39,12 +39,20 @@ class DispatchOrder(ABC):
     def next(self, held: Sequence[Held], now: float) -> Held:
         """One of ``held`` (never empty)."""
 
+    @abstractmethod
+    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
+        """Those of ``held`` that would go before a request of ``cost_s`` arriving now (as
+        things stand: later arrivals and ageing may change it)."""
+
 
 class Fifo(DispatchOrder):
     name = "fifo"
 
     def next(self, held: Sequence[Held], now: float) -> Held:
         return min(held, key=lambda h: h.seq)
+
+    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
+        return list(held)
 
 
 class ShortestFirst(DispatchOrder):
@@ -61,6 +69,9 @@ class ShortestFirst(DispatchOrder):
         if overdue:
             return min(overdue, key=lambda h: h.seq)
         return min(held, key=lambda h: (h.cost_s, h.seq))
+
+    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
+        return [h for h in held if h.cost_s <= cost_s or now - h.arrived >= self.max_hold_s]
 
 
 OFF = "off"
@@ -136,6 +147,13 @@ class DispatchGate:
                 out.append(pick.request_id)
                 room -= 1
         return out
+
+    def wait_s(self, group: str, cost_s: float, servers: int, now: float) -> float:
+        """The predicted hold of a request of ``group`` and ``cost_s`` arriving now: the work
+        held ahead of it, shared by its group's ``servers`` (0: none; nothing is held then)."""
+        ahead = self.order.ahead([h for h in self._held.values() if h.group == group], cost_s,
+                                 now)
+        return sum(h.cost_s for h in ahead) / servers if servers > 0 and ahead else 0.0
 
     def placed(self, request_id: str, server: Hashable) -> None:
         """A released request was routed to ``server``; it counts there until its first token.

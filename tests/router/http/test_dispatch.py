@@ -113,3 +113,41 @@ def test_held_longer_than_the_request_timeout_is_503(upstreams, router_factory):
     peer.first_chunk.set()
     busy.join(30)
     assert len(peer.requests) == 1  # the one held too long never reached the engine
+
+
+def test_a_request_that_would_miss_its_slo_after_the_hold_is_refused_at_once(
+        upstreams, router_factory):
+    """With a TTFT SLO, the work held ahead counts: 429 at arrival, not after waiting."""
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), policy="conductor", dispatch="fifo",
+                            dispatch_depth=1)
+    router.wait_workers(1)
+    gate, cost = router.state.routing.gate, router.state.routing.cost
+    out: dict[str, Any] = {}
+    threads = [threading.Thread(target=_stream, args=(router.url, ids, out, key))
+               for key, ids in (("a", list(range(5, 12))), ("b", list(range(5, 180))))]
+    threads[0].start()
+    _until(lambda: len(peer.requests) == 1)
+    threads[1].start()
+    _until(lambda: gate.held() == 1)
+    (worker,) = router.state.registry.all()
+    short = [5, 6, 7, 8, 9]
+    alone_s = cost.prefill_s(worker.worker_id, len(short), 0)
+    held_s = cost.prefill_s(worker.worker_id, 175, 0)
+    with router.client() as c:
+        t0 = time.monotonic()
+        r = c.post("/generate", json={"input_ids": short, "stream": True,
+                                      "ttft_slo_s": alone_s + 0.5 * held_s})
+        assert r.status_code == 429 and "ttft_slo" in r.json()["error"]["message"]
+        assert time.monotonic() - t0 < 2.0 and "retry-after" in r.headers
+        # negative control: an SLO the hold fits in is held, then served
+        ok = threading.Thread(target=lambda: out.update(c=c.post("/generate", json={
+            "input_ids": short, "stream": True, "ttft_slo_s": alone_s + 2 * held_s + 1.0})))
+        ok.start()
+        _until(lambda: gate.held() == 2)
+        peer.first_chunk.set()
+        ok.join(30)
+    for t in threads:
+        t.join(30)
+    assert out["c"].status_code == 200 and len(peer.requests) == 3

@@ -162,3 +162,17 @@ def test_released_and_unfinished_never_exceed_the_room(ops, depth):
         assert gate.held() == len(held)
         assert all(gate.in_flight(x) <= depth for x in servers)
         assert len(placed) + len(unplaced) <= depth * len(servers)
+
+
+def test_wait_is_the_work_held_ahead_shared_by_the_servers():
+    gate = DispatchGate(ShortestFirst(max_hold_s=5.0), depth=1)
+    assert gate.wait_s("m", 1.0, servers=2, now=0.0) == 0.0  # nothing held
+    gate.hold("short", "m", 0.5, now=0.0)
+    gate.hold("long", "m", 3.0, now=0.0)
+    gate.hold("other-model", "x", 9.0, now=0.0)
+    assert gate.wait_s("m", 1.0, servers=2, now=1.0) == pytest.approx(0.25)  # only "short"
+    assert gate.wait_s("m", 4.0, servers=2, now=1.0) == pytest.approx(1.75)
+    assert gate.wait_s("m", 1.0, servers=2, now=5.0) == pytest.approx(1.75)  # "long" overdue
+    fifo = DispatchGate(Fifo(), depth=1)
+    fifo.hold("long", "m", 3.0, now=0.0)
+    assert fifo.wait_s("m", 0.1, servers=1, now=0.0) == pytest.approx(3.0)
