@@ -78,10 +78,10 @@ CONTENDERS = (
     # it the router prices a busy engine's first token as if the engine decoded nothing.
     Contender("conductor + pool, drag off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--drag-half-life": "0"})),
-    # The A/B of router-side dispatch (docs/interfaces.md s. 19): requests held at the router
-    # while both engines are busy, sent shortest first.
-    Contender("conductor + pool, dispatch shortest_first (ours)", "ours",
-              RouterSpec("ours", "conductor", {"--dispatch": "shortest_first"})),
+    # The A/B of router-side dispatch (docs/interfaces.md s. 19): without it every request goes
+    # to an engine at once, and a busy engine batches short prompts with long ones.
+    Contender("conductor + pool, dispatch off (ours)", "ours",
+              RouterSpec("ours", "conductor", {"--dispatch": "off"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 # The headline pair: ours and the stronger stock set-up (the shared L3 in every run so

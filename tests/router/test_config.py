@@ -58,7 +58,7 @@ def _sample(name: str) -> tuple[str, object]:
     special: dict[str, tuple[str, object]] = {
         "policy": ("least_load", "least_load"), "pd_mode": ("pool", "pool"),
         "pd_ratio": ("2:3", "2:3"), "log_level": ("debug", "debug"),
-        "dispatch": ("shortest_first", "shortest_first"),
+        "dispatch": ("fifo", "fifo"),
         "ttft_headroom": ("0.25", 0.25), "engine_queue_weight": ("0.75", 0.75),
         "policy_options": ("fetch_ratio=1.5 min_fetch_pages=3",
                            {"fetch_ratio": 1.5, "min_fetch_pages": 3}),

@@ -68,7 +68,7 @@ def test_off_sends_everything_at_once(upstreams, router_factory):
     in arrival order."""
     peer, server = upstreams()
     peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,))
+    router = router_factory(workers=(server.url,), dispatch="off")
     router.wait_workers(1)
     assert router.state.dispatcher is None
     out, threads = _three_requests(router, peer)

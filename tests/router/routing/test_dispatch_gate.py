@@ -110,7 +110,8 @@ def test_bad_config_is_refused(kw):
 
 
 def test_off_means_no_gate():
-    assert DispatchConfig().gate() is None
+    assert DispatchConfig("off").gate() is None
+    assert isinstance(DispatchConfig().gate().order, ShortestFirst)  # type: ignore[union-attr]
     gate = DispatchConfig("shortest_first", depth=3, max_hold_s=2.0).gate()
     assert gate is not None and gate.depth == 3 and isinstance(gate.order, ShortestFirst)
 
