@@ -157,7 +157,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
                                for keys in (req.page_keys, req.shared_keys) if keys))
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)
-    first = await route_when_released(state, inbound)
+    first = await route_when_released(state, inbound, request.scope, request.receive)
     if isinstance(first, Response):
         return first
     if state.warmer.enabled and ids:  # token ids of reused prefixes, for hot-prefix warming

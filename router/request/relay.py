@@ -274,8 +274,8 @@ class Forward:
         st.routing.prefill_done(self.inbound.req.request_id, now)
         st.metrics.worker(self.routed.entry.info.worker_id).actual_ttft.observe(self.ttft)
         predicted = self.routed.decision.predicted_ttft_s
-        if predicted is not None:
-            st.metrics.ttft_error.observe(abs(self.ttft - predicted))
+        if predicted is not None:  # predicted when it was routed, after its hold at the gate
+            st.metrics.ttft_error.observe(abs(self.ttft - self.routed.held_s - predicted))
 
     async def _relay_whole(self, upstream: UpstreamResponse, send: Send) -> None:
         content = upstream.content

@@ -9,16 +9,18 @@ import math
 from typing import NamedTuple
 
 from starlette.responses import Response
+from starlette.types import Receive, Scope
 
 from router.cluster.dispatcher import HeldTooLong
 from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
-from router.request.finish import remember
+from router.request.finish import client_gone, remember
 from router.request.inbound import Inbound
 from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO, TTFT_SLO, reject, ttft_excess
 from router.routing.contract import Decision
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
+from router.transport.proxy import ClientGone, until_disconnect
 
 
 class Routed(NamedTuple):
@@ -44,12 +46,15 @@ class Routed(NamedTuple):
         return [*out, (b"x-radix-request-id", request_id.encode())]
 
 
-async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | Response:
+async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope,
+                              receive: Receive) -> Routed | Response:
     """:func:`route`, after holding the request at the dispatch gate while the engines that
     could take it are busy (``docs/interfaces.md`` s. 19). Not held: dispatch off, a
     non-streaming request (no first token to see), or one the policy rejects now (answered at
     once). With a TTFT SLO, the predicted hold counts: a request that would miss it after
-    waiting behind the held ones is refused now (429), as it would be without the gate."""
+    waiting behind the held ones is refused now (429), as it would be without the gate. A client
+    that disconnects while held leaves the gate (499; ``scope`` and ``receive``: its
+    connection, the body already read)."""
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())
@@ -70,8 +75,11 @@ async def route_when_released(state: RouterState, inbound: Inbound) -> Routed | 
                                                   slo.retry_after_s(excess),
                                                   estimate.candidates))
     try:
-        held_s = await dispatcher.wait(req.request_id, inbound.model, cost_s,
-                                       state.config.dispatch_timeout_s)
+        held_s = await until_disconnect(scope, receive, dispatcher.wait(
+            req.request_id, inbound.model, cost_s, state.config.dispatch_timeout_s))
+    except ClientGone:
+        client_gone(state)
+        return Response(status_code=499)
     except HeldTooLong as exc:
         state.totals["held_too_long"] += 1
         return error_response(503, str(exc), ErrorType.UNAVAILABLE)

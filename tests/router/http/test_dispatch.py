@@ -3,6 +3,7 @@ worker whose first chunk waits until the test lets it go (an engine busy prefill
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -151,3 +152,23 @@ def test_a_request_that_would_miss_its_slo_after_the_hold_is_refused_at_once(
     for t in threads:
         t.join(30)
     assert out["c"].status_code == 200 and len(peer.requests) == 3
+
+
+def test_a_client_that_leaves_while_held_leaves_the_gate(upstreams, router_factory):
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1)
+    router.wait_workers(1)
+    gate = router.state.routing.gate
+    out: dict[str, Any] = {}
+    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
+    busy.start()
+    _until(lambda: len(peer.requests) == 1)
+    with httpx.Client(base_url=router.url, timeout=0.5) as c, \
+            contextlib.suppress(httpx.ReadTimeout):
+        c.post("/generate", json={"input_ids": [5, 6, 7], "stream": True})
+    _until(lambda: gate.held() == 0)
+    assert router.state.totals["client_aborts"] == 1
+    peer.first_chunk.set()
+    busy.join(30)
+    assert len(peer.requests) == 1
