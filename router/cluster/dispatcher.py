@@ -34,16 +34,21 @@ class Dispatcher:
         self.gate, self._driver, self._registry = gate, driver, registry
         self._metrics, self._clock, self.tick_s = metrics, clock, tick_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
+        self._reprice: dict[str, Callable[[], float | None]] = {}
         self._ticker: asyncio.Task[None] | None = None
         driver.on_room = self.pump
 
-    async def wait(self, request_id: str, model: str, cost_s: float, timeout_s: float) -> float:
+    async def wait(self, request_id: str, model: str, cost_s: float, timeout_s: float,
+                   reprice: Callable[[], float | None] | None = None) -> float:
         """Hold ``request_id`` until the gate releases it; returns the seconds held. Raises
         :class:`HeldTooLong` after ``timeout_s`` (the request leaves the gate). Cancelled (the
-        client left): it leaves the gate."""
+        client left): it leaves the gate. ``reprice``: its predicted work now (None: keep the
+        last), asked before each release that has room for its model."""
         t0 = self._clock()
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
+        if reprice is not None:
+            self._reprice[request_id] = reprice
         self.gate.hold(request_id, model, cost_s, t0)
         self.pump()
         if not future.done() and (self._ticker is None or self._ticker.done()):
@@ -60,6 +65,7 @@ class Dispatcher:
             raise
         finally:
             self._waiters.pop(request_id, None)
+            self._reprice.pop(request_id, None)
             self._metrics.dispatch_held.set(self.gate.held())
         held = self._clock() - t0
         self._metrics.dispatch_hold_s.observe(held)
@@ -71,8 +77,17 @@ class Dispatcher:
         return self.gate.wait_s(model, cost_s, len(servers), self._clock())
 
     def pump(self) -> None:
-        """Release what the gate lets go now."""
-        for request_id in self.gate.release(self._servers(), self._clock()):
+        """Release what the gate lets go now. Where a model's servers have room, its held
+        requests are priced again first: the order is by the work each needs now."""
+        servers = self._servers()
+        for group in self.gate.groups():
+            if self.gate.room(group, servers.get(group, ())) > 0:
+                for request_id in self.gate.held_ids(group):
+                    reprice = self._reprice.get(request_id)
+                    cost_s = reprice() if reprice is not None else None
+                    if cost_s is not None:
+                        self.gate.reprice(request_id, cost_s)
+        for request_id in self.gate.release(servers, self._clock()):
             future = self._waiters.get(request_id)
             if future is not None and not future.done():
                 future.set_result(None)

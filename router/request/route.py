@@ -58,14 +58,10 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())
-    slots = worker_states(state.registry.for_model(inbound.model))
-    estimate = state.routing.estimate(req, slots, state.clock())
-    if not estimate.accepted or estimate.worker_id is None:
+    estimated = _estimate(state, inbound)
+    if estimated is None:
         return route(state, inbound, set())
-    cost_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None
-              else state.routing.cost.prefill_s(estimate.worker_id, req.input_tokens,
-                                                estimate.prefix_tokens))
-    cost_s += estimate.predicted_transfer_s
+    estimate, cost_s = estimated
     if estimate.predicted_ttft_s is not None:
         slo = state.routing.slo
         excess = ttft_excess(req, estimate.predicted_ttft_s
@@ -76,7 +72,8 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
                                                   estimate.candidates))
     try:
         held_s = await until_disconnect(scope, receive, dispatcher.wait(
-            req.request_id, inbound.model, cost_s, state.config.dispatch_timeout_s))
+            req.request_id, inbound.model, cost_s, state.config.dispatch_timeout_s,
+            reprice=lambda: _work_s(state, inbound)))
     except ClientGone:
         client_gone(state)
         return Response(status_code=499)
@@ -123,3 +120,22 @@ def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed 
         state.routing.finished(inbound.req.request_id, False, clock())
         return error_response(503, "the chosen worker left the pool", ErrorType.UNAVAILABLE)
     return Routed(decision, entry)
+
+
+def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, float] | None:
+    """The policy's decision for ``inbound`` now, recorded nowhere, with its predicted work
+    (prefill + fetch seconds, without queueing); None when the policy would not place it."""
+    req = inbound.req
+    estimate = state.routing.estimate(
+        req, worker_states(state.registry.for_model(inbound.model)), state.clock())
+    if not estimate.accepted or estimate.worker_id is None:
+        return None
+    prefill_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None
+                 else state.routing.cost.prefill_s(estimate.worker_id, req.input_tokens,
+                                                   estimate.prefix_tokens))
+    return estimate, prefill_s + estimate.predicted_transfer_s
+
+
+def _work_s(state: RouterState, inbound: Inbound) -> float | None:
+    estimated = _estimate(state, inbound)
+    return estimated[1] if estimated is not None else None

@@ -135,12 +135,9 @@ class DispatchGate:
         (routing answers them: no worker). Released ids count as unplaced until
         :meth:`placed` or :meth:`drop`."""
         out: list[str] = []
-        for group in {h.group for h in self._held.values()}:
+        for group in self.groups():
             candidates = [h for h in self._held.values() if h.group == group]
-            pool = set(servers.get(group, ()))
-            room = (sum(max(0, self.depth - self._in_flight[s]) for s in pool)
-                    - sum(1 for g in self._unplaced.values() if g == group)) \
-                if pool else len(candidates)
+            room = self.room(group, servers.get(group, ()))
             while room > 0 and candidates:
                 pick = self.order.next(candidates, now)
                 candidates.remove(pick)
@@ -149,6 +146,30 @@ class DispatchGate:
                 out.append(pick.request_id)
                 room -= 1
         return out
+
+    def room(self, group: str, servers: Collection[Hashable]) -> int:
+        """How many of ``group``'s held requests :meth:`release` would send now, given its
+        ``servers``."""
+        held = sum(1 for h in self._held.values() if h.group == group)
+        if not servers:
+            return held
+        free = (sum(max(0, self.depth - self._in_flight[s]) for s in set(servers))
+                - sum(1 for g in self._unplaced.values() if g == group))
+        return max(0, min(held, free))
+
+    def groups(self) -> set[str]:
+        """The groups with held requests."""
+        return {h.group for h in self._held.values()}
+
+    def held_ids(self, group: str) -> list[str]:
+        return [h.request_id for h in self._held.values() if h.group == group]
+
+    def reprice(self, request_id: str, cost_s: float) -> None:
+        """A held request's predicted work changed (its prefix got cached meanwhile: a
+        conversation's previous turn finished). Ignored once it is not held."""
+        held = self._held.get(request_id)
+        if held is not None:
+            self._held[request_id] = held._replace(cost_s=max(0.0, cost_s))
 
     def wait_s(self, group: str, cost_s: float, servers: int, now: float) -> float:
         """The predicted hold of a request of ``group`` and ``cost_s`` arriving now: the work

@@ -172,3 +172,29 @@ def test_a_client_that_leaves_while_held_leaves_the_gate(upstreams, router_facto
     peer.first_chunk.set()
     busy.join(30)
     assert len(peer.requests) == 1
+
+
+def test_a_held_request_is_priced_again_when_its_prefix_was_placed(upstreams, router_factory):
+    """A conversation's next turn, held while its previous turn was too, is cold when it
+    arrives and mostly cached once that turn has been placed: it goes before a request that is
+    cheaper only on the stale price."""
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), policy="conductor",
+                            dispatch="shortest_first", dispatch_depth=1,
+                            dispatch_max_hold_s=30.0)
+    router.wait_workers(1)
+    gate = router.state.routing.gate
+    turn1 = list(range(5, 155))
+    prompts = [("busy", list(range(100, 295))), ("turn1", turn1),
+               ("other", list(range(290, 130, -1))), ("turn2", turn1 + list(range(200, 220)))]
+    out: dict[str, Any] = {}
+    threads = []
+    for i, (key, ids) in enumerate(prompts):
+        threads.append(threading.Thread(target=_stream, args=(router.url, ids, out, key)))
+        threads[-1].start()
+        _until(lambda i=i: len(peer.requests) == 1 and gate.held() == i)
+    peer.first_chunk.set()
+    for t in threads:
+        t.join(30)
+    assert _arrival_lengths(peer) == [195, 150, 170, 160]  # turn2 before "other"

@@ -177,3 +177,16 @@ def test_wait_is_the_work_held_ahead_shared_by_the_servers():
     fifo = DispatchGate(Fifo(), depth=1)
     fifo.hold("long", "m", 3.0, now=0.0)
     assert fifo.wait_s("m", 0.1, servers=1, now=0.0) == pytest.approx(3.0)
+
+
+def test_reprice_changes_the_order_and_room_counts_what_release_would_send():
+    gate = DispatchGate(ShortestFirst(max_hold_s=30.0), depth=1)
+    gate.hold("a", "m", 1.0, now=0.0)
+    gate.hold("b", "m", 2.0, now=0.0)
+    assert gate.room("m", {"s0", "s1"}) == 2 and gate.room("m", {"s0"}) == 1
+    assert gate.room("m", ()) == 2 and gate.groups() == {"m"}
+    gate.reprice("b", 0.5)
+    assert gate.release({"m": {"s0"}}, now=0.0) == ["b"]
+    assert gate.room("m", {"s0"}) == 0  # "b" released, not yet placed
+    gate.reprice("b", 9.0)  # no longer held: ignored
+    assert gate.held_ids("m") == ["a"]
