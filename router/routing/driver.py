@@ -89,10 +89,10 @@ class PolicyDriver:
         """The request ended (completed, failed, cancelled, or never forwarded). Idempotent."""
         self.cost.on_finished(request_id, now)
         self.decode.release(request_id)
-        if self.gate is not None and self.gate.drop(request_id):
-            self._room()
         if self._requests.pop(request_id, None) is not None:
             self.policy.on_finished(request_id, ok, now)
+        if self.gate is not None and self.gate.drop(request_id):
+            self._room()  # last: the held are priced against the policy's state after this
 
     def worker_removed(self, worker_id: WorkerId) -> None:
         self.cost.on_worker_removed(worker_id)

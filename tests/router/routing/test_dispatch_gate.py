@@ -190,3 +190,31 @@ def test_reprice_changes_the_order_and_room_counts_what_release_would_send():
     assert gate.room("m", {"s0"}) == 0  # "b" released, not yet placed
     gate.reprice("b", 9.0)  # no longer held: ignored
     assert gate.held_ids("m") == ["a"]
+
+
+def test_the_driver_tells_the_gate_where_a_request_went_and_when_it_made_room():
+    from radix_global.types import Namespace, WorkerId
+    from router.routing.contract import RouteRequest, WorkerState
+    from router.routing.cost import CostModel
+    from router.routing.driver import PolicyDriver
+    from router.routing.policies import get_policy
+
+    ns = Namespace("ns")
+    workers = [WorkerState(WorkerId("w0"), ns)]
+    gate = DispatchGate(Fifo(), depth=1)
+    driver = PolicyDriver(get_policy("round_robin"), CostModel(), gate=gate)
+    rooms: list[int] = []
+    driver.on_room = lambda: rooms.append(gate.in_flight(("w0", 0)))
+    for rid in ("a", "b"):
+        gate.hold(rid, "m", 1.0, now=0.0)
+    (first,) = gate.release({"m": {("w0", 0)}}, now=0.0)
+    driver.route(RouteRequest(first, ns, 10, [], 16), workers, now=0.0)
+    assert gate.in_flight(("w0", 0)) == 1
+    driver.prefill_done(first, now=1.0)
+    assert rooms == [0]
+    driver.finished(first, True, now=2.0)  # already counted out at its first token
+    assert rooms == [0]
+    (second,) = gate.release({"m": {("w0", 0)}}, now=2.0)
+    driver.route(RouteRequest(second, ns, 10, [], 16), workers, now=2.0)
+    driver.finished(second, False, now=3.0)  # failed before its first token
+    assert rooms == [0, 0] and gate.in_flight(("w0", 0)) == 0
