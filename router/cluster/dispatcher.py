@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Callable, Hashable
+from typing import NamedTuple
 
 from radix_global.types import Role
 from router.cluster.registry import WorkerRegistry
@@ -21,6 +22,13 @@ from router.routing.dispatch_gate import DispatchGate
 from router.routing.driver import PolicyDriver
 
 log = logging.getLogger("radix_global.router.dispatch")
+
+
+class Priced(NamedTuple):
+    """A held request as its policy sees it now."""
+
+    cost_s: float  # predicted work: prefill + fetch seconds, without queueing
+    server: Hashable  # the compute server it would be placed on
 
 
 class HeldTooLong(Exception):
@@ -34,22 +42,23 @@ class Dispatcher:
         self.gate, self._driver, self._registry = gate, driver, registry
         self._metrics, self._clock, self.tick_s = metrics, clock, tick_s
         self._waiters: dict[str, asyncio.Future[None]] = {}
-        self._reprice: dict[str, Callable[[], float | None]] = {}
+        self._reprice: dict[str, Callable[[], Priced | None]] = {}
         self._ticker: asyncio.Task[None] | None = None
         driver.on_room = self.pump
 
-    async def wait(self, request_id: str, model: str, cost_s: float, timeout_s: float,
-                   reprice: Callable[[], float | None] | None = None) -> float:
-        """Hold ``request_id`` until the gate releases it; returns the seconds held. Raises
+    async def wait(self, request_id: str, model: str, priced: Priced, timeout_s: float,
+                   reprice: Callable[[], Priced | None] | None = None) -> float:
+        """Hold ``request_id`` (``priced``: its predicted work and the server its policy would
+        place it on) until the gate releases it; returns the seconds held. Raises
         :class:`HeldTooLong` after ``timeout_s`` (the request leaves the gate). Cancelled (the
-        client left): it leaves the gate. ``reprice``: its predicted work now (None: keep the
-        last), asked before each release that has room for its model."""
+        client left): it leaves the gate. ``reprice``: the same now (None: keep the last),
+        asked before each release that has room for its model."""
         t0 = self._clock()
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
         if reprice is not None:
             self._reprice[request_id] = reprice
-        self.gate.hold(request_id, model, cost_s, t0)
+        self.gate.hold(request_id, model, priced.cost_s, t0, priced.server)
         self.pump()
         if not future.done() and (self._ticker is None or self._ticker.done()):
             self._ticker = asyncio.create_task(self._tick())
@@ -81,12 +90,12 @@ class Dispatcher:
         requests are priced again first: the order is by the work each needs now."""
         servers = self._servers()
         for group in self.gate.groups():
-            if self.gate.room(group, servers.get(group, ())) > 0:
+            if self.gate.has_room(group, servers.get(group, ())):
                 for request_id in self.gate.held_ids(group):
                     reprice = self._reprice.get(request_id)
-                    cost_s = reprice() if reprice is not None else None
-                    if cost_s is not None:
-                        self.gate.reprice(request_id, cost_s)
+                    priced = reprice() if reprice is not None else None
+                    if priced is not None:
+                        self.gate.reprice(request_id, priced.cost_s, priced.server)
         for request_id in self.gate.release(servers, self._clock()):
             future = self._waiters.get(request_id)
             if future is not None and not future.done():

@@ -11,7 +11,7 @@ from typing import NamedTuple
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from router.cluster.dispatcher import HeldTooLong
+from router.cluster.dispatcher import HeldTooLong, Priced
 from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
 from router.request.finish import client_gone, remember
@@ -61,19 +61,19 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     estimated = _estimate(state, inbound)
     if estimated is None:
         return route(state, inbound, set())
-    estimate, cost_s = estimated
+    estimate, priced = estimated
     if estimate.predicted_ttft_s is not None:
         slo = state.routing.slo
         excess = ttft_excess(req, estimate.predicted_ttft_s
-                             + dispatcher.wait_s(inbound.model, cost_s), slo)
+                             + dispatcher.wait_s(inbound.model, priced.cost_s), slo)
         if excess is not None:
             return _answer(state, inbound, reject(req, estimate.policy, TTFT_SLO,
                                                   slo.retry_after_s(excess),
                                                   estimate.candidates))
     try:
         held_s = await until_disconnect(scope, receive, dispatcher.wait(
-            req.request_id, inbound.model, cost_s, state.config.dispatch_timeout_s,
-            reprice=lambda: _work_s(state, inbound)))
+            req.request_id, inbound.model, priced, state.config.dispatch_timeout_s,
+            reprice=lambda: _priced(state, inbound)))
     except ClientGone:
         client_gone(state)
         return Response(status_code=499)
@@ -122,9 +122,10 @@ def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed 
     return Routed(decision, entry)
 
 
-def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, float] | None:
+def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, Priced] | None:
     """The policy's decision for ``inbound`` now, recorded nowhere, with its predicted work
-    (prefill + fetch seconds, without queueing); None when the policy would not place it."""
+    (prefill + fetch seconds, without queueing) and compute server; None when the policy would
+    not place it."""
     req = inbound.req
     estimate = state.routing.estimate(
         req, worker_states(state.registry.for_model(inbound.model)), state.clock())
@@ -133,9 +134,10 @@ def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, float] | 
     prefill_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None
                  else state.routing.cost.prefill_s(estimate.worker_id, req.input_tokens,
                                                    estimate.prefix_tokens))
-    return estimate, prefill_s + estimate.predicted_transfer_s
+    return estimate, Priced(prefill_s + estimate.predicted_transfer_s,
+                            state.routing.cost.queue.server(estimate.slot))
 
 
-def _work_s(state: RouterState, inbound: Inbound) -> float | None:
+def _priced(state: RouterState, inbound: Inbound) -> Priced | None:
     estimated = _estimate(state, inbound)
     return estimated[1] if estimated is not None else None

@@ -9,7 +9,9 @@ first (shortest job first) lowers the mean wait further; and a held request is p
 sent, against the cache of that moment.
 
 The gate counts, per compute server (a slot or a shared compute domain: whatever the caller
-names), the requests it released that were placed there and have not returned a first token.
+names), the requests it released that were placed there and have not returned a first token. A
+held request is released only to room on the server its policy would place it on (as last
+priced): released because one engine has room, it must not be stacked on another that has none.
 Pure: the caller passes time and the servers each group (a model) can use.
 """
 
@@ -28,6 +30,7 @@ class Held(NamedTuple):
     arrived: float
     cost_s: float  # predicted work (prefill + fetch), without queueing
     seq: int  # arrival order among equal times
+    server: Hashable | None = None  # where its policy would place it (None: anywhere)
 
 
 class DispatchOrder(ABC):
@@ -115,47 +118,60 @@ class DispatchGate:
             raise ValueError(f"depth must be >= 1, got {depth}")
         self.order, self.depth = order, depth
         self._held: dict[str, Held] = {}
-        self._unplaced: dict[str, str] = {}  # released, not yet routed -> group
+        # released, not yet routed -> its group and the server it was released to
+        self._unplaced: dict[str, tuple[str, Hashable]] = {}
         self._server_of: dict[str, Hashable] = {}
         self._in_flight: Counter[Hashable] = Counter()
         self._seq = 0
 
-    def hold(self, request_id: str, group: str, cost_s: float, now: float) -> None:
-        """Hold ``request_id`` until :meth:`release` returns it. A duplicate id is an error."""
+    def hold(self, request_id: str, group: str, cost_s: float, now: float,
+             server: Hashable | None = None) -> None:
+        """Hold ``request_id`` (its policy would place it on ``server``) until :meth:`release`
+        returns it. A duplicate id is an error."""
         if request_id in self._held or request_id in self._unplaced \
                 or request_id in self._server_of:
             raise ValueError(f"request {request_id!r} is already at the gate")
         self._seq += 1
-        self._held[request_id] = Held(request_id, group, now, max(0.0, cost_s), self._seq)
+        self._held[request_id] = Held(request_id, group, now, max(0.0, cost_s), self._seq,
+                                      server)
 
     def release(self, servers: Mapping[str, Collection[Hashable]], now: float) -> list[str]:
-        """The held requests to send now, in the strategy's order: as many per group as its
-        ``servers`` have room (``depth`` minus their gated requests without a first token, minus
-        the group's released requests not yet placed). A group with no server releases all
-        (routing answers them: no worker). Released ids count as unplaced until
-        :meth:`placed` or :meth:`drop`."""
+        """The held requests to send now, in the strategy's order, each to room on its server
+        (``depth`` minus the gated requests there without a first token, minus those released
+        to it and not yet placed; a request whose server is not among its group's ``servers``
+        takes the one with the most room). One whose server has no room stays held, and the
+        next in order may go. A group with no server releases all (routing answers them: no
+        worker). Released ids count as unplaced until :meth:`placed` or :meth:`drop`."""
         out: list[str] = []
         for group in self.groups():
             candidates = [h for h in self._held.values() if h.group == group]
-            room = self.room(group, servers.get(group, ()))
-            while room > 0 and candidates:
+            pool = set(servers.get(group, ()))
+            free = self._free(group, pool)
+            while candidates and (not pool or max(free.values()) > 0):
                 pick = self.order.next(candidates, now)
                 candidates.remove(pick)
+                target: Hashable = None
+                if pool:
+                    target = pick.server if pick.server in free else max(free, key=free.__getitem__)
+                    if free[target] <= 0:
+                        continue  # its engine is busy: it waits for it, or to be priced elsewhere
+                    free[target] -= 1
                 del self._held[pick.request_id]
-                self._unplaced[pick.request_id] = group
+                self._unplaced[pick.request_id] = (group, target)
                 out.append(pick.request_id)
-                room -= 1
         return out
 
-    def room(self, group: str, servers: Collection[Hashable]) -> int:
-        """How many of ``group``'s held requests :meth:`release` would send now, given its
-        ``servers``."""
-        held = sum(1 for h in self._held.values() if h.group == group)
-        if not servers:
-            return held
-        free = (sum(max(0, self.depth - self._in_flight[s]) for s in set(servers))
-                - sum(1 for g in self._unplaced.values() if g == group))
-        return max(0, min(held, free))
+    def _free(self, group: str, servers: set[Hashable]) -> dict[Hashable, int]:
+        free = {s: self.depth - self._in_flight[s] for s in servers}
+        for g, s in self._unplaced.values():
+            if g == group and s in free:
+                free[s] -= 1
+        return free
+
+    def has_room(self, group: str, servers: Collection[Hashable]) -> bool:
+        """Whether :meth:`release` could send one of ``group``'s held requests now."""
+        pool = set(servers)
+        return not pool or max(self._free(group, pool).values()) > 0
 
     def groups(self) -> set[str]:
         """The groups with held requests."""
@@ -164,12 +180,13 @@ class DispatchGate:
     def held_ids(self, group: str) -> list[str]:
         return [h.request_id for h in self._held.values() if h.group == group]
 
-    def reprice(self, request_id: str, cost_s: float) -> None:
-        """A held request's predicted work changed (its prefix got cached meanwhile: a
-        conversation's previous turn finished). Ignored once it is not held."""
+    def reprice(self, request_id: str, cost_s: float, server: Hashable | None = None) -> None:
+        """A held request's predicted work or server changed (its prefix got cached meanwhile:
+        a conversation's previous turn finished; the queues moved). Ignored once it is not
+        held."""
         held = self._held.get(request_id)
         if held is not None:
-            self._held[request_id] = held._replace(cost_s=max(0.0, cost_s))
+            self._held[request_id] = held._replace(cost_s=max(0.0, cost_s), server=server)
 
     def wait_s(self, group: str, cost_s: float, servers: int, now: float) -> float:
         """The predicted hold of a request of ``group`` and ``cost_s`` arriving now: the work

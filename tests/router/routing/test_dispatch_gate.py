@@ -46,6 +46,28 @@ def test_shortest_first_and_the_overdue_go_first():
     assert gate.release(one, now=5.0) == ["long"]
 
 
+def test_released_only_to_room_on_the_server_its_policy_would_place_it_on():
+    """s1 has room, s0 none: the cheapest request, which would go to s0, waits for s0; the next
+    one, placed on s1 (or anywhere), goes."""
+    gate = DispatchGate(ShortestFirst(max_hold_s=30.0), depth=1)
+    gate.hold("busy", "m", 1.0, now=0.0, server="s0")
+    assert gate.release({"m": {"s0", "s1"}}, now=0.0) == ["busy"]
+    gate.placed("busy", "s0")
+    gate.hold("to-s0", "m", 0.1, now=0.0, server="s0")
+    gate.hold("to-s1", "m", 0.5, now=0.0, server="s1")
+    gate.hold("any", "m", 0.2, now=0.0)
+    assert gate.release({"m": {"s0", "s1"}}, now=0.0) == ["any"]  # to s1, the only room
+    assert gate.release({"m": {"s0", "s1"}}, now=0.0) == []  # "any" holds s1 until placed
+    gate.placed("any", "s1")
+    gate.first_token("busy")
+    assert gate.release({"m": {"s0", "s1"}}, now=0.0) == ["to-s0"]
+    gate.reprice("to-s1", 0.5, server="s0")  # priced again: the policy moved it
+    gate.placed("to-s0", "s0")
+    gate.first_token("any")
+    assert gate.release({"m": {"s0", "s1"}}, now=0.0) == []  # s0 full, it now wants s0
+    assert gate.held_ids("m") == ["to-s1"]
+
+
 def test_fifo_keeps_arrival_order():
     gate = DispatchGate(Fifo(), depth=1)
     for rid, cost in (("a", 5.0), ("b", 0.1), ("c", 1.0)):
@@ -183,11 +205,11 @@ def test_reprice_changes_the_order_and_room_counts_what_release_would_send():
     gate = DispatchGate(ShortestFirst(max_hold_s=30.0), depth=1)
     gate.hold("a", "m", 1.0, now=0.0)
     gate.hold("b", "m", 2.0, now=0.0)
-    assert gate.room("m", {"s0", "s1"}) == 2 and gate.room("m", {"s0"}) == 1
-    assert gate.room("m", ()) == 2 and gate.groups() == {"m"}
+    assert gate.has_room("m", {"s0"}) and gate.has_room("m", ())
+    assert gate.groups() == {"m"}
     gate.reprice("b", 0.5)
     assert gate.release({"m": {"s0"}}, now=0.0) == ["b"]
-    assert gate.room("m", {"s0"}) == 0  # "b" released, not yet placed
+    assert not gate.has_room("m", {"s0"})  # "b" released, not yet placed
     gate.reprice("b", 9.0)  # no longer held: ignored
     assert gate.held_ids("m") == ["a"]
 
