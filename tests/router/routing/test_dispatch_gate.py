@@ -143,7 +143,7 @@ _op = st.tuples(st.sampled_from(["hold", "release", "place", "first", "drop"]),
                 st.integers(0, 50), st.floats(0.0, 5.0), st.integers(0, 2))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=500, deadline=None)
 @given(st.lists(_op, max_size=80), st.integers(1, 3))
 def test_released_and_unfinished_never_exceed_the_room(ops, depth):
     """Whatever the order of events, no server holds more than ``depth`` gated requests without
