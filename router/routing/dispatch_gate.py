@@ -77,10 +77,33 @@ class ShortestFirst(DispatchOrder):
         return [h for h in held if h.cost_s <= cost_s or now - h.arrived >= self.max_hold_s]
 
 
+class HighestRatio(DispatchOrder):
+    """Highest response ratio next: the largest ``(held + work) / work`` first. Short work goes
+    first, and a long prompt rises in proportion to its size as it waits, with no bound to tune:
+    a cliff (``ShortestFirst``'s ``max_hold_s``) sends every long prompt of a burst out at once
+    when it is reached, onto every engine (``docs/benchmarks.md``, session 19)."""
+
+    name = "highest_ratio"
+    MIN_WORK_S = 0.01  # a fully cached request still costs a step
+
+    def _ratio(self, h: Held, now: float) -> float:
+        work = max(h.cost_s, self.MIN_WORK_S)
+        return (now - h.arrived + work) / work
+
+    def next(self, held: Sequence[Held], now: float) -> Held:
+        return max(held, key=lambda h: (self._ratio(h, now), -h.seq))
+
+    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
+        # Those that would still outrank it once it has waited as long as its own work (its
+        # ratio 2): an estimate, as ratios cross while both wait.
+        return [h for h in held if self._ratio(h, now) >= 2.0]
+
+
 OFF = "off"
 DISPATCH_ORDERS: dict[str, Callable[[float], DispatchOrder]] = {
     Fifo.name: lambda max_hold_s: Fifo(),
     ShortestFirst.name: ShortestFirst,
+    HighestRatio.name: lambda max_hold_s: HighestRatio(),
 }
 
 

@@ -10,6 +10,8 @@ from router.routing.dispatch_gate import (
     DispatchConfig,
     DispatchGate,
     Fifo,
+    Held,
+    HighestRatio,
     ShortestFirst,
 )
 
@@ -242,3 +244,18 @@ def test_the_driver_tells_the_gate_where_a_request_went_and_when_it_made_room():
     driver.route(RouteRequest(second, ns, 10, [], 16), workers, now=2.0)
     driver.finished(second, False, now=3.0)  # failed before its first token
     assert rooms == [0, 0] and gate.in_flight(("w0", 0)) == 0
+
+
+def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():
+    order = HighestRatio()
+    long_ = Held("long", "m", arrived=0.0, cost_s=2.0, seq=1)
+    short = Held("short", "m", arrived=1.0, cost_s=0.1, seq=2)
+    # at 1.0 s: long (1 + 2) / 2 = 1.5, short fresh = 1.0; at 1.1 s short is 2.0
+    assert order.next([long_, short], now=1.0) is long_
+    assert order.next([long_, short], now=1.1) is short
+    cached = Held("cached", "m", arrived=1.0, cost_s=0.0, seq=3)  # counted as 10 ms of work
+    assert order.next([long_, short, cached], now=1.01) is cached
+    assert order.ahead([long_, short], cost_s=0.5, now=2.0) == [long_, short]
+    assert order.ahead([long_, short], cost_s=0.5, now=1.05) == []
+    gate = DispatchConfig("highest_ratio").gate()
+    assert gate is not None and isinstance(gate.order, HighestRatio)
