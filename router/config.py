@@ -132,7 +132,7 @@ class RouterConfig:
     # Router-side dispatch (router/routing/dispatch_gate.py, DispatchConfig; docs/interfaces.md
     # s. 19): hold streaming requests while every engine that could take them has
     # dispatch_depth prefills in flight, and send them off | fifo | shortest_first (held
-    # dispatch_max_hold_s or longer: first; held dispatch_timeout_s: 503).
+    # dispatch_max_hold_s or longer: first) | highest_ratio; held dispatch_timeout_s: 503.
     dispatch: str = _DISPATCH.order
     dispatch_depth: int = _DISPATCH.depth
     dispatch_max_hold_s: float = _DISPATCH.max_hold_s

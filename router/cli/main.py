@@ -86,7 +86,7 @@ _HELP = {
     "min_retry_after_s": "smallest Retry-After of a 429", "max_retry_after_s": "largest one",
     "pd_tbt_slo_s": "decode TBT SLO; 0 = none",
     "dispatch": "hold streaming requests while the engines are busy, send them: off | fifo | "
-                "shortest_first",
+                "shortest_first | highest_ratio",
     "dispatch_depth": "requests per engine without a first token before the router holds more",
     "dispatch_max_hold_s": "shortest_first: a request held this long goes first",
     "dispatch_timeout_s": "a request held this long is answered 503, never sent",

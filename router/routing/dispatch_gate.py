@@ -111,11 +111,12 @@ DISPATCH_ORDERS: dict[str, Callable[[float], DispatchOrder]] = {
 class DispatchConfig:
     """``RouterConfig.dispatch_config()``; the defaults here are the router's."""
 
-    # Measured on the cache-pressure demo (docs/benchmarks.md, session 19): shortest_first
-    # with a 2 s bound had 0.62x the mean TTFT of no gate; fifo was worse than no gate.
-    order: str = ShortestFirst.name  # off | fifo | shortest_first
+    # Measured on the cache-pressure demo (docs/benchmarks.md, session 19): highest_ratio had
+    # 0.84x the mean and 0.64x the p90 TTFT of no gate, shortest_first with its 2 s bound
+    # 0.90x / 0.80x (side by side, one run); fifo was worse than no gate.
+    order: str = HighestRatio.name  # off | fifo | shortest_first | highest_ratio
     depth: int = 2  # gated requests per compute server without a first token
-    max_hold_s: float = 2.0  # shortest_first: held this long, a request goes first
+    max_hold_s: float = 2.0  # shortest_first only: held this long, a request goes first
     timeout_s: float = 60.0  # held this long, a request is answered 503 and never sent
 
     def __post_init__(self) -> None:

@@ -135,7 +135,7 @@ def test_bad_config_is_refused(kw):
 
 def test_off_means_no_gate():
     assert DispatchConfig("off").gate() is None
-    assert isinstance(DispatchConfig().gate().order, ShortestFirst)  # type: ignore[union-attr]
+    assert isinstance(DispatchConfig().gate().order, HighestRatio)  # type: ignore[union-attr]
     gate = DispatchConfig("shortest_first", depth=3, max_hold_s=2.0).gate()
     assert gate is not None and gate.depth == 3 and isinstance(gate.order, ShortestFirst)
 
@@ -257,5 +257,3 @@ def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():
     assert order.next([long_, short, cached], now=1.01) is cached
     assert order.ahead([long_, short], cost_s=0.5, now=2.0) == [long_, short]
     assert order.ahead([long_, short], cost_s=0.5, now=1.05) == []
-    gate = DispatchConfig("highest_ratio").gate()
-    assert gate is not None and isinstance(gate.order, HighestRatio)
