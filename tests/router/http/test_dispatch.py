@@ -40,15 +40,29 @@ def _three_requests(router: Any, peer: Any) -> tuple[dict[str, Any], list[thread
     return out, threads
 
 
+def _gated(upstreams: Any, router_factory: Any, **options: Any) -> tuple[Any, Any]:
+    """A peer whose first chunks wait for ``peer.first_chunk``, and a router in front of it."""
+    peer, server = upstreams()
+    peer.first_chunk = threading.Event()
+    router = router_factory(workers=(server.url,), **options)
+    router.wait_workers(1)
+    return peer, router
+
+
+def _busy(router: Any, peer: Any, out: dict[str, Any]) -> threading.Thread:
+    """A streaming request the peer is busy with (its first chunk waits)."""
+    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
+    busy.start()
+    _until(lambda: len(peer.requests) == 1)
+    return busy
+
+
 def _arrival_lengths(peer: Any) -> list[int]:
     return [len(body["input_ids"]) for _, body in peer.requests]
 
 
 def test_held_while_busy_then_the_shortest_goes_first(upstreams, router_factory):
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), dispatch="shortest_first", dispatch_depth=1)
-    router.wait_workers(1)
+    peer, router = _gated(upstreams, router_factory, dispatch="shortest_first", dispatch_depth=1)
     gate = router.state.routing.gate
     out, threads = _three_requests(router, peer)
     _until(lambda: gate.held() == 2)
@@ -67,10 +81,7 @@ def test_held_while_busy_then_the_shortest_goes_first(upstreams, router_factory)
 def test_off_sends_everything_at_once(upstreams, router_factory):
     """The negative control of the test above: without the gate the busy engine gets all three
     in arrival order."""
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), dispatch="off")
-    router.wait_workers(1)
+    peer, router = _gated(upstreams, router_factory, dispatch="off")
     assert router.state.dispatcher is None
     out, threads = _three_requests(router, peer)
     _until(lambda: len(peer.requests) == 3)
@@ -82,14 +93,9 @@ def test_off_sends_everything_at_once(upstreams, router_factory):
 
 
 def test_non_streaming_requests_are_not_held(upstreams, router_factory):
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1)
-    router.wait_workers(1)
+    peer, router = _gated(upstreams, router_factory, dispatch="fifo", dispatch_depth=1)
     out: dict[str, Any] = {}
-    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
-    busy.start()
-    _until(lambda: len(peer.requests) == 1)
+    busy = _busy(router, peer, out)
     with router.client() as c:  # the router sees no first token of these: never held
         assert c.post("/generate", json={"input_ids": [5, 6, 7]}).status_code == 200
     peer.first_chunk.set()
@@ -98,15 +104,10 @@ def test_non_streaming_requests_are_not_held(upstreams, router_factory):
 
 
 def test_held_longer_than_the_request_timeout_is_503(upstreams, router_factory):
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1,
+    peer, router = _gated(upstreams, router_factory, dispatch="fifo", dispatch_depth=1,
                             dispatch_timeout_s=1.0)
-    router.wait_workers(1)
     out: dict[str, Any] = {}
-    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
-    busy.start()
-    _until(lambda: len(peer.requests) == 1)
+    busy = _busy(router, peer, out)
     with router.client() as c:
         r = c.post("/generate", json={"input_ids": [5, 6, 7], "stream": True})
         assert r.status_code == 503 and "held at the router" in r.json()["error"]["message"]
@@ -119,11 +120,8 @@ def test_held_longer_than_the_request_timeout_is_503(upstreams, router_factory):
 def test_a_request_that_would_miss_its_slo_after_the_hold_is_refused_at_once(
         upstreams, router_factory):
     """With a TTFT SLO, the work held ahead counts: 429 at arrival, not after waiting."""
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), policy="conductor", dispatch="fifo",
+    peer, router = _gated(upstreams, router_factory, policy="conductor", dispatch="fifo",
                             dispatch_depth=1)
-    router.wait_workers(1)
     gate, cost = router.state.routing.gate, router.state.routing.cost
     out: dict[str, Any] = {}
     threads = [threading.Thread(target=_stream, args=(router.url, ids, out, key))
@@ -155,15 +153,10 @@ def test_a_request_that_would_miss_its_slo_after_the_hold_is_refused_at_once(
 
 
 def test_a_client_that_leaves_while_held_leaves_the_gate(upstreams, router_factory):
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), dispatch="fifo", dispatch_depth=1)
-    router.wait_workers(1)
+    peer, router = _gated(upstreams, router_factory, dispatch="fifo", dispatch_depth=1)
     gate = router.state.routing.gate
     out: dict[str, Any] = {}
-    busy = threading.Thread(target=_stream, args=(router.url, list(range(5, 50)), out, "a"))
-    busy.start()
-    _until(lambda: len(peer.requests) == 1)
+    busy = _busy(router, peer, out)
     with httpx.Client(base_url=router.url, timeout=0.5) as c, \
             contextlib.suppress(httpx.ReadTimeout):
         c.post("/generate", json={"input_ids": [5, 6, 7], "stream": True})
@@ -178,12 +171,9 @@ def test_a_held_request_is_priced_again_when_its_prefix_was_placed(upstreams, ro
     """A conversation's next turn, held while its previous turn was too, is cold when it
     arrives and mostly cached once that turn has been placed: it goes before a request that is
     cheaper only on the stale price."""
-    peer, server = upstreams()
-    peer.first_chunk = threading.Event()
-    router = router_factory(workers=(server.url,), policy="conductor",
+    peer, router = _gated(upstreams, router_factory, policy="conductor",
                             dispatch="shortest_first", dispatch_depth=1,
                             dispatch_max_hold_s=30.0)
-    router.wait_workers(1)
     gate = router.state.routing.gate
     turn1 = list(range(5, 155))
     prompts = [("busy", list(range(100, 295))), ("turn1", turn1),
