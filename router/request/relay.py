@@ -119,6 +119,7 @@ class Forward:
             "worker_id": wid, "dp_rank": d.dp_rank, "input_tokens": self.inbound.req.input_tokens,
             "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": self.ttft,
+            "held_s": self.routed.held_s,
             "engine_cached_tokens": cached, "engine_storage_tokens": storage}
         if self.pd is not None:
             record["decode_worker_id"] = self.pd.decode.info.worker_id

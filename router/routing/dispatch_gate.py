@@ -94,9 +94,10 @@ class HighestRatio(DispatchOrder):
         return max(held, key=lambda h: (self._ratio(h, now), -h.seq))
 
     def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
-        # Those that would still outrank it once it has waited as long as its own work (its
-        # ratio 2): an estimate, as ratios cross while both wait.
-        return [h for h in held if self._ratio(h, now) >= 2.0]
+        # A held request of no more work stays ahead of it; one of more work ``c`` held ``w`` is
+        # overtaken once it has waited ``w x cost / (c - cost)``: counted ahead when that is at
+        # least its own work, i.e. ``w >= c - cost`` (an estimate: the backlog drains meanwhile).
+        return [h for h in held if h.cost_s <= cost_s or now - h.arrived >= h.cost_s - cost_s]
 
 
 OFF = "off"

@@ -75,6 +75,8 @@ def test_held_while_busy_then_the_shortest_goes_first(upstreams, router_factory)
     assert _arrival_lengths(peer) == [195, 7, 175]  # the short one before the long one
     assert all(out[k].status_code == 200 for k in "abc")
     assert int(out["c"].headers["x-radix-hold-ms"]) >= 150
+    held = {r["request_id"]: r["held_s"] for r in router.state.recent}
+    assert held[out["c"].headers["x-radix-request-id"]] >= 0.15
     assert gate.held() == 0 and gate.in_flight((out["a"].headers["x-radix-worker"], 0)) == 0
 
 

@@ -256,4 +256,6 @@ def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():
     cached = Held("cached", "m", arrived=1.0, cost_s=0.0, seq=3)  # counted as 10 ms of work
     assert order.next([long_, short, cached], now=1.01) is cached
     assert order.ahead([long_, short], cost_s=0.5, now=2.0) == [long_, short]
-    assert order.ahead([long_, short], cost_s=0.5, now=1.05) == []
+    assert order.ahead([long_, short], cost_s=0.5, now=1.05) == [short]
+    fresh = [Held(f"r{i}", "m", arrived=1.0, cost_s=1.0, seq=i) for i in range(4)]
+    assert order.ahead(fresh, cost_s=1.0, now=1.0) == fresh  # a burst of equals: FIFO
