@@ -74,14 +74,18 @@ class RouterState:
         # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from
         # the same config (RouterConfig.*_config(): one default per value).
         slo = config.slo_config()
+        policy = policy or get_policy(config.policy, slo, **config.policy_options)
+        gate = config.dispatch_config().gate()
+        if gate is not None and not policy.places_by_state:
+            log.warning("dispatch %r is off with policy %r: it picks by turn or draw, not by "
+                        "the engines' state (docs/interfaces.md s. 19)", config.dispatch,
+                        policy.name)
+            gate = None
         self.routing = PolicyDriver(
-            policy or get_policy(config.policy, slo, **config.policy_options),
-            CostModel(config.cost_config()), self.index.view,
-            decode=DecodeSelector(config.decode_config()), slo=slo,
-            gate=config.dispatch_config().gate())
+            policy, CostModel(config.cost_config()), self.index.view,
+            decode=DecodeSelector(config.decode_config()), slo=slo, gate=gate)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
-        gate = self.routing.gate
         self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock)
                            if gate is not None else None)
         self.proxy = Proxy(config.proxy_config())

@@ -91,18 +91,33 @@ class Dispatcher:
         servers = self._servers()
         for group in self.gate.groups():
             if self.gate.has_room(group, servers.get(group, ())):
-                for request_id in self.gate.held_ids(group):
-                    reprice = self._reprice.get(request_id)
-                    priced = reprice() if reprice is not None else None
-                    if priced is not None:
-                        self.gate.reprice(request_id, priced.cost_s, priced.server)
-        for request_id in self.gate.release(servers, self._clock()):
-            future = self._waiters.get(request_id)
-            if future is not None and not future.done():
-                future.set_result(None)
-            else:  # its coroutine is gone (it timed out or was cancelled meanwhile)
-                self.gate.drop(request_id)
+                self._reprice_held(group)
+        released = self.gate.release(servers, self._clock())
+        while released:
+            gone = False
+            for request_id in released:
+                future = self._waiters.get(request_id)
+                if future is not None and not future.done():
+                    future.set_result(None)
+                else:  # its coroutine is gone (it timed out or was cancelled meanwhile)
+                    gone = self.gate.drop(request_id) or gone
+            # the room a gone one took is free again: the next in order may have it now
+            released = self.gate.release(servers, self._clock()) if gone else []
         self._metrics.dispatch_held.set(self.gate.held())
+
+    def _reprice_held(self, group: str) -> None:
+        for request_id in self.gate.held_ids(group):
+            reprice = self._reprice.get(request_id)
+            if reprice is None:
+                continue
+            try:
+                priced = reprice()
+            except Exception:  # one request's policy error must not stall the others
+                log.exception("pricing held request %s failed: its last price stays",
+                              request_id)
+                continue
+            if priced is not None:
+                self.gate.reprice(request_id, priced.cost_s, priced.server)
 
     def _servers(self) -> dict[str, set[Hashable]]:
         """Per model, the compute servers of its accepting slots that can run a prefill."""

@@ -40,7 +40,7 @@ from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
 from router.request.inbound import Inbound, client_rid_label, new_rid
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
-from router.request.route import route_when_released
+from router.request.route import prefetch_matches, route_when_released
 from router.routing.contract import RouteRequest
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
@@ -152,9 +152,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     req, ids = keyed
     inbound = Inbound(req, payload, body, salt, kind, upstream_path, ref.model,
                       forward_headers(request.headers), is_stream(payload), t0, client_rid, batch)
-    if state.index.remote:  # asked here, async; the policy's match must not block the loop
-        await asyncio.gather(*(state.index.prefetch_match(req.namespace, keys)
-                               for keys in (req.page_keys, req.shared_keys) if keys))
+    await prefetch_matches(state, req)
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)
     first = await route_when_released(state, inbound, request.scope, request.receive)

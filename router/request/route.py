@@ -5,6 +5,7 @@ relays run it again, with the workers that refused excluded, to retry."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from typing import NamedTuple
 
@@ -17,7 +18,7 @@ from router.cluster.slots import worker_states
 from router.request.finish import client_gone, remember
 from router.request.inbound import Inbound
 from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO, TTFT_SLO, reject, ttft_excess
-from router.routing.contract import Decision
+from router.routing.contract import Decision, RouteRequest
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
 from router.transport.proxy import ClientGone, until_disconnect
@@ -80,12 +81,22 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     except HeldTooLong as exc:
         state.totals["held_too_long"] += 1
         return error_response(503, str(exc), ErrorType.UNAVAILABLE)
+    if held_s > 0:  # placed against the cache of now, not of its arrival
+        await prefetch_matches(state, req)
     routed = route(state, inbound, set())
     if isinstance(routed, Response):
         if dispatcher.gate.drop(req.request_id):
             dispatcher.pump()
         return routed
     return routed._replace(held_s=held_s)
+
+
+async def prefetch_matches(state: RouterState, req: RouteRequest) -> None:
+    """With the index as a service, ask it for ``req``'s matches now: the policy's ``match``
+    reads the answers and must not block the loop (``router/cluster/remote_index.py``)."""
+    if state.index.remote:
+        await asyncio.gather(*(state.index.prefetch_match(req.namespace, keys)
+                               for keys in (req.page_keys, req.shared_keys) if keys))
 
 
 def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:

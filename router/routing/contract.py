@@ -159,6 +159,11 @@ class RoutingPolicy(ABC):
     rejects or fails to forward a decision leaves the policy as it was."""
 
     name: ClassVar[str]
+    # Whether ``choose`` picks by the cluster's state (load, cache). The dispatch gate needs it:
+    # a held request waits for room on the slot it would pick. Where the pick is a turn or a
+    # draw that moves only when a request is routed (round_robin, random), held requests would
+    # wait for the turn's engine while another has room: the router holds nothing for them.
+    places_by_state: ClassVar[bool] = True
 
     @abstractmethod
     def choose(

@@ -9,6 +9,7 @@ The caller then forwards and later reports ``prefill_done`` and ``finished`` (or
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Sequence
 
 from radix_global.types import Role, WorkerId
@@ -24,6 +25,8 @@ from router.routing.contract import (
 from router.routing.cost import CostModel
 from router.routing.decode_select import DecodeSelector
 from router.routing.dispatch_gate import DispatchGate
+
+log = logging.getLogger("radix_global.router.dispatch")
 
 
 class PolicyDriver:
@@ -100,8 +103,12 @@ class PolicyDriver:
         self.policy.on_worker_removed(worker_id)
 
     def _room(self) -> None:
-        if self.on_room is not None:
+        if self.on_room is None:
+            return
+        try:
             self.on_room()
+        except Exception:  # the gate's trouble must not fail the request that made room
+            log.exception("dispatch after a first token or an end failed")
 
     def in_flight(self) -> int:
         return len(self._requests)

@@ -19,6 +19,7 @@ from router.routing.contract import (
 
 class RandomPolicy(RoutingPolicy):
     name = "random"
+    places_by_state = False
 
     def __init__(self, seed: int | None = 0) -> None:
         self._rng = random.Random(seed)

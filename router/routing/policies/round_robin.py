@@ -18,6 +18,7 @@ from router.routing.contract import (
 
 class RoundRobinPolicy(RoutingPolicy):
     name = "round_robin"
+    places_by_state = False
 
     def __init__(self) -> None:
         self._turn = 0  # advanced in on_routed, so a rejected/unforwarded decision costs no turn

@@ -44,6 +44,7 @@ def _gated(upstreams: Any, router_factory: Any, **options: Any) -> tuple[Any, An
     """A peer whose first chunks wait for ``peer.first_chunk``, and a router in front of it."""
     peer, server = upstreams()
     peer.first_chunk = threading.Event()
+    options.setdefault("policy", "least_load")  # the factory's round_robin is never held
     router = router_factory(workers=(server.url,), **options)
     router.wait_workers(1)
     return peer, router
@@ -190,3 +191,13 @@ def test_a_held_request_is_priced_again_when_its_prefix_was_placed(upstreams, ro
     for t in threads:
         t.join(30)
     assert _arrival_lengths(peer) == [195, 150, 170, 160]  # turn2 before "other"
+
+
+
+def test_round_robin_and_random_are_never_held(router_factory):
+    """Their pick is a turn or a draw that moves only when a request is routed: held for the
+    turn's engine, requests would wait while another engine has room. The gate is off."""
+    for policy in ("round_robin", "random"):
+        router = router_factory(workers=(), policy=policy, dispatch="fifo")
+        assert router.state.dispatcher is None and router.state.routing.gate is None
+    assert router_factory(workers=(), policy="least_load", dispatch="fifo").state.dispatcher
