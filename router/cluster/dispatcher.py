@@ -49,10 +49,10 @@ class Dispatcher:
     async def wait(self, request_id: str, model: str, priced: Priced, timeout_s: float,
                    reprice: Callable[[], Priced | None] | None = None) -> float:
         """Hold ``request_id`` (``priced``: its predicted work and the server its policy would
-        place it on) until the gate releases it; returns the seconds held. Raises
-        :class:`HeldTooLong` after ``timeout_s`` (the request leaves the gate). Cancelled (the
-        client left): it leaves the gate. ``reprice``: the same now (None: keep the last),
-        asked before each release that has room for its model."""
+        place it on) until the gate releases it; returns the seconds held (0: released at
+        once). Raises :class:`HeldTooLong` after ``timeout_s`` (the request leaves the gate).
+        Cancelled (the client left): it leaves the gate. ``reprice``: the same now (None: keep
+        the last), asked before each release that has room for its model."""
         t0 = self._clock()
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
@@ -60,7 +60,8 @@ class Dispatcher:
             self._reprice[request_id] = reprice
         self.gate.hold(request_id, model, priced.cost_s, t0, priced.server)
         self.pump()
-        if not future.done() and (self._ticker is None or self._ticker.done()):
+        waited = not future.done()  # released by that pump: never held
+        if waited and (self._ticker is None or self._ticker.done()):
             self._ticker = asyncio.create_task(self._tick())
         try:
             await asyncio.wait_for(future, timeout_s)
@@ -76,7 +77,7 @@ class Dispatcher:
             self._waiters.pop(request_id, None)
             self._reprice.pop(request_id, None)
             self._metrics.dispatch_held.set(self.gate.held())
-        held = self._clock() - t0
+        held = self._clock() - t0 if waited else 0.0
         self._metrics.dispatch_hold_s.observe(held)
         return held
 

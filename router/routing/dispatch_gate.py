@@ -18,7 +18,7 @@ Pure: the caller passes time and the servers each group (a model) can use.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections import Counter
+from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, NamedTuple
@@ -138,6 +138,11 @@ class DispatchConfig:
 
 
 class DispatchGate:
+    # Placed requests that ended before their first token, remembered so that a retry on another
+    # worker (the relay's, after a refused connection) counts there; ids are unique, so the rest
+    # are never placed again and age out.
+    RETRY_MEMORY = 4096
+
     def __init__(self, order: DispatchOrder, depth: int) -> None:
         if depth < 1:
             raise ValueError(f"depth must be >= 1, got {depth}")
@@ -147,6 +152,7 @@ class DispatchGate:
         self._unplaced: dict[str, tuple[str, Hashable]] = {}
         self._server_of: dict[str, Hashable] = {}
         self._in_flight: Counter[Hashable] = Counter()
+        self._may_retry: OrderedDict[str, None] = OrderedDict()
         self._seq = 0
 
     def hold(self, request_id: str, group: str, cost_s: float, now: float,
@@ -221,11 +227,15 @@ class DispatchGate:
         return sum(h.cost_s for h in ahead) / servers if servers > 0 and ahead else 0.0
 
     def placed(self, request_id: str, server: Hashable) -> None:
-        """A released request was routed to ``server``; it counts there until its first token.
-        Ids the gate did not release are ignored (they were never held)."""
-        if self._unplaced.pop(request_id, None) is not None:
-            self._server_of[request_id] = server
-            self._in_flight[server] += 1
+        """A released request was routed to ``server`` (again, when retried after its worker
+        refused it); it counts there until its first token. Ids the gate did not release are
+        ignored (they were never held)."""
+        if self._unplaced.pop(request_id, None) is None:
+            if request_id not in self._may_retry:
+                return
+            del self._may_retry[request_id]
+        self._server_of[request_id] = server
+        self._in_flight[server] += 1
 
     def first_token(self, request_id: str) -> bool:
         """``request_id``'s first token came back. True when that made room."""
@@ -241,6 +251,10 @@ class DispatchGate:
         """``request_id`` ended or left, wherever it is at the gate. True when that made room
         (it was released and not yet done with its prefill). Idempotent."""
         self._held.pop(request_id, None)
+        if request_id in self._server_of:
+            self._may_retry[request_id] = None
+            while len(self._may_retry) > self.RETRY_MEMORY:
+                self._may_retry.popitem(last=False)
         return self._unplaced.pop(request_id, None) is not None or self.first_token(request_id)
 
     def held(self) -> int:

@@ -201,3 +201,53 @@ def test_round_robin_and_random_are_never_held(router_factory):
         router = router_factory(workers=(), policy=policy, dispatch="fifo")
         assert router.state.dispatcher is None and router.state.routing.gate is None
     assert router_factory(workers=(), policy="least_load", dispatch="fifo").state.dispatcher
+
+
+def test_a_pricing_error_keeps_the_last_price_and_fails_no_request(upstreams, router_factory):
+    """The policy fails while a held request is priced again at the release: the request goes
+    on its arrival price, and the request whose first token made the room is not failed."""
+    peer, router = _gated(upstreams, router_factory, dispatch="fifo", dispatch_depth=1,
+                            dispatch_timeout_s=5.0)
+    gate = router.state.routing.gate
+    out: dict[str, Any] = {}
+    busy = _busy(router, peer, out)
+    held = threading.Thread(target=_stream, args=(router.url, [5, 6, 7], out, "b"))
+    held.start()
+    _until(lambda: gate.held() == 1)
+
+    def broken(*_: Any) -> Any:
+        raise RuntimeError("policy bug")
+
+    router.state.routing.estimate = broken  # type: ignore[method-assign]
+    peer.first_chunk.set()
+    busy.join(30)
+    held.join(30)
+    assert out["a"].status_code == 200 and b"error" not in out["a"].content
+    assert out["b"].status_code == 200 and len(peer.requests) == 2
+
+
+def test_a_held_request_asks_the_index_service_again_when_released(upstreams, router_factory):
+    """With the index as a service, the matches fetched at arrival are fetched again at the
+    release: the request is placed against the cache of then."""
+    peer, router = _gated(upstreams, router_factory, dispatch="fifo", dispatch_depth=1)
+    index = router.state.index
+    asked: list[tuple[int, ...]] = []
+
+    async def prefetch_match(namespace: Any, keys: Any) -> None:
+        asked.append(tuple(keys))
+
+    index.remote = True  # the local index, asked as a service would be
+    index.prefetch_match = prefetch_match
+    out: dict[str, Any] = {}
+    busy = _busy(router, peer, out)
+    once = len(asked)  # not held: asked once (a key set or two)
+    assert once >= 1
+    held = threading.Thread(target=_stream, args=(router.url, list(range(5, 40)), out, "b"))
+    held.start()
+    _until(lambda: router.state.routing.gate.held() == 1)
+    peer.first_chunk.set()
+    busy.join(30)
+    held.join(30)
+    assert out["b"].status_code == 200
+    later = asked[once:]
+    assert len(later) == 2 * once and later[:once] == later[once:]  # arrival, then release

@@ -119,6 +119,21 @@ def test_drop_is_idempotent_and_frees_room_only_once():
     assert gate.in_flight("s0") == 0
 
 
+
+def test_a_retry_after_a_refused_connection_counts_where_it_went():
+    """The relay ends the refused attempt (``drop``) and routes the request again
+    (``placed``): the engine the retry went to has its prefill to do."""
+    gate = DispatchGate(Fifo(), depth=2)
+    gate.hold("r", "m", 1.0, 0.0, server="s0")
+    assert gate.release({"m": {"s0", "s1"}}, 0.1) == ["r"]
+    gate.placed("r", "s0")
+    assert gate.drop("r") is True and gate.in_flight("s0") == 0
+    gate.placed("r", "s1")
+    assert gate.in_flight("s1") == 1
+    assert gate.first_token("r") is True and gate.in_flight("s1") == 0
+    gate.placed("never-held", "s1")  # ids the gate never released stay uncounted
+    assert gate.in_flight("s1") == 0
+
 def test_a_request_is_at_the_gate_once():
     gate = DispatchGate(Fifo(), depth=1)
     gate.hold("a", "m", 1.0, now=0.0)
