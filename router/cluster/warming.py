@@ -8,8 +8,10 @@ copy to the index, and routing can use it.
 
 The index knows page keys, not tokens, so the router remembers the token ids of prompts it routed
 that reused a cached prefix (a repeated prefix is what can become hot): :class:`PrefixTokens`, an
-LRU bounded in pages, answers "the token ids of this chain of page keys" for any leading run of a
-remembered prompt. A hot prefix the router never routed (another router's traffic) cannot be
+LRU bounded in pages, answers "the token ids of this chain of page keys, and the namespace (salt,
+adapter) they were keyed in" for any leading run of a remembered prompt; the warm request carries
+that namespace, so an isolated tenant's prefix is warmed in the tenant's namespace, never in the
+shared one. A hot prefix the router never routed (another router's traffic) cannot be
 warmed from here and is counted as ``no_tokens``.
 
 Outcomes are counted in ``router_warm_actions_total{outcome}``: ``sent`` (the engine answered),
@@ -38,7 +40,7 @@ from prometheus_client import CollectorRegistry, Counter
 from radix_global.ops import HolderMatch, HotPrefix
 from radix_global.types import Namespace, PageKey
 from router.cluster.index_link import ClusterIndex
-from router.cluster.prefix_tokens import PrefixTokens
+from router.cluster.prefix_tokens import PrefixTokens, Remembered, WarmScope
 from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.cluster.replication import WarmAction, WarmConfig, WarmupPlanner
 from router.cluster.slots import worker_states
@@ -99,11 +101,12 @@ class HotPrefixWarmer:
             self._join_metric.labels(outcome)
 
     def remember(self, namespace: str, keys: Sequence[PageKey], ids: Sequence[int],
-                 page_size: int, prefix_tokens: int) -> None:
+                 page_size: int, prefix_tokens: int, scope: WarmScope) -> None:
         """Called per routed request: keep the ids of prompts that reused a cached prefix of at
-        least the planner's ``min_pages``."""
+        least the planner's ``min_pages``, with the scope (salt, adapter) ``keys`` were keyed
+        in."""
         if self.enabled and prefix_tokens >= self.planner.config.min_pages * page_size:
-            self.prefixes.remember(namespace, keys, ids, page_size)
+            self.prefixes.remember(namespace, keys, ids, page_size, scope)
 
     def _count(self, outcome: str) -> None:
         self.outcomes[outcome] += 1
@@ -130,15 +133,15 @@ class HotPrefixWarmer:
                 if entry.info.engine != "sglang":
                     self._count("unsupported")
                     continue
-                ids = self.prefixes.tokens(namespace, action.keys)
-                if ids is None:
+                prefix = self.prefixes.tokens(namespace, action.keys)
+                if prefix is None:
                     self._count("no_tokens")
                     continue
                 if len(self._in_flight) >= self.max_in_flight:
                     self._count("busy")
                     continue
                 task = asyncio.get_running_loop().create_task(
-                    self._send_action(entry.info.url, entry.info.dp_size, action, ids))
+                    self._send_action(entry.info.url, entry.info.dp_size, action, prefix))
                 self._in_flight.add(task)
                 task.add_done_callback(self._in_flight.discard)
                 started.append(action)
@@ -156,12 +159,19 @@ class HotPrefixWarmer:
             return await asyncio.to_thread(plan)
         return plan()  # the in-process index is owned by the loop: asked on it
 
-    async def _send(self, url: str, dp_size: int, dp_rank: int, ids: list[int],
+    async def _send(self, url: str, dp_size: int, dp_rank: int, prefix: Remembered,
                     timeout_s: float | None = None) -> bool:
-        """One prefix-only request (``max_new_tokens=1``); True when the engine answered 200."""
+        """One prefix-only request (``max_new_tokens=1``) in the prefix's own namespace (its
+        salt and adapter: its pages land where its requests will look); True when the engine
+        answered 200."""
         self._sent += 1
-        body: dict[str, Any] = {"input_ids": ids, "rid": f"warm-{self._rid_prefix}-{self._sent}",
+        body: dict[str, Any] = {"input_ids": prefix.ids,
+                                "rid": f"warm-{self._rid_prefix}-{self._sent}",
                                 "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        if prefix.scope.cache_salt is not None:
+            body["cache_salt"] = prefix.scope.cache_salt
+        if prefix.scope.lora is not None:
+            body["lora_path"] = prefix.scope.lora
         if dp_size > 1:
             body["routed_dp_rank"] = dp_rank
         try:
@@ -173,8 +183,8 @@ class HotPrefixWarmer:
             return False
 
     async def _send_action(self, url: str, dp_size: int, action: WarmAction,
-                           ids: list[int]) -> None:
-        ok = await self._send(url, dp_size, action.dp_rank, ids)
+                           prefix: Remembered) -> None:
+        ok = await self._send(url, dp_size, action.dp_rank, prefix)
         self._count("sent" if ok else "failed")
 
     # ---- a worker joining a warm cluster (docs/interfaces.md s.18) ------------------------
@@ -218,12 +228,12 @@ class HotPrefixWarmer:
         for prefix, _ in sorted(wanted, key=lambda h: -h[0].hit_rate):
             if prefix.keys in covered:
                 continue
-            ids = self.prefixes.tokens(ns, prefix.keys)
-            if ids is None:
+            known = self.prefixes.tokens(ns, prefix.keys)
+            if known is None:
                 outcome = "no_tokens"
             elif pages + prefix.pages > self.join_pages or self.clock() >= deadline:
                 outcome = "budget"
-            elif await self._send(info.url, info.dp_size, 0, ids,
+            elif await self._send(info.url, info.dp_size, 0, known,
                                   min(self.timeout_s, deadline - self.clock())):
                 outcome, pages = "sent", pages + prefix.pages
             else:

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp
 
 from radix_global.keys import page_keys
 from radix_global.types import Namespace, PageKey
+from router.cluster.prefix_tokens import WarmScope
 from router.cluster.registry import WorkerEntry
 from router.keying.lora import ModelRef, adapter_extra_key, request_adapter, resolve_model
 from router.keying.prompt import (
@@ -48,9 +49,10 @@ from router.transport.proxy import forward_headers
 
 log = logging.getLogger("radix_global.router.request")
 
-# A text prompt whose body is longer than this many bytes per token of the context cannot fit
-# (no tokenizer's average token is that long): refused before tokenizing, which would cost
-# seconds of CPU for a body of megabytes.
+# A prompt whose body is longer than this many bytes per token of the context cannot fit (no
+# tokenizer's average token is that long, and a token id is at most 10 digits and a separator):
+# refused before tokenizing, which would cost seconds of CPU for a body of megabytes, and before
+# a held request keeps a body of junk in memory.
 MAX_BYTES_PER_TOKEN = 32
 BYTES_SLACK = 256 * 1024  # the rest of a body: sampling parameters, tool schemas, ...
 THREAD_TOKENIZE_BYTES = 65536  # larger prompts are tokenized off the event loop
@@ -149,7 +151,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
                          Namespace(entries[0].info.namespace), salt, tenant.name)
     if isinstance(keyed, Response):
         return keyed
-    req, ids = keyed
+    req, ids, scope = keyed
     inbound = Inbound(req, payload, body, salt, kind, upstream_path, ref.model,
                       forward_headers(request.headers), is_stream(payload), t0, client_rid, batch)
     await prefetch_matches(state, req)
@@ -160,7 +162,7 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
         return first
     if state.warmer.enabled and ids:  # token ids of reused prefixes, for hot-prefix warming
         state.warmer.remember(req.namespace, req.page_keys, ids, req.page_size,
-                              first.decision.prefix_tokens)
+                              first.decision.prefix_tokens, scope)
     if state.pd_pool is not None and first.decision.decode_worker_id is not None:
         return PoolForward(state, state.pd_pool, inbound, first)
     return Forward(state, inbound, first)
@@ -168,13 +170,14 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
 
 async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any], body: bytes,
                  kind: str, ref: ModelRef, namespace: Namespace, salt: str | None, tenant: str
-                 ) -> tuple[RouteRequest, list[int] | None] | Response:
-    """The request as the routing core sees it: token ids -> page keys in its namespace."""
+                 ) -> tuple[RouteRequest, list[int] | None, WarmScope] | Response:
+    """The request as the routing core sees it: token ids -> page keys in its namespace (and
+    that namespace as an engine request names it: the salt and the adapter)."""
     clock, cfg = state.clock, state.config
     t_tok = clock()
     context = cfg.context_length or head.context_length
     text = needs_tokenizer(kind, payload)
-    if text and context is not None and len(body) > context * MAX_BYTES_PER_TOKEN + BYTES_SLACK:
+    if context is not None and len(body) > context * MAX_BYTES_PER_TOKEN + BYTES_SLACK:
         return error_response(400, f"request body of {len(body)} bytes cannot fit the model's "
                               f"context length of {context} tokens", ErrorType.CONTEXT_LENGTH)
     # Token-id prompts never wait for the tokenizer (it may still be loading).
@@ -209,7 +212,8 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
         request_id=new_rid(), namespace=namespace,
         input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size, tenant=tenant,
         ttft_slo_s=float(slo) if slo is not None else None,
-        output_tokens_hint=output_tokens_hint(kind, payload), shared_keys=shared), ids
+        output_tokens_hint=output_tokens_hint(kind, payload), shared_keys=shared), ids, \
+        WarmScope(salt, adapter)
 
 
 async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namespace: Namespace,

@@ -22,6 +22,7 @@ from radix_global.ops import StorePages
 from radix_global.registration import WorkerInfo
 from radix_global.types import Location, Namespace, Tier, WorkerId
 from router.cluster.index_link import EmbeddedIndex
+from router.cluster.prefix_tokens import SHARED, WarmScope
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
 from router.config import ConfigError, RouterConfig
@@ -81,7 +82,8 @@ def warm(link: EmbeddedIndex, join_pages: int, entry: WorkerEntry | None = None,
                                      clock=clock)
             warmer.bind_metrics(CollectorRegistry())
             for ids in (HOT, WARM):  # routed earlier: their token ids are known
-                warmer.remember(NS, page_keys(ids, PS), ids, PS, prefix_tokens=len(ids))
+                warmer.remember(NS, page_keys(ids, PS), ids, PS, prefix_tokens=len(ids),
+                                scope=SHARED)
             warmer.joined(entry or joiner())
             await asyncio.gather(*warmer._in_flight)
             return dict(warmer.join_outcomes), int(
@@ -162,3 +164,54 @@ def test_a_worker_registering_with_the_router_is_warmed(upstreams, router_factor
 def warm_requests(peer) -> list[dict]:
     return [body for path, body in peer.requests
             if path == "/generate" and str(body.get("rid", "")).startswith("warm-")]
+
+
+@pytest.mark.parametrize("tenant, salt", [("iso", "tenant:iso"), ("pub", None)])
+def test_a_tenants_prefix_is_warmed_in_the_tenants_own_namespace(
+        upstreams, router_factory, tmp_path, tenant: str, salt: str | None) -> None:
+    """An isolated tenant's prefix is warmed with the tenant's salt: without it the joining
+    engine would cache the tenant's prompt in the shared namespace, where any client hits it
+    (issue 35, item 1), and the tenant would not. A shared tenant's goes without a salt."""
+    tenants = tmp_path / "tenants.toml"
+    tenants.write_text('[tenants.iso]\napi_keys = ["k-iso"]\n'
+                       '[tenants.pub]\napi_keys = ["k-pub"]\nshared = true\n')
+    (_, a), (pb, b) = upstreams(), upstreams()
+    router = router_factory(workers=(a.url,), policy="conductor", join_warm_pages=64,
+                            tenants_file=str(tenants))
+    router.wait_workers(1)
+    (entry,) = router.state.registry.all()
+    ns = Namespace(entry.info.namespace)
+    router.state.index.index.apply(StorePages(ns, Location(entry.worker_id, 0, Tier.GPU), None,
+                                              page_keys(HOT, PS, cache_salt=salt)))
+    with router.client(headers={"Authorization": f"Bearer k-{tenant}"}) as c:
+        for i in range(3):
+            assert c.post("/generate", json={"input_ids": HOT + [60 + i] * 5}).status_code == 200
+        record = msgspec.structs.replace(entry.info, worker_id="late-b", url=b.url)
+        assert c.post("/admin/workers", content=msgspec.json.encode(record)).status_code == 201
+        deadline = time.monotonic() + 5
+        while not warm_requests(pb) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    (got,) = warm_requests(pb)
+    assert got["input_ids"] == HOT and got.get("cache_salt") == salt
+    assert "lora_path" not in got
+
+
+def test_an_adapters_prefix_is_warmed_with_its_adapter() -> None:
+    """The scope remembered with a prompt goes out with its warm request."""
+    sent: list[dict] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, json={"text": "x"})
+
+    async def run() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            warmer = HotPrefixWarmer(link_with(), WorkerRegistry(), client, lambda slot: 0,
+                                     join_pages=64, clock=Clock(0.0))
+            warmer.remember(NS, page_keys(HOT, PS), HOT, PS, prefix_tokens=len(HOT),
+                            scope=WarmScope("tenant:x/s", "sql-adapter"))
+            assert await warmer.warm_joined(joiner()) == 8
+
+    asyncio.run(run())
+    assert [(b["input_ids"], b["cache_salt"], b["lora_path"]) for b in sent] == \
+        [(HOT, "tenant:x/s", "sql-adapter")]

@@ -16,7 +16,7 @@ from radix_global.keys import page_keys
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
 from router.cluster.discovery import cli_worker_id
-from router.cluster.prefix_tokens import PrefixTokens
+from router.cluster.prefix_tokens import SHARED, PrefixTokens
 from router.cluster.replication import WarmConfig, WarmupPlanner
 from router.routing.contract import Decision, RouteRequest
 
@@ -28,15 +28,15 @@ def test_prefix_tokens_finds_any_leading_run_and_is_bounded() -> None:
     ids = [*PREFIX, 50, 51, 52, 53, 54]
     keys = page_keys(ids, PS)
     book = PrefixTokens(max_pages=20)
-    book.remember("ns", keys, ids, PS)
-    assert book.tokens("ns", keys[:3]) == ids[:12]
-    assert book.tokens("ns", keys) == ids[:36]
+    book.remember("ns", keys, ids, PS, SHARED)
+    assert book.tokens("ns", keys[:3]) == (ids[:12], SHARED)
+    assert book.tokens("ns", keys) == (ids[:36], SHARED)
     assert book.tokens("other", keys[:3]) is None
     assert book.tokens("ns", [keys[1]]) is None  # a key at another depth: not this chain
     assert book.tokens("ns", []) is None
     for n in range(3):  # 3 more prompts of 9 pages: the first ones are evicted (20 pages max)
         more = [200 + n, *ids[1:]]
-        book.remember("ns", page_keys(more, PS), more, PS)
+        book.remember("ns", page_keys(more, PS), more, PS, SHARED)
     assert book.tokens("ns", keys[:3]) is None and len(book) == 2
     with pytest.raises(ValueError):
         PrefixTokens(max_pages=0)

@@ -17,6 +17,7 @@ from radix_global.ops import HotPrefix, StorePages
 from radix_global.registration import WorkerInfo
 from radix_global.types import Location, Namespace, Tier, WorkerId
 from router.cluster.index_link import EmbeddedIndex
+from router.cluster.prefix_tokens import SHARED
 from router.cluster.registry import Source, WorkerRegistry
 from router.cluster.replication import WarmConfig
 from router.cluster.warming import HotPrefixWarmer
@@ -66,7 +67,7 @@ async def _warm(link: EmbeddedIndex) -> tuple[list[tuple[str, dict]], dict[str, 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
         warmer = HotPrefixWarmer(link, _registry(), client, outstanding, interval_s=1.0,
                                  config=WarmConfig(min_hit_rate=0.01), clock=lambda: NOW)
-        warmer.remember(NS, KEYS, PREFIX, PS, prefix_tokens=len(PREFIX))
+        warmer.remember(NS, KEYS, PREFIX, PS, prefix_tokens=len(PREFIX), scope=SHARED)
         await warmer.run_once()
         await asyncio.gather(*warmer._in_flight)
     return sent, dict(warmer.outcomes)
