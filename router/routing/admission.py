@@ -1,7 +1,8 @@
 """SLO admission: reject at once (HTTP 429 + Retry-After) what cannot meet its SLO.
 
-A request's own SLO (``RouteRequest.ttft_slo_s`` / ``tbt_slo_s``) wins over the configured
-default; ``None`` everywhere means no admission on that dimension. ``ttft_headroom`` keeps a
+A request's own SLO (``RouteRequest.ttft_slo_s`` / ``tbt_slo_s``) may only tighten the operator's:
+the smaller of the two applies, so no client can switch admission off for itself by asking for
+a loose SLO; ``None`` everywhere means no admission on that dimension. ``ttft_headroom`` keeps a
 fraction of the TTFT SLO back for what the cost model does not see (the HTTP hops, the first
 decode step, streaming, the model's own error): a request is admitted when its predicted TTFT is
 at most ``(1 - ttft_headroom) x SLO``. Pure.
@@ -42,15 +43,22 @@ class SloConfig:
             raise ValueError("need 0 <= min_retry_after_s <= max_retry_after_s")
 
     def ttft_for(self, req: RouteRequest) -> float | None:
-        return req.ttft_slo_s if req.ttft_slo_s is not None else self.ttft_slo_s
+        return _tighter(req.ttft_slo_s, self.ttft_slo_s)
 
     def tbt_for(self, req: RouteRequest) -> float | None:
-        return req.tbt_slo_s if req.tbt_slo_s is not None else self.tbt_slo_s
+        return _tighter(req.tbt_slo_s, self.tbt_slo_s)
 
     def retry_after_s(self, excess_s: float) -> float:
         """How long to wait before retrying: the predicted excess over the SLO is queued work
         that has to drain first; clamped to the configured range."""
         return min(self.max_retry_after_s, max(self.min_retry_after_s, excess_s))
+
+
+def _tighter(client: float | None, operator: float | None) -> float | None:
+    """The client's SLO where it is stricter than the operator's, else the operator's."""
+    if client is None or operator is None:
+        return operator if client is None else client
+    return min(client, operator)
 
 
 def check_ttft(req: RouteRequest, best: CandidateEstimate, slo: SloConfig) -> float | None:

@@ -19,13 +19,19 @@ def estimate(ttft: float) -> CandidateEstimate:
     return CandidateEstimate(WorkerId("w"), 0, 0, 0, None, ttft, 0.0, 0.0, ttft, 0)
 
 
-def test_request_slo_overrides_default_and_none_disables() -> None:
+def test_a_request_slo_may_only_tighten_the_operators() -> None:
     req = RouteRequest("r", NS, 10, [], 16)
     assert check_ttft(req, estimate(100.0), SloConfig()) is None
     assert check_ttft(req, estimate(3.0), SloConfig(ttft_slo_s=2.0)) == pytest.approx(1.0)
-    assert check_ttft(req._replace(ttft_slo_s=5.0), estimate(3.0), SloConfig(ttft_slo_s=2.0)) \
-        is None
+    # a looser SLO of the client's does not switch the operator's admission off for it
+    assert check_ttft(req._replace(ttft_slo_s=1e9), estimate(3.0), SloConfig(ttft_slo_s=2.0)) \
+        == pytest.approx(1.0)
+    assert check_ttft(req._replace(ttft_slo_s=1.0), estimate(1.5), SloConfig(ttft_slo_s=2.0)) \
+        == pytest.approx(0.5)  # a stricter one applies
+    assert check_ttft(req._replace(ttft_slo_s=1.0), estimate(1.5), SloConfig()) \
+        == pytest.approx(0.5)  # and one where the operator set none
     assert SloConfig(tbt_slo_s=0.1).tbt_for(req._replace(tbt_slo_s=0.05)) == 0.05
+    assert SloConfig(tbt_slo_s=0.1).tbt_for(req._replace(tbt_slo_s=5.0)) == 0.1
 
 
 def test_headroom_keeps_part_of_the_ttft_slo_back() -> None:
