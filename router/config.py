@@ -122,7 +122,8 @@ class RouterConfig:
     # with its saved one at once, without profiling again (router/cluster/profile_store.py).
     profiles_file: str | None = None
     # Admission (router/routing/admission.py, SloConfig): 429 + Retry-After for what is predicted
-    # to miss the TTFT SLO (0 = none; a request's own ttft_slo_s wins), keeping ttft_headroom of
+    # to miss the TTFT SLO (0 = none; a request's own ttft_slo_s may only tighten it), keeping
+    # ttft_headroom of
     # it back for what the cost model does not see; pd_tbt_slo_s: decode admission (0 = none).
     ttft_slo_s: float = _SLO.ttft_slo_s or 0.0
     ttft_headroom: float = _SLO.ttft_headroom
@@ -132,11 +133,15 @@ class RouterConfig:
     # Router-side dispatch (router/routing/dispatch_gate.py, DispatchConfig; docs/interfaces.md
     # s. 19): hold streaming requests while every engine that could take them has
     # dispatch_depth prefills in flight, and send them off | fifo | shortest_first (held
-    # dispatch_max_hold_s or longer: first) | highest_ratio; held dispatch_timeout_s: 503.
+    # dispatch_max_hold_s or longer: first) | highest_ratio; held dispatch_timeout_s: 503;
+    # held half of it: before all others. At most dispatch_max_held requests and
+    # dispatch_max_held_bytes of bodies are held; beyond, 503 at once.
     dispatch: str = _DISPATCH.order
     dispatch_depth: int = _DISPATCH.depth
     dispatch_max_hold_s: float = _DISPATCH.max_hold_s
     dispatch_timeout_s: float = _DISPATCH.timeout_s
+    dispatch_max_held: int = _DISPATCH.max_held
+    dispatch_max_held_bytes: int = _DISPATCH.max_held_bytes
     # Decode selection (router/routing/decode_select.py, DecodeConfig): predicted time between
     # tokens = base + per_request x batch; a request without a hint reserves this much output.
     decode_tbt_base_s: float = _DECODE.tbt.base_s
@@ -216,7 +221,8 @@ class RouterConfig:
 
     def dispatch_config(self) -> DispatchConfig:
         return DispatchConfig(self.dispatch, self.dispatch_depth, self.dispatch_max_hold_s,
-                              self.dispatch_timeout_s)
+                              self.dispatch_timeout_s, self.dispatch_max_held,
+                              self.dispatch_max_held_bytes)
 
     def slo_config(self) -> SloConfig:
         """The one SLO: the conductor's TTFT admission and the driver's decode admission."""

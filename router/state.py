@@ -86,7 +86,8 @@ class RouterState:
             decode=DecodeSelector(config.decode_config()), slo=slo, gate=gate)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
-        self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock)
+        self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock,
+                                      config=config.dispatch_config())
                            if gate is not None else None)
         self.proxy = Proxy(config.proxy_config())
         self.health = HealthMonitor(self.registry, config.health_config(), self.proxy.client,

@@ -81,7 +81,8 @@ _HELP = {
                       "measured TTFT weighs half after this many more; 0 = off",
     "profile_max_tokens": "prefill profiling on worker join up to this many tokens; 0 = off",
     "profile_sizes": "input lengths profiled",
-    "ttft_slo_s": "TTFT SLO: 429 for what is predicted to miss it; 0 = none",
+    "ttft_slo_s": "TTFT SLO: 429 for what is predicted to miss it; 0 = none; a request's own "
+                  "ttft_slo_s may only tighten it",
     "ttft_headroom": "fraction of the TTFT SLO kept back for what the cost model does not see",
     "min_retry_after_s": "smallest Retry-After of a 429", "max_retry_after_s": "largest one",
     "pd_tbt_slo_s": "decode TBT SLO; 0 = none",
@@ -89,7 +90,10 @@ _HELP = {
                 "shortest_first | highest_ratio",
     "dispatch_depth": "requests per engine without a first token before the router holds more",
     "dispatch_max_hold_s": "shortest_first: a request held this long goes first",
-    "dispatch_timeout_s": "a request held this long is answered 503, never sent",
+    "dispatch_timeout_s": "a request held this long is answered 503, never sent; held half of "
+                          "it, before every request held less",
+    "dispatch_max_held": "requests held at most; beyond, 503 with Retry-After at once",
+    "dispatch_max_held_bytes": "request body bytes held at most; beyond, 503 at once",
     "decode_tbt_base_s": "predicted time between tokens of an empty decode batch",
     "decode_tbt_per_request_s": "... plus this per request in the batch",
     "decode_default_output_tokens": "output tokens reserved for a request without a hint",

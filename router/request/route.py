@@ -12,7 +12,7 @@ from typing import NamedTuple
 from starlette.responses import Response
 from starlette.types import Receive, Scope
 
-from router.cluster.dispatcher import HeldTooLong, Priced
+from router.cluster.dispatcher import HeldQueueFull, HeldTooLong, Priced
 from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
 from router.request.finish import client_gone, remember
@@ -53,9 +53,10 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     could take it are busy (``docs/interfaces.md`` s. 19). Not held: dispatch off, a
     non-streaming request (no first token to see), or one the policy rejects now (answered at
     once). With a TTFT SLO, the predicted hold counts: a request that would miss it after
-    waiting behind the held ones is refused now (429), as it would be without the gate. A client
-    that disconnects while held leaves the gate (499; ``scope`` and ``receive``: its
-    connection, the body already read)."""
+    waiting behind the held ones is refused now (429), as it would be without the gate. A full
+    held queue answers 503 with Retry-After at once. A client that disconnects while held leaves
+    the gate and is never routed (499; ``scope`` and ``receive``: its connection, the body
+    already read)."""
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())
@@ -74,13 +75,19 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     try:
         held_s = await until_disconnect(scope, receive, dispatcher.wait(
             req.request_id, inbound.model, priced, state.config.dispatch_timeout_s,
-            reprice=lambda: _priced(state, inbound)))
+            reprice=lambda: _priced(state, inbound), size_bytes=len(inbound.raw)))
     except ClientGone:
+        if dispatcher.gate.drop(req.request_id):  # released as it left: the room is free
+            dispatcher.pump()
         client_gone(state)
         return Response(status_code=499)
     except HeldTooLong as exc:
         state.totals["held_too_long"] += 1
         return error_response(503, str(exc), ErrorType.UNAVAILABLE)
+    except HeldQueueFull as exc:
+        state.totals["held_queue_full"] += 1
+        return error_response(503, str(exc), ErrorType.UNAVAILABLE,
+                              headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
     if held_s > 0:  # placed against the cache of now, not of its arrival
         await prefetch_matches(state, req)
     routed = route(state, inbound, set())

@@ -17,6 +17,7 @@ Pure: the caller passes time and the servers each group (a model) can use.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
@@ -34,28 +35,53 @@ class Held(NamedTuple):
 
 
 class DispatchOrder(ABC):
-    """Which held request goes next when a server has room."""
+    """Which held request goes next when a server has room.
+
+    Every order ages: a request held ``overdue_s`` or longer goes before every request held
+    less, oldest first. That is the bound against starvation (``docs/interfaces.md`` s. 19): a
+    strategy that favours short work would otherwise keep a long prompt held for as long as
+    short ones keep arriving."""
 
     name: ClassVar[str]
 
-    @abstractmethod
+    def __init__(self, overdue_s: float = math.inf) -> None:
+        self.overdue_s = overdue_s
+
+    def overdue(self, h: Held, now: float) -> bool:
+        return now - h.arrived >= self.overdue_s
+
+    def key(self, h: Held, now: float) -> tuple[float, ...]:
+        """Sorts ``h`` among the held: the smallest goes first."""
+        if self.overdue(h, now):
+            return (0.0, h.arrived, h.seq)
+        return (1.0, *self._rank(h, now))
+
     def next(self, held: Sequence[Held], now: float) -> Held:
         """One of ``held`` (never empty)."""
+        return min(held, key=lambda h: self.key(h, now))
 
-    @abstractmethod
     def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
         """Those of ``held`` that would go before a request of ``cost_s`` arriving now (as
         things stand: later arrivals and ageing may change it)."""
+        return [h for h in held if self.overdue(h, now) or self._before(h, cost_s, now)]
+
+    @abstractmethod
+    def _rank(self, h: Held, now: float) -> tuple[float, ...]:
+        """The order among requests that are not overdue: the smallest goes first."""
+
+    @abstractmethod
+    def _before(self, h: Held, cost_s: float, now: float) -> bool:
+        """Whether ``h`` (not overdue) goes before a request of ``cost_s`` arriving now."""
 
 
 class Fifo(DispatchOrder):
     name = "fifo"
 
-    def next(self, held: Sequence[Held], now: float) -> Held:
-        return min(held, key=lambda h: h.seq)
+    def _rank(self, h: Held, now: float) -> tuple[float, ...]:
+        return (h.seq,)
 
-    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
-        return list(held)
+    def _before(self, h: Held, cost_s: float, now: float) -> bool:
+        return True
 
 
 class ShortestFirst(DispatchOrder):
@@ -65,23 +91,23 @@ class ShortestFirst(DispatchOrder):
     name = "shortest_first"
 
     def __init__(self, max_hold_s: float) -> None:
-        self.max_hold_s = max_hold_s
+        super().__init__(max_hold_s)
 
-    def next(self, held: Sequence[Held], now: float) -> Held:
-        overdue = [h for h in held if now - h.arrived >= self.max_hold_s]
-        if overdue:
-            return min(overdue, key=lambda h: h.seq)
-        return min(held, key=lambda h: (h.cost_s, h.seq))
+    def _rank(self, h: Held, now: float) -> tuple[float, ...]:
+        return (h.cost_s, h.seq)
 
-    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
-        return [h for h in held if h.cost_s <= cost_s or now - h.arrived >= self.max_hold_s]
+    def _before(self, h: Held, cost_s: float, now: float) -> bool:
+        return h.cost_s <= cost_s
 
 
 class HighestRatio(DispatchOrder):
     """Highest response ratio next: the largest ``(held + work) / work`` first. Short work goes
-    first, and a long prompt rises in proportion to its size as it waits, with no bound to tune:
-    a cliff (``ShortestFirst``'s ``max_hold_s``) sends every long prompt of a burst out at once
-    when it is reached, onto every engine (``docs/benchmarks.md``, session 19)."""
+    first, and a long prompt rises in proportion to its size as it waits: a cliff
+    (``ShortestFirst``'s ``max_hold_s``) sends every long prompt of a burst out at once when it
+    is reached, onto every engine (``docs/benchmarks.md``, session 19). The ratio alone does not
+    bound the wait: a short prompt held a little has a high ratio too, so a steady stream of
+    them can hold a long prompt until its timeout; ``overdue_s`` (the router's: half the hold
+    timeout) is the bound."""
 
     name = "highest_ratio"
     MIN_WORK_S = 0.01  # a fully cached request still costs a step
@@ -90,21 +116,22 @@ class HighestRatio(DispatchOrder):
         work = max(h.cost_s, self.MIN_WORK_S)
         return (now - h.arrived + work) / work
 
-    def next(self, held: Sequence[Held], now: float) -> Held:
-        return max(held, key=lambda h: (self._ratio(h, now), -h.seq))
+    def _rank(self, h: Held, now: float) -> tuple[float, ...]:
+        return (-self._ratio(h, now), h.seq)
 
-    def ahead(self, held: Sequence[Held], cost_s: float, now: float) -> list[Held]:
+    def _before(self, h: Held, cost_s: float, now: float) -> bool:
         # A held request of no more work stays ahead of it; one of more work ``c`` held ``w`` is
         # overtaken once it has waited ``w x cost / (c - cost)``: counted ahead when that is at
         # least its own work, i.e. ``w >= c - cost`` (an estimate: the backlog drains meanwhile).
-        return [h for h in held if h.cost_s <= cost_s or now - h.arrived >= h.cost_s - cost_s]
+        return h.cost_s <= cost_s or now - h.arrived >= h.cost_s - cost_s
 
 
 OFF = "off"
-DISPATCH_ORDERS: dict[str, Callable[[float], DispatchOrder]] = {
-    Fifo.name: lambda max_hold_s: Fifo(),
-    ShortestFirst.name: ShortestFirst,
-    HighestRatio.name: lambda max_hold_s: HighestRatio(),
+# name -> the order, given (max_hold_s, overdue_s)
+DISPATCH_ORDERS: dict[str, Callable[[float, float], DispatchOrder]] = {
+    Fifo.name: lambda max_hold_s, overdue_s: Fifo(overdue_s),
+    ShortestFirst.name: lambda max_hold_s, overdue_s: ShortestFirst(min(max_hold_s, overdue_s)),
+    HighestRatio.name: lambda max_hold_s, overdue_s: HighestRatio(overdue_s),
 }
 
 
@@ -119,6 +146,16 @@ class DispatchConfig:
     depth: int = 2  # gated requests per compute server without a first token
     max_hold_s: float = 2.0  # shortest_first only: held this long, a request goes first
     timeout_s: float = 60.0  # held this long, a request is answered 503 and never sent
+    # A full held queue answers 503 at once: a bound on the router's memory that does not
+    # depend on connections and the hold timeout (bytes: the held requests' bodies).
+    max_held: int = 4096
+    max_held_bytes: int = 64 * 1024 * 1024  # as sent; decoded, a body takes a few times that
+
+    @property
+    def overdue_s(self) -> float:
+        """Held this long, a request goes before every request held less (oldest first), so
+        that it is sent within its timeout while the engines make room."""
+        return self.timeout_s / 2
 
     def __post_init__(self) -> None:
         if self.order != OFF and self.order not in DISPATCH_ORDERS:
@@ -129,12 +166,16 @@ class DispatchConfig:
         if not self.max_hold_s > 0 or not self.timeout_s > 0:
             raise ValueError(f"dispatch_max_hold_s and dispatch_timeout_s must be > 0, got "
                              f"{self.max_hold_s} and {self.timeout_s}")
+        if self.max_held < 1 or self.max_held_bytes < 1:
+            raise ValueError(f"dispatch_max_held and dispatch_max_held_bytes must be >= 1, got "
+                             f"{self.max_held} and {self.max_held_bytes}")
 
     def gate(self) -> DispatchGate | None:
         """The gate this config asks for; None when dispatch is off."""
         if self.order == OFF:
             return None
-        return DispatchGate(DISPATCH_ORDERS[self.order](self.max_hold_s), self.depth)
+        return DispatchGate(DISPATCH_ORDERS[self.order](self.max_hold_s, self.overdue_s),
+                            self.depth)
 
 
 class DispatchGate:
@@ -175,18 +216,25 @@ class DispatchGate:
         worker). Released ids count as unplaced until :meth:`placed` or :meth:`drop`."""
         out: list[str] = []
         for group in self.groups():
-            candidates = [h for h in self._held.values() if h.group == group]
             pool = set(servers.get(group, ()))
             free = self._free(group, pool)
-            while candidates and (not pool or max(free.values()) > 0):
-                pick = self.order.next(candidates, now)
-                candidates.remove(pick)
+            room = sum(max(0, n) for n in free.values())
+            if pool and room <= 0:
+                continue
+            # sorted once: picking the next by scanning the rest each time made a pump
+            # quadratic in the held requests
+            candidates = sorted((h for h in self._held.values() if h.group == group),
+                                key=lambda h: self.order.key(h, now))
+            for pick in candidates:
+                if pool and room <= 0:
+                    break
                 target: Hashable = None
                 if pool:
                     target = pick.server if pick.server in free else max(free, key=free.__getitem__)
                     if free[target] <= 0:
                         continue  # its engine is busy: it waits for it, or to be priced elsewhere
                     free[target] -= 1
+                    room -= 1
                 del self._held[pick.request_id]
                 self._unplaced[pick.request_id] = (group, target)
                 out.append(pick.request_id)
@@ -210,6 +258,11 @@ class DispatchGate:
 
     def held_ids(self, group: str) -> list[str]:
         return [h.request_id for h in self._held.values() if h.group == group]
+
+    def group_of(self, request_id: str) -> str | None:
+        """The group of a held request; None once it is not held."""
+        held = self._held.get(request_id)
+        return held.group if held is not None else None
 
     def reprice(self, request_id: str, cost_s: float, server: Hashable | None = None) -> None:
         """A held request's predicted work or server changed (its prefix got cached meanwhile:

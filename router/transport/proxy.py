@@ -191,6 +191,8 @@ async def until_disconnect(scope: Scope, receive: Receive, work: Awaitable[T]) -
         watcher = asyncio.ensure_future(watch())
     try:
         result = await work
+        if state["gone"]:  # the work ended as the client left, and swallowed the cancel
+            raise asyncio.CancelledError
     except asyncio.CancelledError:
         if not state["gone"]:
             raise

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from router.routing.dispatch_gate import (
     DispatchConfig,
     DispatchGate,
+    DispatchOrder,
     Fifo,
     Held,
     HighestRatio,
@@ -274,3 +275,82 @@ def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():
     assert order.ahead([long_, short], cost_s=0.5, now=1.05) == [short]
     fresh = [Held(f"r{i}", "m", arrived=1.0, cost_s=1.0, seq=i) for i in range(4)]
     assert order.ahead(fresh, cost_s=1.0, now=1.0) == fresh  # a burst of equals: FIFO
+
+
+def _long_prompt_released_at(order: DispatchOrder, timeout_s: float) -> float | None:
+    """A simulated engine (one server, depth 1, 0.1 s per request to its first token) busy
+    with a request at t=0, a long prompt (predicted 100 s of work) held at once, and short
+    prompts (predicted 10 ms) arriving 10 per second, each 20 ms before the engine has room: a
+    short one has always waited a little when room comes, which gives it a ratio of 3. When the
+    long prompt is released, or None if it is still held at ``timeout_s``."""
+    gate, one = DispatchGate(order, depth=1), {"m": {"s0"}}
+    gate.hold("busy", "m", 0.1, now=0.0, server="s0")
+    assert gate.release(one, now=0.0) == ["busy"]
+    gate.placed("busy", "s0")
+    gate.hold("long", "m", 100.0, now=0.0, server="s0")
+    first_token: dict[int, str] = {100: "busy"}  # ms -> request id
+    for ms in range(1, round(timeout_s * 1000)):
+        now = ms / 1000
+        if ms % 100 == 80:
+            gate.hold(f"s{ms}", "m", 0.01, now=now, server="s0")
+        if ms in first_token:
+            gate.first_token(first_token.pop(ms))
+        for rid in gate.release(one, now=now):
+            if rid == "long":
+                return now
+            gate.placed(rid, "s0")
+            first_token[ms + 100] = rid
+    return None
+
+
+def test_ageing_sends_a_long_prompt_before_its_timeout_under_a_stream_of_short_ones():
+    """Issue 35, item 6: the default order alone (highest response ratio) keeps a long prompt
+    held for as long as short ones keep arriving; held half of its timeout it goes first."""
+    config = DispatchConfig()  # the router's defaults: highest_ratio, 60 s
+    assert config.order == HighestRatio.name and config.overdue_s == config.timeout_s / 2
+    gate = config.gate()
+    assert gate is not None
+    released = _long_prompt_released_at(gate.order, config.timeout_s)
+    assert released is not None and config.overdue_s <= released < config.overdue_s + 0.2
+    # negative control: the ratio without the bound starves it up to its timeout
+    assert _long_prompt_released_at(HighestRatio(), config.timeout_s) is None
+
+
+@pytest.mark.parametrize("name", ["fifo", "shortest_first", "highest_ratio"])
+def test_every_order_sends_the_overdue_first_oldest_first(name):
+    config = DispatchConfig(name, depth=1, max_hold_s=100.0, timeout_s=10.0)
+    gate = config.gate()
+    assert gate is not None
+    gate.hold("old-long", "m", 50.0, now=0.0)
+    gate.hold("young-long", "m", 40.0, now=1.0)
+    gate.hold("fresh-short", "m", 0.01, now=5.9)
+    # held 6 s (over 10 / 2) and 5 s: both overdue, the older first, both before the short one
+    assert gate.order.next(list(gate._held.values()), now=6.0).request_id == "old-long"
+    assert [h.request_id for h in gate.order.ahead(list(gate._held.values()), 100.0, now=6.0)
+            ] == ["old-long", "young-long", "fresh-short"]
+    assert gate.release({"m": {"s0"}}, now=6.0) == ["old-long"]
+
+
+def test_a_pump_sorts_once_a_long_held_queue_whose_server_is_busy():
+    """s0 is busy and all 3,000 held requests would go to it; s1 has room. The release looks
+    at each once (it used to pick the next by scanning all the rest, per request: 4.5M
+    ratio evaluations here)."""
+    gate = DispatchGate(HighestRatio(), depth=1)
+    gate.hold("busy", "m", 1.0, now=0.0, server="s0")
+    assert gate.release({"m": {"s0"}}, now=0.0) == ["busy"]
+    gate.placed("busy", "s0")
+    for i in range(3000):
+        gate.hold(f"r{i}", "m", 1.0 + i % 7, now=0.0, server="s0")
+    calls = 0
+    ratio = gate.order._ratio  # type: ignore[attr-defined]
+
+    def counted(h: Held, now: float) -> float:
+        nonlocal calls
+        calls += 1
+        return ratio(h, now)
+
+    gate.order._ratio = counted  # type: ignore[attr-defined]
+    assert gate.release({"m": {"s0", "s1"}}, now=1.0) == []  # nothing may go to s1 ...
+    assert calls <= 3000  # ... and finding that out priced each once
+    gate.hold("anywhere", "m", 0.5, now=1.0)
+    assert gate.release({"m": {"s0", "s1"}}, now=1.0) == ["anywhere"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 
 import pytest
@@ -315,3 +316,29 @@ def test_a_dead_workers_exchanges_end_at_once_when_it_is_broken_off():
             alive.close()
 
     asyncio.run(go())
+
+
+def test_until_disconnect_never_returns_for_a_client_that_left():
+    """Work that swallows the cancel of a disconnect (as ``asyncio.wait_for`` of Python 3.11 does
+    when its future is resolved in the same turn) still ends in :class:`ClientGone`: the caller
+    must not go on to route a request nobody waits for (issue 35, item 4)."""
+    async def never() -> dict:
+        await asyncio.sleep(3600)
+        return {}
+
+    async def go() -> None:
+        hook = DisconnectHook()
+        scope = {"extensions": {DISCONNECT_HOOK: hook}}
+
+        async def swallows() -> int:
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.sleep(30)
+            return 7
+
+        asyncio.get_running_loop().call_later(0.05, hook.fire)
+        with pytest.raises(ClientGone):
+            await until_disconnect(scope, never, swallows())
+        current = asyncio.current_task()
+        assert current is not None and current.cancelling() == 0
+
+    asyncio.run(asyncio.wait_for(go(), 10))
