@@ -21,7 +21,8 @@ as ``--workers``, ``ours`` engines register themselves) and ``sglang-router`` (t
 
 Every process runs in its own process group with its log in ``run_dir``; waits are bounded and a
 start-up failure raises :class:`ClusterError` with the log tail. ``close`` stops everything
-(SIGTERM to the group, SIGKILL after ``stop_timeout_s``).
+(SIGTERM to the group, SIGKILL after ``stop_timeout_s``). Each stop removes the semaphore files
+the stopped processes left in /dev/shm (``sglang_patch.sem_sweep``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ from benchmarks.procs import ClusterError, Proc, stop_group, wait_answering
 from sglang_patch import cpu_compat
 from sglang_patch.launch_server import cpu_compute_domain
 from sglang_patch.ports import free_port
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
@@ -161,6 +163,7 @@ class LocalCluster:
         self.stop_timeout_s = stop_timeout_s
         self.procs: list[Proc] = []
         self.pools: list[tuple[str, str]] = []  # (pool id, root) to destroy on close
+        self.sems = semaphores()  # /dev/shm before any engine of this cluster started
 
     def __enter__(self) -> LocalCluster:
         return self
@@ -250,6 +253,7 @@ class LocalCluster:
 
     def stop(self, proc: Proc) -> None:
         stop_group(proc.popen, self.stop_timeout_s)
+        sweep_semaphores(self.sems, groups=[proc.popen.pid])
         if proc in self.procs:
             self.procs.remove(proc)
 

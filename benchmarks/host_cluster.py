@@ -39,6 +39,7 @@ from benchmarks.hosts import HostSet
 from benchmarks.netns import netns_executor
 from benchmarks.procs import ClusterError, log_tail, stop_group, wait_answering
 from sglang_patch.launch_plan import default_pool_id
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -67,6 +68,7 @@ class HostCluster:
         self.admin_token = admin_token or secrets.token_hex(16)
         self.stop_timeout_s = stop_timeout_s
         self.procs: list[HostProc] = []
+        self.sems = semaphores()  # /dev/shm (one for every host) before its engines started
         self._client_pool = netns_executor(hosts[client_host].netns)
         self._http = httpx.Client(timeout=300.0)  # its connections open in the pool's threads
 
@@ -193,15 +195,18 @@ class HostCluster:
 
     def stop(self, proc: HostProc) -> None:
         stop_group(proc.popen, self.stop_timeout_s)
+        sweep_semaphores(self.sems, groups=[proc.popen.pid])
         if proc in self.procs:
             self.procs.remove(proc)
 
     def forget(self, host: str) -> None:
         """The processes of a host that failed (``HostSet.fail`` killed them): reap, forget."""
-        for proc in [p for p in self.procs if p.host == host]:
+        gone = [p for p in self.procs if p.host == host]
+        for proc in gone:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.popen.wait(timeout=10)
             self.procs.remove(proc)
+        sweep_semaphores(self.sems, groups=[p.popen.pid for p in gone])
 
     def close(self) -> None:
         for proc in reversed(list(self.procs)):

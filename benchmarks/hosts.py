@@ -34,6 +34,7 @@ from typing import NamedTuple
 
 from benchmarks import netns
 from benchmarks.netns import POOL_BASE, PREFIX, HostError
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 BRIDGE = "br0"
@@ -89,6 +90,7 @@ class HostSet:
         self._pools: list[Path] = []
         self._spawned: list[tuple[str, subprocess.Popen[bytes]]] = []  # (host, process)
         self._given: dict[str, set[int]] = {n: set() for n in names}  # ports handed out
+        self._sems = semaphores()  # /dev/shm (shared by the hosts) before their processes
 
     def __enter__(self) -> HostSet:
         return self.up()
@@ -157,6 +159,7 @@ class HostSet:
             for _, popen in self._spawned:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     popen.wait(timeout=self.stop_timeout_s)
+            sweep_semaphores(self._sems, groups=[popen.pid for _, popen in self._spawned])
             existing = set(netns.netns_list())
             for ns in reversed(self._made):  # hosts first, the bridge last
                 if ns in existing:

@@ -23,6 +23,7 @@ from radix_global.types import Namespace
 from router.routing.contract import RouteRequest
 from sglang_patch import cpu_compat
 from sglang_patch.ports import free_port
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 REPO = Path(__file__).resolve().parent.parent
 PAGE = 4
@@ -55,6 +56,7 @@ def workers(model: str, pool_id: str, run_dir: Path, native_bootstrap: int | Non
     procs: dict[str, subprocess.Popen[bytes]] = {}
     urls: dict[str, str] = {}
     env = dict(os.environ)
+    sems = semaphores()
     if native_bootstrap is not None:
         env["SGLANG_HOST_IP"] = "127.0.0.1"
         env["RADIX_GLOBAL_CPU_PATCH_MODULES"] = "sglang_patch.pd_cpu"
@@ -95,6 +97,8 @@ def workers(model: str, pool_id: str, run_dir: Path, native_bootstrap: int | Non
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(proc.pid, signal.SIGKILL)
+        # what the wrappers' engines left in /dev/shm (each wrapper stopped its own engine)
+        sweep_semaphores(sems, groups=[proc.pid for proc in procs.values()])
 
 
 class PoolProbe:

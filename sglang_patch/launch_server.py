@@ -32,6 +32,7 @@ from radix_global.pool_ids import disk_holder
 from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
 from sglang_patch.load_probe import LoadProbeError, probe_load
+from sglang_patch.pool.disk_folder import FOLDER_MODE, UnsafeDiskFolder, check_folder
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
 from sglang_patch.ports import endpoint_taken
 from sglang_patch.register import (
@@ -41,6 +42,7 @@ from sglang_patch.register import (
     kv_bytes_per_token,
     namespace_for,
 )
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 log = logging.getLogger("radix_global.sglang")
 SGLANG_VERSION = "0.5.23"
@@ -65,6 +67,13 @@ def check_environment(plan: LaunchPlan) -> None:
         raise LaunchError(f"missing Python packages: {', '.join(missing)}")
     if plan.flags.worker_id and plan.flags.worker_id == plan.flags.pool_id:
         raise LaunchError("--worker-id and --pool-id must differ (one id space for holders)")
+    if plan.flags.pool_disk:  # the backend's own check would fail deep inside SGLang's scheduler
+        try:
+            check_folder(plan.flags.pool_disk)
+        except UnsafeDiskFolder as exc:
+            raise LaunchError(str(exc)) from exc
+        except OSError as exc:
+            raise LaunchError(f"--pool-disk {plan.flags.pool_disk}: {exc}") from exc
 
 
 def server_env(plan: LaunchPlan) -> dict[str, str]:
@@ -193,7 +202,7 @@ def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
         return {}
     holder = {"pool_disk_id": disk_holder(plan.flags.pool_id)}
     try:
-        Path(folder).mkdir(parents=True, exist_ok=True)
+        Path(folder).mkdir(parents=True, exist_ok=True, mode=FOLDER_MODE)
         bandwidth = read_bandwidth_Bps(folder)
     except OSError as exc:  # the router then prices the disk at its default bandwidth
         log.warning("cannot measure the disk tier %s: %r", folder, exc)
@@ -266,6 +275,7 @@ def run(argv: list[str]) -> int:
     default_ns = namespace_for(served, model_path) if model_path else None
     plan = build_plan(argv, default_namespace=default_ns)
     check_environment(plan)
+    sems = semaphores()  # the engine's own are removed after it stopped (sem_sweep)
     proc = _start(plan)
     registrar: Registrar | None = None
     stopping = False
@@ -311,6 +321,7 @@ def run(argv: list[str]) -> int:
         if registrar is not None:
             registrar.stop()
         _stop(proc)
+        sweep_semaphores(sems, groups=[proc.pid])
 
 
 def main(argv: list[str] | None = None) -> int:

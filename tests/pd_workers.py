@@ -6,7 +6,8 @@ test_pd_pool_http_e2e.py``).
 
 ``spawn`` runs ``python -m sglang_patch.launch_server <CPU_FLAGS> <args>`` in its own session
 with its log in a temp file; ``stop`` ends the wrapper and every engine process it started;
-``kill`` SIGKILLs them (a crashed worker).
+``kill`` SIGKILLs them (a crashed worker). Both then remove the semaphore files the worker's
+processes left in /dev/shm (``sglang_patch.sem_sweep``).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from servers import _healthy, free_port
 
 from radix_global import trace
 from sglang_patch import cpu_compat
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 PAGE = 4
 REPO = Path(__file__).resolve().parents[1]
@@ -38,8 +40,10 @@ CPU_FLAGS = [*ENGINE_FLAGS, "--hicache-storage-prefetch-policy", "wait_complete"
 
 
 class Worker:
-    def __init__(self, name: str, proc: subprocess.Popen[bytes], url: str, log: Path) -> None:
+    def __init__(self, name: str, proc: subprocess.Popen[bytes], url: str, log: Path,
+                 sems: frozenset[str] = frozenset()) -> None:
         self.name, self.proc, self.url, self.log = name, proc, url, log
+        self.sems = sems  # /dev/shm semaphores before it started (sglang_patch.sem_sweep)
 
     def engine_pids(self) -> list[int]:
         with contextlib.suppress(psutil.NoSuchProcess):
@@ -57,10 +61,11 @@ def spawn(name: str, model: Path, args: Sequence[str],
     os.close(fd)
     argv = [sys.executable, "-m", "sglang_patch.launch_server", "--model-path", str(model),
             "--host", "127.0.0.1", "--port", str(port), *flags, *args]
+    sems = semaphores()
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, cwd=str(REPO),
                                 env={**os.environ, **(env or {})}, start_new_session=True)
-    return Worker(name, proc, f"http://127.0.0.1:{port}", Path(log))
+    return Worker(name, proc, f"http://127.0.0.1:{port}", Path(log), sems)
 
 
 def wait_healthy(workers: Sequence[Worker], timeout: float) -> None:
@@ -74,10 +79,13 @@ def wait_healthy(workers: Sequence[Worker], timeout: float) -> None:
 
 def kill(w: Worker) -> None:
     """SIGKILL the engine and the wrapper: a worker that crashed."""
-    for pid in [*w.engine_pids(), w.proc.pid]:
+    pids = [*w.engine_pids(), w.proc.pid]
+    for pid in pids:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     w.proc.wait(timeout=60)
+    # the engine's pid is its process group (the wrapper starts it in its own session)
+    sweep_semaphores(w.sems, groups=pids)
 
 
 def stop(w: Worker) -> None:
@@ -91,6 +99,7 @@ def stop(w: Worker) -> None:
     for pid in pids:
         with contextlib.suppress(ProcessLookupError, PermissionError):
             os.kill(pid, signal.SIGKILL)
+    sweep_semaphores(w.sems, groups=[w.proc.pid, *pids])
 
 
 def prompt(hash_ids: list[int], per_block: int = 48) -> list[int]:

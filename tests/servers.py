@@ -19,7 +19,9 @@ Contract
   Startup failure (process exit or ``startup_timeout``) raises ``ServerStartError`` carrying the
   log tail. Startup takes ~15 s on an idle 2-core machine, minutes when the cores are shared.
 - On exit the whole process group gets SIGTERM, then SIGKILL after ``stop_timeout``; the log file
-  (``RunningServer.log_path``) is kept.
+  (``RunningServer.log_path``) is kept. The semaphore files the server left in /dev/shm are
+  removed (``sglang_patch.sem_sweep``: those that appeared since its start and no live process
+  maps).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ from typing import NamedTuple
 
 from sglang_patch import cpu_compat
 from sglang_patch.ports import free_port
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 DEFAULT_ARGS: tuple[tuple[str, str | None], ...] = (
     ("--dtype", "float32"),
@@ -135,6 +138,7 @@ def sglang_server(
         import sglang_patch.lora_cpu  # noqa: F401  (registers its patch likewise)
     child_env = cpu_compat.child_env({**os.environ, **(env or {})})
     url = f"http://{host}:{port}"
+    sems = semaphores()
     with open(log, "wb") as out:
         out.write(("$ " + " ".join(argv) + "\n").encode())
         out.flush()
@@ -156,3 +160,4 @@ def sglang_server(
         yield server
     finally:
         _stop(proc, stop_timeout)
+        sweep_semaphores(sems, groups=[proc.pid])

@@ -18,7 +18,8 @@ Contract
 - Servers start together, in their own process groups, logging to ``<log_dir>/vllm<i>.log``;
   ready = ``GET /health`` 200. A server that exits or is not ready in ``startup_timeout`` raises
   :class:`servers.ServerStartError` with its log tail. On exit every group gets SIGTERM, then
-  SIGKILL (``servers._stop``).
+  SIGKILL (``servers._stop``), and the semaphore files they left in /dev/shm are removed
+  (``sglang_patch.sem_sweep``).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 from servers import REPO_ROOT, RunningServer, ServerStartError, _healthy, _stop, free_port
+
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 BLOCK_SIZE = 128  # vLLM's CPU block size: the router's page size for these workers
 SERVED_MODEL_NAME = "tiny"
@@ -84,6 +87,7 @@ def vllm_servers(
     ncpu = os.cpu_count() or 1
     procs: list[subprocess.Popen[bytes]] = []
     running: list[RunningServer] = []
+    sems = semaphores()
     try:
         for i, events_path in enumerate(events_paths):
             port = free_port()
@@ -117,3 +121,4 @@ def vllm_servers(
     finally:
         for proc in procs:
             _stop(proc, stop_timeout)
+        sweep_semaphores(sems, groups=[proc.pid for proc in procs])

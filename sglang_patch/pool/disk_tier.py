@@ -8,6 +8,10 @@ at the next open), and a page announced as stored survives a power loss.
 A damaged or truncated file is a miss and is removed. Capacity: LRU by modification time (a read
 touches the file), counted by this process over what the scan at open found.
 
+Who may write the folder (``sglang_patch/pool/disk_folder.py``): checksums guard against
+damage, not against a forger. At open a folder that others may write raises
+``UnsafeDiskFolder``, and the scan removes page files that others could have rewritten.
+
 Thread-safe: SGLang's prefetch and backup threads call the backend at once.
 """
 
@@ -17,6 +21,7 @@ import collections
 import contextlib
 import logging
 import os
+import stat
 import threading
 import uuid
 from collections.abc import Sequence
@@ -25,6 +30,7 @@ from typing import NamedTuple
 
 import xxhash
 
+from sglang_patch.pool.disk_folder import FILE_MODE, FOLDER_MODE, check_folder
 from sglang_patch.pool.disk_format import (
     SUFFIX,
     TMP_PREFIX,
@@ -47,6 +53,7 @@ def _sync_dir(folder: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
 
 class WriteResult(NamedTuple):
     on_disk: bool  # the page is on disk now (written, or there already)
@@ -72,8 +79,8 @@ class DiskTier:
     def __init__(self, root: str | os.PathLike[str], capacity_bytes: int) -> None:
         if capacity_bytes < 1:
             raise ValueError("the disk tier needs a positive capacity")
+        check_folder(root)
         self.root = Path(root)
-        self.root.mkdir(parents=True, exist_ok=True)
         self.capacity_bytes = capacity_bytes
         self._lock = threading.Lock()
         # name -> (size, tag); oldest first. The tag is known for what this process wrote or
@@ -90,6 +97,7 @@ class DiskTier:
     def _scan(self) -> None:
         """Index what the folder holds, oldest first; delete what dead writers left."""
         found: list[tuple[float, str, int]] = []
+        euid, unsafe = os.geteuid(), 0
         for sub in self.root.iterdir() if self.root.is_dir() else ():
             if not sub.is_dir():
                 continue
@@ -100,8 +108,18 @@ class DiskTier:
                             f.unlink()
                 elif f.name.endswith(SUFFIX):
                     with contextlib.suppress(OSError):
-                        st = f.stat()
+                        st = f.lstat()
+                        # a page another user could have rewritten in place (or a link to
+                        # anything): not trusted, removed
+                        if (not stat.S_ISREG(st.st_mode) or st.st_uid not in (euid, 0)
+                                or st.st_mode & (stat.S_IWGRP | stat.S_IWOTH)):
+                            unsafe += 1
+                            f.unlink()
+                            continue
                         found.append((st.st_mtime, f.name[: -len(SUFFIX)], st.st_size))
+        if unsafe:
+            log.warning("radix-global: disk tier %s: removed %d page files that other users "
+                        "could write", self.root, unsafe)
         for _, name, size in sorted(found):
             self._lru[name] = (size, None)
             self._used += size
@@ -154,9 +172,10 @@ class DiskTier:
         tmp = path.parent / f"{TMP_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}"
         try:
             if not path.parent.is_dir():
-                path.parent.mkdir(parents=True, exist_ok=True)
+                path.parent.mkdir(parents=True, exist_ok=True, mode=FOLDER_MODE)
                 _sync_dir(path.parent.parent)  # the new subfolder's own entry
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, FILE_MODE),
+                           "wb") as f:
                 f.write(head)
                 for v in views:
                     f.write(v)

@@ -6,13 +6,17 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import signal
+import stat
 import time
 
 import numpy as np
 import pytest
+import xxhash
 
+from sglang_patch import launch_server
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
-from sglang_patch.pool.disk_format import TMP_PREFIX
+from sglang_patch.pool.disk_folder import UnsafeDiskFolder
+from sglang_patch.pool.disk_format import SUFFIX, TMP_PREFIX, file_stem, pack_head
 from sglang_patch.pool.disk_tier import DiskTier
 
 NS = "tiny@1"
@@ -177,3 +181,101 @@ def test_a_live_writers_temporary_file_survives_another_open(tmp_path):
     dead.write_bytes(b"x")
     DiskTier(tmp_path, 1 << 20)
     assert live.exists() and not dead.exists()
+
+
+# --- who may write the folder (issue 35, item 13) ---------------------------------------------
+
+
+def forge(root, k: str, payload: bytes, tag: int = 11) -> None:
+    """What anyone who can write the folder can do: a page with its checksums recomputed."""
+    name = file_stem(k)
+    (root / name[:2]).mkdir(exist_ok=True)
+    head = pack_head(k, len(payload), xxhash.xxh3_64_intdigest(payload), tag, None, 4)
+    (root / name[:2] / (name + SUFFIX)).write_bytes(head + payload)
+
+
+def mode(path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_what_the_tier_creates_is_its_users_alone(tmp_path):
+    root = tmp_path / "a" / "pages"
+    disk = DiskTier(root, 1 << 20)
+    disk.write(key(1), page(1), 11, None, 4)
+    (path,) = root.rglob("*.page")
+    assert (mode(root), mode(path.parent), mode(path)) == (0o700, 0o700, 0o600)
+
+
+@pytest.mark.parametrize("bits", [0o777, 0o1777, 0o757, 0o770, 0o730])
+def test_a_folder_others_can_write_is_refused_naming_it_its_mode_and_the_fix(tmp_path, bits):
+    root = tmp_path / "pages"
+    root.mkdir()
+    forge(root, key(1), bytes(4096))  # checksums right: only the folder's mode can tell
+    root.chmod(bits)
+    with pytest.raises(UnsafeDiskFolder) as err:
+        DiskTier(root, 1 << 20)
+    msg = str(err.value)
+    assert str(root) in msg and f"{bits & 0o7777:04o}" in msg and f"chmod go-w {root}" in msg
+    assert ("every user" if bits & 0o002 else "its group") in msg
+
+
+@pytest.mark.parametrize("bits", [0o700, 0o750, 0o755])
+def test_a_folder_only_its_user_can_write_is_accepted(tmp_path, bits):
+    root = tmp_path / "pages"
+    root.mkdir()
+    root.chmod(bits)
+    DiskTier(root, 1 << 20).write(key(1), page(1), 11, None, 4)
+    assert read(DiskTier(root, 1 << 20), key(1)) is not None
+
+
+def test_a_subfolder_others_can_write_is_refused(tmp_path):
+    DiskTier(tmp_path, 1 << 20).write(key(1), page(1), 11, None, 4)
+    (sub,) = [p for p in tmp_path.iterdir() if p.is_dir()]
+    sub.chmod(0o777)
+    with pytest.raises(UnsafeDiskFolder) as err:
+        DiskTier(tmp_path, 1 << 20)
+    assert f"{sub} is writable by every user" in str(err.value)
+    assert f"chmod -R go-w {tmp_path}" in str(err.value)
+
+
+def test_a_folder_of_another_user_is_refused(tmp_path, monkeypatch):
+    root = tmp_path / "pages"
+    root.mkdir(mode=0o700)
+    if os.geteuid() == 0:
+        os.chown(root, 54321, -1)  # a non-root owner could chmod it and write in it
+    else:  # a folder owned by the real uid, seen by an engine running as another
+        monkeypatch.setattr(os, "geteuid", lambda: os.getuid() + 54321)
+    with pytest.raises(UnsafeDiskFolder, match=r"owned by uid .*fix: chown"):
+        DiskTier(root, 1 << 20)
+
+
+def test_a_world_writable_parent_without_the_sticky_bit_is_refused(tmp_path):
+    (tmp_path / "open").mkdir()
+    (tmp_path / "open").chmod(0o777)  # anyone could rename pages/ away and put theirs there
+    with pytest.raises(UnsafeDiskFolder, match=r"parent .*open is writable by every user"):
+        DiskTier(tmp_path / "open" / "pages", 1 << 20)
+    (tmp_path / "open").chmod(0o1777)  # like /tmp: renaming another's entry is refused
+    DiskTier(tmp_path / "open" / "pages", 1 << 20)
+
+
+def test_a_page_file_others_can_write_is_removed_at_open(tmp_path):
+    DiskTier(tmp_path, 1 << 20).write(key(1), page(1), 11, None, 4)
+    DiskTier(tmp_path, 1 << 20).write(key(2), page(2), 12, None, 4)
+    (path,) = [p for p in tmp_path.rglob("*.page") if p.stem == file_stem(key(1))]
+    path.chmod(0o666)  # another user could have rewritten it in place
+    disk = DiskTier(tmp_path, 1 << 20)
+    assert not path.exists() and len(disk) == 1 and read(disk, key(1)) is None
+    assert read(disk, key(2)) is not None
+
+
+def test_the_launch_wrapper_refuses_such_a_folder_in_one_line_before_starting(
+        tmp_path, monkeypatch, capsys):
+    root = tmp_path / "pages"
+    root.mkdir()
+    root.chmod(0o777)
+    monkeypatch.setattr(launch_server, "_start", lambda plan: pytest.fail("SGLang started"))
+    rc = launch_server.main(["--model-path", str(tmp_path / "model"), "--pool-disk", str(root)])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
+    assert err.startswith(f"radix-global sglang: error: disk tier folder {root} is writable by "
+                          "every user (mode 0777)") and f"chmod go-w {root}" in err
