@@ -41,6 +41,7 @@ from typing import Any
 import pytest
 
 from sglang_patch import cpu_compat
+from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
 BLOCKING_ERROR = ("RuntimeError: pin_memory=True requires a CUDA or other accelerator backend; "
                   "no pinned memory allocator is available on this system.")
@@ -208,6 +209,7 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
     p_log, d_log = work / "prefill.log", work / "decode.log"
     pd = ["--disaggregation-transfer-backend", "mooncake_tcp", "--pool-id",
           f"native-{os.getpid()}", "--pool-capacity-gb", "0.05"]
+    sems = semaphores()
     procs = [
         _spawn(model, p_port, [*pd, "--disaggregation-mode", "prefill",
                                "--disaggregation-bootstrap-port", str(bootstrap)], p_log),
@@ -253,6 +255,7 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
         for child in descendants:  # nothing of ours may outlive the namespace's driver
             with contextlib.suppress(psutil.NoSuchProcess):
                 child.kill()
+        sweep_semaphores(sems, groups=[proc.pid for proc in procs])
         from sglang_patch.pool.shm_pool import destroy_pool
 
         destroy_pool(f"native-{os.getpid()}")
