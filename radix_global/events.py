@@ -18,7 +18,8 @@ Contract (``docs/interfaces.md`` sections 3 and 5):
 * A bad event is refused with a typed :class:`IndexRefusal` (counted by reason, logged on the 1st
   and every ``log_every``-th), never raised out of :meth:`EventDecoder.decode`; the other events
   of the batch still decode. That holds for ANY failure while decoding (a ``RecursionError`` from
-  deep nesting, a bug), so a caller can always advance past the message. Refusal messages quote
+  deep nesting, a bug), so a caller can always advance past the message; a payload that fails as
+  a whole (before any event) is marked ``DecodedBatch.unreadable``. Refusal messages quote
   the offending value through a bounded repr: a hostile payload cannot flood the log.
 * A batch's dp rank must be below the worker's ``dp_size`` (when known) and fit a uint32 (the
   wire's ``dp_rank``): an out-of-range rank would land in the index and fail every later answer.
@@ -73,10 +74,16 @@ class UnsupportedEventError(IndexRefusal):
 
 
 class DecodedBatch(NamedTuple):
+    """One batch's ops and refused events. ``unreadable``: the payload as a whole could not be
+    decoded (not msgpack, no batch shape, a bad ts or dp rank, any failure before its events):
+    nothing of it is known, not even which events it held. A batch whose events were each
+    refused (say, an unknown event type) is read, not unreadable."""
+
     ts: float
     dp_rank: int
     ops: list[IndexOp]
     refusals: list[IndexRefusal]
+    unreadable: bool = False
 
 
 _MEDIUM_TIER = {
@@ -231,13 +238,14 @@ class EventDecoder:
             log.warning("%s: refused event (%s, #%d): %s", self.holder, exc.reason, n, exc)
 
     def decode(self, payload: bytes) -> DecodedBatch:
-        """Decode one batch. Never raises: a malformed batch yields no ops and one refusal."""
+        """Decode one batch. Never raises: a payload that is no batch yields no ops, one
+        refusal and ``unreadable``; a bad event is one refusal, the others still decode."""
         try:
             ts, events, dp_rank = self._batch(payload)
         except Exception as exc:  # RecursionError (deep nesting) too: see the module docstring
             bad = exc if isinstance(exc, IndexRefusal) else _malformed(exc)
             self.refuse(bad)
-            return DecodedBatch(0.0, 0, [], [bad])
+            return DecodedBatch(0.0, 0, [], [bad], unreadable=True)
         ops: list[IndexOp] = []
         refusals: list[IndexRefusal] = []
         for ev in events:

@@ -197,6 +197,8 @@ class GlobalIndex:
         ranks, finite floats), or one bad file would make every later snapshot or answer fail.
         A leaf without a location is refused too (the tree frees such nodes at once)."""
         try:
+            if not math.isfinite(shift_s):  # NaN or inf: every stamp would become one
+                raise MalformedEventError(f"snapshot clock shift must be finite, got {shift_s}")
             if not isinstance(data, dict) or data.get("version") != SNAPSHOT_VERSION:
                 raise MalformedEventError("snapshot version not supported")
             half_life = _number(data["half_life_s"], "half_life_s")
@@ -219,7 +221,7 @@ class GlobalIndex:
             raise MalformedEventError("a snapshot namespace needs a name of its own")
         self.register_namespace(Namespace(ns), _int(page_size, 1, _UINT32_MAX, "page_size"))
         tree = self._trees[Namespace(ns)]
-        tree.clock = _number(space["clock"], "clock") + shift_s
+        tree.clock = _shifted(space["clock"], shift_s, "clock")
         made: list[Node] = []
         for node in _list(space["nodes"], "nodes"):
             if not isinstance(node, list) or len(node) != 5:
@@ -236,7 +238,7 @@ class GlobalIndex:
                 tier = Tier(_int(loc[2], min(Tier), max(Tier), "tier"))
                 locations.add(Location(cast(HolderId, loc[0]), dp, tier))
             made.append(tree.graft(parent, page_keys, frozenset(locations),
-                                   _number(hits, "hits"), _number(stamp, "stamp") + shift_s))
+                                   _number(hits, "hits"), _shifted(stamp, shift_s, "stamp")))
         if any(not n.locset.locs and not n.children for n in made):
             raise MalformedEventError("a snapshot leaf holds no location")
 
@@ -272,6 +274,15 @@ def _number(value: Any, what: str) -> float:
     if type(value) not in (int, float) or not math.isfinite(value):
         raise MalformedEventError(f"snapshot {what} must be a finite number")
     return float(value)
+
+
+def _shifted(value: Any, shift_s: float, what: str) -> float:
+    """A stamp moved onto this process's clock; it must stay finite (a huge stamp plus a huge
+    shift overflows), or the next snapshot of this index would be unreadable."""
+    out = _number(value, what) + shift_s
+    if not math.isfinite(out):
+        raise MalformedEventError(f"snapshot {what} is out of range once shifted by {shift_s}")
+    return out
 
 
 def _tier(tier: int) -> Tier:

@@ -3,15 +3,18 @@
 A thin async wrapper: every RPC is one call on :class:`ServiceState` (index + registry + feed) on
 the server's event loop, so the single-owner index needs no locks. Errors become gRPC status codes
 with a message and an ``rg-reason`` trailer (``wire.REFUSALS``): bad input INVALID_ARGUMENT,
-unknown worker/namespace NOT_FOUND, page-size or id conflicts ALREADY_EXISTS, admin calls without
-the token UNAUTHENTICATED, Snapshot without a path FAILED_PRECONDITION.
+unknown worker/namespace NOT_FOUND, page-size or id conflicts ALREADY_EXISTS, admin calls and key
+queries without the token UNAUTHENTICATED, Snapshot without a path FAILED_PRECONDITION.
+
+Who may call what, and with what bytes (issue 35), is :mod:`radix_global.service_guard`: it
+refuses bytes that are no request message, and authorizes every write and every key query
+(Match, HotPrefixes); Stats stays open.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import hmac
 import inspect
 import json
 import logging
@@ -19,12 +22,11 @@ import os
 import signal
 import sys
 from collections.abc import Callable
-from typing import Any, NoReturn
+from typing import Any
 
 import grpc
 import msgspec
 
-from radix_global.endpoints import is_loopback_address
 from radix_global.ops import (
     IndexRefusal,
     PageSizeMismatchError,
@@ -37,6 +39,7 @@ from radix_global.registration import (
     decode_worker_info,
     refuse_host_local,
 )
+from radix_global.service_guard import RefuseMalformed, authorize, fail, is_loopback_peer
 from radix_global.service_state import ServiceState, new_index, restore_index
 from radix_global.shards import stats_dict
 from radix_global.snapshot import (
@@ -48,7 +51,6 @@ from radix_global.snapshot import (
 )
 from radix_global.types import HolderId, Namespace, PageKey, WorkerId
 from radix_global.wire import (
-    REASON_KEY,
     IdConflictError,
     UnknownWorkerError,
     hot_to_pb,
@@ -77,27 +79,10 @@ class ServiceConfig(msgspec.Struct, frozen=True):
     snapshot_path: str | None = None
     snapshot_interval_s: float = 0.0  # 0: snapshot only on Snapshot RPC and at shutdown
     start_empty_on_bad_snapshot: bool = False
-    admin_token: str | None = None  # None: admin calls only from loopback peers
+    admin_token: str | None = None  # None: admin calls and key queries only from loopback
     shards: int = 1
     heartbeat_timeout_s: float = 20.0
     half_life_s: float | None = None  # hotness half-life; None: the index's default
-
-
-def is_loopback_peer(peer: str) -> bool:
-    """A gRPC peer string (``ipv4:127.0.0.1:5000``, ``ipv6:[::1]:5000``, ``unix:...``) that
-    can only be this machine."""
-    if peer.startswith("unix:"):
-        return True
-    kind, _, rest = peer.partition(":")
-    if kind not in ("ipv4", "ipv6"):
-        return False
-    return is_loopback_address(rest.rsplit(":", 1)[0])
-
-
-async def _fail(context: grpc.aio.ServicerContext, code: grpc.StatusCode, msg: str,
-                reason: str) -> NoReturn:
-    await context.abort(code, msg, trailing_metadata=((REASON_KEY, reason),))
-    raise AssertionError("abort returns only by raising")
 
 
 class _Servicer(pb_grpc.GlobalIndexServiceServicer):
@@ -110,6 +95,8 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
 
     async def _call(self, context: grpc.aio.ServicerContext, fn: Callable[[], Any],
                     admin: bool = False) -> Any:
+        """Run ``fn`` and map its errors to status codes; ``admin``: only for an authorized
+        caller (:meth:`_authorize`), which writes and key queries both need."""
         if admin:
             await self._authorize(context)
         try:
@@ -118,24 +105,12 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
         except Exception as exc:
             for kind, code in _CODES:
                 if isinstance(exc, kind):
-                    await _fail(context, code, str(exc), reason_of(exc))
+                    await fail(context, code, str(exc), reason_of(exc))
             log.exception("index service: unexpected error")
-            await _fail(context, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}", "internal")
+            await fail(context, grpc.StatusCode.INTERNAL, f"internal error: {exc!r}", "internal")
 
     async def _authorize(self, context: grpc.aio.ServicerContext) -> None:
-        token = self._server.config.admin_token
-        if token is None:
-            peer = context.peer()
-            if not is_loopback_peer(peer):
-                await _fail(context, grpc.StatusCode.UNAUTHENTICATED,
-                            f"no admin token configured: admin calls only from loopback ({peer})",
-                            "unauthenticated")
-            return
-        sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-        if not hmac.compare_digest(str(sent).encode(), f"Bearer {token}".encode()):
-            await _fail(context, grpc.StatusCode.UNAUTHENTICATED,
-                        "missing or wrong admin token (metadata 'authorization: Bearer <token>')",
-                        "unauthenticated")
+        await authorize(context, self._server.config.admin_token)
 
     async def Register(self, request: pb.RegisterRequest, context: Any) -> pb.RegisterReply:
         async def register() -> pb.RegisterReply:
@@ -159,16 +134,17 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
     async def Match(self, request: pb.MatchRequest, context: Any) -> pb.MatchReply:
         keys = [PageKey(k) for k in request.keys]
         ns = Namespace(request.namespace)
+        # Authorized like a write: a hit on guessed keys confirms a tenant's prompt.
         return await self._call(
-            context, lambda: match_to_pb(self._state.index.match(ns, keys, self._state.clock()))
-        )
+            context, lambda: match_to_pb(self._state.index.match(ns, keys, self._state.clock())),
+            admin=True)
 
     async def Stats(self, request: pb.StatsRequest, context: Any) -> pb.StatsReply:
         def stats() -> pb.StatsReply:
             body = stats_dict(self._state.index.stats())
             body["service"] = self._state.service_stats() | self._server.snapshot_stats()
             return pb.StatsReply(stats_json=json.dumps(body).encode())
-        return await self._call(context, stats)
+        return await self._call(context, stats)  # open: aggregate counts, no keys
 
     async def HotPrefixes(self, request: pb.HotPrefixesRequest, context: Any
                           ) -> pb.HotPrefixesReply:
@@ -178,14 +154,14 @@ class _Servicer(pb_grpc.GlobalIndexServiceServicer):
             ns = Namespace(request.namespace)
             return hot_to_pb(self._state.index.hot_prefixes(ns, request.top_k,
                                                             self._state.clock()))
-        return await self._call(context, hot)
+        return await self._call(context, hot, admin=True)  # it lists page keys: as Match
 
     async def Snapshot(self, request: pb.SnapshotRequest, context: Any) -> pb.SnapshotReply:
         await self._authorize(context)
         try:
             written = await self._server.snapshot_now()
         except (SnapshotError, OSError) as exc:
-            await _fail(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc), "snapshot")
+            await fail(context, grpc.StatusCode.FAILED_PRECONDITION, str(exc), "snapshot")
         return pb.SnapshotReply(path=written.path, size_bytes=written.size_bytes,
                                 seconds=written.seconds)
 
@@ -245,7 +221,7 @@ class IndexServer:
                 self.state = ServiceState(index, cfg.heartbeat_timeout_s)
                 await self.state.restore_workers(snap.workers, snap.feeds)
                 log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
-        self._server = grpc.aio.server()
+        self._server = grpc.aio.server(interceptors=[RefuseMalformed()])
         pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)
         self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         await self._server.start()
@@ -316,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--start-empty-on-bad-snapshot", action="store_true",
                        help="warn and start empty when the snapshot cannot be read")
     serve.add_argument("--admin-token", default=os.environ.get("RADIX_GLOBAL_ADMIN_TOKEN"),
-                       help="token for admin calls (env RADIX_GLOBAL_ADMIN_TOKEN)")
+                       help="token for admin calls and the key queries Match/HotPrefixes "
+                       "(env RADIX_GLOBAL_ADMIN_TOKEN)")
     serve.add_argument("--shards", type=int, default=1, help="partition by chain head")
     serve.add_argument("--heartbeat-timeout", type=float, default=20.0, metavar="S")
     serve.add_argument("--log-level", default="INFO")

@@ -12,16 +12,18 @@ A write goes to a temporary file in the same folder, is fsynced and renamed over
 crash mid-write leaves the previous snapshot intact. Restoring: :func:`load_on_start` (a missing
 file is a fresh start; a bad file stops the start unless the user asked to start empty).
 
-Every failure to read a file, whatever is wrong with it (a valid checksum over deep nesting
-included), is a :class:`SnapshotError`. A worker record that is no longer a valid registration (an
-older build accepted it) is left out with a warning, as ``ServiceState.restore_workers`` leaves
-out one it cannot re-register: the index state still comes back.
+Every failure to read a file, whatever is wrong with it (a valid checksum over deep nesting, or
+a clock ``created_at`` that is not a finite number >= 0, included), is a :class:`SnapshotError`.
+A worker record that is no longer a valid registration (an older build accepted it) is left out
+with a warning, as ``ServiceState.restore_workers`` leaves out one it cannot re-register: the
+index state still comes back.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import struct
 import time
@@ -120,6 +122,12 @@ def decode_snapshot(data: bytes, source: str = "<bytes>") -> IndexSnapshot:
         raw = msgspec.msgpack.decode(body, type=_Body)
     except Exception as exc:  # RecursionError (deep nesting) too: a bad file, never a crash
         raise SnapshotError(f"{source}: undecodable body: {type(exc).__name__}: {exc}") from exc
+    # Every stamp is restored as ``stamp + now - created_at`` (the router's clock): a clock that
+    # is NaN or infinite would make the restored stamps so, and the next snapshot unreadable.
+    # Both clocks (wall, monotonic) count from a point in the past: a negative one is no clock.
+    if not (math.isfinite(raw.created_at) and raw.created_at >= 0):
+        raise SnapshotError(f"{source}: the snapshot clock created_at must be a finite number "
+                            f">= 0, got {raw.created_at!r}")
     workers = []
     for record in raw.workers:
         try:

@@ -20,7 +20,11 @@ Contract (``docs/interfaces.md`` sections 2 and 5):
   (``bad_seq``) and changes nothing.
 * Every message advances its publisher's seq, whatever its payload: a payload that does not
   decode (deep nesting, garbage, a bug) is a counted refusal, never a false gap or a replay that
-  re-delivers it forever.
+  re-delivers it forever. A *replayed* batch whose payload does not decode as a batch
+  (``DecodedBatch.unreadable``: the replay endpoint answering garbage) is more: the live copy was
+  missed, so what the batch held is lost. Such batches are counted (``replay_lost``) and the
+  worker resyncs, as for an unrecoverable gap. A replayed batch that decodes but whose events are
+  refused (an unknown event type, say) is no loss: its refusals are counted, as live.
 * A worker's ``pool_events_endpoint`` (its L3 backend's stream: no replay, own seq) is followed
   too, applied to holder ``pool_id``. A gap there is counted but drops nothing: the pool is shared
   by many workers, and removing a worker never drops pool entries.
@@ -93,6 +97,7 @@ class SubscriberStats(NamedTuple):
     timeouts: int  # workers removed for silence
     restarts: int = 0  # publishers whose seq went backwards (restarted engines): resynced
     subscribe_failures: int = 0  # publisher endpoints that could not be subscribed
+    replay_lost: int = 0  # replayed batches whose payload did not decode: worker resynced
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -353,7 +358,7 @@ class KVEventSubscriber:
         return SubscriberStats(
             len(self._feeds), c["batches"], c["ops_applied"], dict(refused), c["gaps"],
             c["replays"], c["replay_failures"], c["resyncs"], c["duplicates"], c["timeouts"],
-            c["restarts"], c["subscribe_failures"],
+            c["restarts"], c["subscribe_failures"], c["replay_lost"],
         )  # fmt: skip
 
     # ---- per-publisher loop ---------------------------------------------------------------
@@ -417,8 +422,9 @@ class KVEventSubscriber:
         pub.last_seq = seq  # first: even a message that fails to apply is behind us
         self._apply(pub, frames[2])
 
-    def _apply(self, pub: _Publisher, payload: bytes) -> None:
-        """Decode and apply one batch. Never raises (the caller has advanced the seq already)."""
+    def _apply(self, pub: _Publisher, payload: bytes) -> bool:
+        """Decode and apply one batch; False when its payload did not decode as a batch
+        (``DecodedBatch.unreadable``). Never raises (the caller has advanced the seq already)."""
         pub.last_payload = payload
         decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
@@ -432,6 +438,7 @@ class KVEventSubscriber:
                 pub.decoder.refuse(HandlerError(f"{type(exc).__name__} applying an op"))
             else:
                 self._counts["ops_applied"] += 1
+        return not decoded.unreadable
 
     def _resync(self, feed: _Feed, pub: _Publisher, seq: int) -> None:
         pub.last_seq = seq - 1
@@ -457,7 +464,7 @@ class KVEventSubscriber:
         if batches and batches[0][0] == saved \
                 and xxhash.xxh64_intdigest(batches[0][1]) == _digest(pub):
             pub.resumed = False
-            self._apply_run(pub, batches[1:])
+            self._check_run(feed, pub, self._apply_run(pub, batches[1:]))
             return
         why = ("replay failed" if batches is None else "nothing buffered" if not batches
                else f"buffer starts at {batches[0][0]}" if batches[0][0] != saved
@@ -471,15 +478,36 @@ class KVEventSubscriber:
         else:
             await self._catch_up(feed, pub)
 
-    def _apply_run(self, pub: _Publisher, batches: list[tuple[int, bytes]]) -> None:
+    def _apply_run(self, pub: _Publisher, batches: list[tuple[int, bytes]]) -> int:
         """Apply replayed batches while they continue ``last_seq`` (the first gap stops: the live
-        stream shows it); they are ahead of live, whose copies are then duplicates."""
+        stream shows it); they are ahead of live, whose copies are then duplicates. Returns how
+        many of them did not decode (:meth:`_check_run`)."""
+        lost = 0
         for s, payload in batches:
             if pub.last_seq is not None and s != pub.last_seq + 1:
                 break
             pub.replayed = (s if pub.replayed is None else pub.replayed[0], s)
             pub.last_seq = s
-            self._apply(pub, payload)
+            lost += not self._apply(pub, payload)
+        return lost
+
+    def _check_run(self, feed: _Feed, pub: _Publisher, lost: int) -> None:
+        """After a catch-up or resume run: garbage in it lost what those batches held, so the
+        worker resyncs and its feed goes on after the run (live copies of the replayed batches
+        stay duplicates)."""
+        if lost:
+            assert pub.last_seq is not None  # the run applied those batches
+            self._replay_lost(feed, pub, lost, pub.last_seq + 1)
+
+    def _replay_lost(self, feed: _Feed, pub: _Publisher, lost: int, seq: int) -> None:
+        """``lost`` replayed batches did not decode: the replay endpoint answered garbage for
+        batches whose live copies we missed. Counted, and resynced at ``seq`` as an unrecoverable
+        gap is (the worker's entries may lack stores and keep removed pages)."""
+        log.warning("%s rank %d: the replay answered %d batch(es) that do not decode: lost, "
+                    "resync", feed.info.worker_id, pub.rank, lost)
+        self._counts["replay_lost"] += lost
+        self._counts["replay_failures"] += 1
+        self._resync(feed, pub, seq)
 
     async def _catch_up(self, feed: _Feed, pub: _Publisher) -> None:
         """Apply what the publisher still buffers from before we joined (seq 0 on). Live messages
@@ -491,10 +519,12 @@ class KVEventSubscriber:
             self._counts["replay_failures"] += 1
             return
         # a buffer that no longer holds seq 0 starts later: that history is lost anyway
-        self._apply_run(pub, batches)
+        self._check_run(feed, pub, self._apply_run(pub, batches))
 
     async def _fill_gap(self, feed: _Feed, pub: _Publisher, seq: int) -> bool:
-        """Replay the batches before ``seq``; True when all of them were applied."""
+        """Replay the batches before ``seq``; True when the feed goes on at ``seq``: all of them
+        were applied, or some did not decode and the worker was resynced here (:meth:`_replay_lost`,
+        so the caller does not resync it twice). False: not covered, the caller resyncs."""
         if pub.replay_endpoint is None:
             return False
         start = 0 if pub.last_seq is None else pub.last_seq + 1
@@ -504,6 +534,7 @@ class KVEventSubscriber:
         if batches is None:
             self._counts["replay_failures"] += 1
             return False
+        lost = 0
         for s, payload in batches:
             if s < start or (pub.last_seq is not None and s <= pub.last_seq):
                 continue
@@ -512,7 +543,11 @@ class KVEventSubscriber:
             pub.last_seq = s
             if s >= seq:
                 pub.replayed = (seq, s)  # ahead of live: their live copies are duplicates
-            self._apply(pub, payload)
+            lost += not self._apply(pub, payload)
+        if lost:
+            pub.replayed = None  # dropped with the rest: live copies from seq on are applied
+            self._replay_lost(feed, pub, lost, seq)
+            return True
         covered = pub.last_seq is not None and pub.last_seq >= seq - 1
         if not covered:
             self._counts["replay_failures"] += 1

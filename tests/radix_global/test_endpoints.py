@@ -45,7 +45,7 @@ def test_a_remote_registration_names_the_field_and_the_fix():
 
 
 def test_grpc_peers_on_this_host():
-    from radix_global.service import is_loopback_peer
+    from radix_global.service_guard import is_loopback_peer
 
     for peer in ("ipv4:127.0.0.1:5000", "ipv4:127.0.0.2:1", "ipv6:[::1]:5000",
                  "ipv6:[::ffff:127.0.0.1]:5000", "unix:/tmp/s"):

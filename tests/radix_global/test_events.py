@@ -255,6 +255,16 @@ def test_malformed_batches(payload: bytes) -> None:
     d = decoder()
     out = d.decode(payload)
     assert out.ops == [] and d.refused == {"malformed": 1}
+    assert out.unreadable, "the payload as a whole did not decode"
+
+
+def test_a_batch_whose_events_are_all_refused_is_not_unreadable() -> None:
+    """Only a payload that fails as a whole is ``unreadable``: a batch of one unknown-type
+    event (a malformed refusal, no ops) was read, as was an empty batch."""
+    for events in ([{"type": "Nope"}], [42], []):
+        out = decoder().decode(batch(events))
+        assert out.ops == [] and not out.unreadable, events
+    assert decoder().decode(batch([sgl_stored([1], None, [0] * PS)])).unreadable is False
 
 
 def test_vllm_extra_keys_and_other_groups_unsupported() -> None:

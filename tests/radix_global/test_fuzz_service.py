@@ -133,7 +133,8 @@ requests = st.one_of(
 
 
 def _canary_ok(stub: Any) -> bool:
-    reply = stub.Match(pb.MatchRequest(namespace=NS, keys=CANARY), timeout=10)
+    reply = stub.Match(pb.MatchRequest(namespace=NS, keys=CANARY), timeout=10,
+                       metadata=AUTH)  # key queries need the token (issue 35)
     return any(m.holder == "canary" and m.gpu == len(CANARY) for m in reply.matched)
 
 

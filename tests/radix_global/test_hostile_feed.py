@@ -4,6 +4,9 @@ Real ZMQ on loopback with the scripted publisher of ``test_subscriber.py``: a po
 counted refusal that still advances the sequence (no false gap, no replay loop); a seq that goes
 backwards is a restarted publisher (resync), an out-of-range seq is refused; a worker whose
 endpoint cannot be subscribed fails alone (timeouts of the others go on, removal never raises).
+A replay that answers garbage for the batches it replays (issue 35, item 12) loses them: they are
+counted (``replay_lost``) and the worker resyncs, as for an unrecoverable gap; a replayed batch
+that decodes but whose events are refused is no loss.
 """
 
 from __future__ import annotations
@@ -84,7 +87,9 @@ async def test_poison_message_is_refused_and_advances_the_seq(feed: Any, replay:
 
 
 @pytest.mark.asyncio
-async def test_poison_in_a_replay_is_applied_once_not_looped(feed: Any) -> None:
+async def test_poison_in_a_replay_is_lost_once_not_looped(feed: Any) -> None:
+    """The live copy was missed and the replay's does not decode: the batch is lost (counted,
+    resynced: issue 35), once; the live stream goes on without a second gap or replay."""
     ctx, index, sub, _ = feed
     pub = ScriptedPublisher(ctx)
     try:
@@ -96,11 +101,89 @@ async def test_poison_in_a_replay_is_applied_once_not_looped(feed: Any) -> None:
         await pub.send([stored(B)])  # seq 2: a gap, replayed from seq 1
         await until(lambda: held(index, B) == 2)
         await pub.send([stored(A[:8])])  # seq 3: no second gap, no second replay
-        await until(lambda: sub.stats().batches >= 4)
+        await until(lambda: held(index, A) == 2)
         s = sub.stats()
-        assert (s.gaps, s.resyncs, s.replay_failures) == (1, 0, 0)
+        assert (s.gaps, s.resyncs, s.replay_failures, s.replay_lost) == (1, 1, 1, 1)
         assert pub.requests == [0, 1] and s.refused == {"malformed": 1}
-        assert held(index, A) == 4
+    finally:
+        pub.close()
+
+
+GARBAGE = b"\xc1 not msgpack"  # 0xc1 is never used by msgpack
+
+
+@pytest.mark.asyncio
+async def test_garbage_replayed_for_a_gap_is_counted_lost_and_resyncs(feed: Any) -> None:
+    ctx, index, sub, _ = feed
+    pub = ScriptedPublisher(ctx)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])  # seq 0
+        await until(lambda: held(index, A) == 4)
+        for _ in range(3):
+            await pub.send([stored(B)], drop=True)  # seq 1..3: missed live
+        pub.buffer[1:4] = [(s, GARBAGE) for s in (1, 2, 3)]  # and the replay answers garbage
+        await pub.send([stored(A[:8])])  # seq 4: a gap
+        await until(lambda: sub.stats().batches >= 5)
+        s = sub.stats()
+        assert (s.gaps, s.replay_lost, s.replay_failures, s.resyncs) == (1, 3, 1, 1)
+        assert held(index, A) == 2, "entries dropped (resync), then seq 4 applied"
+        assert pub.requests == [0, 1]
+        await pub.send([stored(B)])  # seq 5: the feed goes on, no further gap
+        await until(lambda: held(index, B) == 2)
+        assert sub.stats().gaps == 1
+    finally:
+        pub.close()
+
+
+@pytest.mark.asyncio
+async def test_garbage_in_the_join_catch_up_is_counted_lost_and_resyncs(feed: Any) -> None:
+    ctx, index, sub, _ = feed
+    pub = ScriptedPublisher(ctx)
+    try:
+        await pub.send([stored(A)], drop=True)  # seq 0, before we joined
+        pub.buffer += [(1, GARBAGE), (2, GARBAGE)]
+        await pub.send([stored(B)], drop=True)  # seq 3
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await until(lambda: sub.stats().batches >= 4)  # the catch-up: seqs 0..3
+        await pub.send([stored(A[:8])])  # seq 4: continues the replayed stream
+        await until(lambda: held(index, A) == 2)
+        s = sub.stats()
+        assert (s.gaps, s.replay_lost, s.replay_failures, s.resyncs) == (0, 2, 1, 1)
+        assert held(index, B) == 0, "what the catch-up applied around the garbage is dropped"
+    finally:
+        pub.close()
+
+
+# A batch that decodes but whose only event is refused (a type we do not know): read, not lost.
+UNKNOWN_ONLY = msgspec.msgpack.encode([1.0, [{"type": "BlockTeleported"}], 0])
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(("payload", "lost"), [(UNKNOWN_ONLY, False), (GARBAGE, True)],
+                         ids=["unknown_event_only", "undecodable"])
+async def test_replay_lost_only_when_the_payload_itself_does_not_decode(
+        feed: Any, payload: bytes, lost: bool) -> None:
+    """``replay_lost`` is ``DecodedBatch.unreadable``, not "no ops and a malformed refusal": a
+    replayed batch whose one event is of an unknown type is a counted refusal, as live, and
+    keeps the worker's entries; a payload that is no batch is lost and resyncs."""
+    ctx, index, sub, _ = feed
+    pub = ScriptedPublisher(ctx)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await pub.send([stored(A)])  # seq 0
+        await until(lambda: held(index, A) == 4)
+        pub.buffer.append((1, payload))  # seq 1: missed live, only the replay has it
+        await pub.send([stored(B)])  # seq 2: a gap, replayed from seq 1
+        await until(lambda: held(index, B) == 2)
+        s = sub.stats()
+        assert s.refused == {"malformed": 1} and pub.requests == [0, 1]
+        assert (s.gaps, s.replay_lost, s.resyncs, s.replay_failures) == (
+            (1, 1, 1, 1) if lost else (1, 0, 0, 0))
+        assert held(index, A) == (0 if lost else 4)
     finally:
         pub.close()
 

@@ -5,10 +5,16 @@ true``); a worker that got in anyway (restored from an older build) fails alone:
 workers still time out, its Deregister is OK, stopping writes the final snapshot. A snapshot with a
 valid checksum but bad values (``dp=inf``, deep nesting, out-of-range keys, wrong types) is a
 typed error, honoured by ``start_empty_on_bad_snapshot``, and never poisons a later snapshot.
+
+Issue 35: a query that answers about page keys (Match, HotPrefixes) is authorized like a write
+(item 3); bytes that are no request message get INVALID_ARGUMENT from every method (item 11); a
+snapshot clock that is not a finite, non-negative number is a SnapshotError (item 9).
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import struct
 import time
 from pathlib import Path
@@ -20,14 +26,14 @@ import pytest
 import xxhash
 from service_harness import ServerThread
 
-from radix_global.client import IndexClient
+from radix_global.client import IndexClient, NotAuthorizedError
 from radix_global.endpoints import endpoint_problem
 from radix_global.index import GlobalIndex
 from radix_global.ops import MalformedEventError, StorePages
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import RegistrationError, WorkerInfo
-from radix_global.service import ServiceConfig
+from radix_global.service import IndexServer, ServiceConfig, _Servicer
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import (
     IndexSnapshot,
@@ -42,6 +48,8 @@ pytestmark = pytest.mark.timeout(60)
 NS = Namespace("tiny@1")
 PAGE = 4
 KEYS = [PageKey(k) for k in (11, 12, 13)]
+TOKEN = "t0ken"
+AUTH = (("authorization", f"Bearer {TOKEN}"),)
 
 
 def _worker(wid: str, **kw: Any) -> WorkerInfo:
@@ -81,6 +89,81 @@ def test_unsubscribable_endpoint_is_refused_at_registration(endpoint: str) -> No
                                       "inproc://kv"])
 def test_connectable_endpoints_are_accepted(endpoint: str) -> None:
     assert _worker("w", kv_events_endpoint=endpoint, dp_size=2).kv_events_endpoint == endpoint
+
+
+# ---- who may ask about page keys (issue 35, item 3) ---------------------------------------
+def test_key_queries_need_the_token_stats_stays_open() -> None:
+    with ServerThread(ServiceConfig(admin_token=TOKEN)) as st:
+        with IndexClient(st.target, admin_token=TOKEN) as admin:
+            admin.register(_worker("sgl-0"))
+            admin.apply(StorePages(NS, Location(WorkerId("sgl-0"), 0, Tier.GPU), None, KEYS))
+            assert admin.match(NS, KEYS).best_pages == 3
+            assert [p.keys for p in admin.hot_prefixes(NS, 1)] == [tuple(KEYS)]
+        for token in (None, "wrong"):
+            with IndexClient(st.target, admin_token=token) as anon:
+                with pytest.raises(NotAuthorizedError):
+                    anon.match(NS, KEYS)  # would confirm a guess at a tenant's prompt
+                with pytest.raises(NotAuthorizedError):
+                    anon.hot_prefixes(NS, 1)
+                assert anon.stats()["pages"] == 3  # aggregate counts, no keys: open
+
+
+class _Aborted(Exception):
+    pass
+
+
+class _PeerContext:
+    """A servicer context of a call from ``peer`` without metadata; abort raises, as grpc's."""
+
+    def __init__(self, peer: str) -> None:
+        self._peer = peer
+
+    def peer(self) -> str:
+        return self._peer
+
+    def invocation_metadata(self) -> tuple[()]:
+        return ()
+
+    async def abort(self, code: grpc.StatusCode, details: str, trailing_metadata: Any = ()
+                    ) -> None:
+        raise _Aborted(code)
+
+
+@pytest.mark.parametrize("peer", ["ipv4:10.0.0.5:5000", "ipv6:[2001:db8::1]:5000"])
+def test_without_a_token_key_queries_only_from_loopback(peer: str) -> None:
+    servicer = _Servicer(IndexServer(ServiceConfig()))  # no token configured
+    servicer._state.index.register_namespace(NS, PAGE)
+    match, hot = pb.MatchRequest(namespace=NS, keys=KEYS), pb.HotPrefixesRequest(namespace=NS,
+                                                                                 top_k=1)
+    for call, request in ((servicer.Match, match), (servicer.HotPrefixes, hot)):
+        with pytest.raises(_Aborted) as err:
+            asyncio.run(call(request, _PeerContext(peer)))
+        assert err.value.args[0] == grpc.StatusCode.UNAUTHENTICATED
+        asyncio.run(call(request, _PeerContext("ipv4:127.0.0.1:5000")))  # loopback: answered
+    stats = asyncio.run(servicer.Stats(pb.StatsRequest(), _PeerContext(peer)))
+    assert b'"pages": 0' in stats.stats_json
+
+
+# ---- bytes that are no request message (issue 35, item 11) ----------------------------------
+SERVICE = pb.DESCRIPTOR.services_by_name["GlobalIndexService"]
+
+
+@pytest.mark.parametrize("payload", [b"\xff\xff\xff", b"\x0a\xff\xff\xff\xff\x0f"],
+                         ids=["bad_tag", "truncated"])
+def test_malformed_request_bytes_are_invalid_argument_on_every_method(
+        payload: bytes, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.ERROR)
+    with ServerThread(ServiceConfig(admin_token=TOKEN)) as st, \
+            grpc.insecure_channel(st.target) as channel:
+        for method in SERVICE.methods:  # no serializers: the bytes go out as they are
+            call = channel.unary_unary(f"/{SERVICE.full_name}/{method.name}")
+            with pytest.raises(grpc.RpcError) as err:
+                call(payload, timeout=5, metadata=AUTH)
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT, method.name
+            assert "malformed request message" in (err.value.details() or "")
+        with IndexClient(st.target, admin_token=TOKEN) as client:
+            assert client.stats()["pages"] == 0  # and the service goes on answering
+    assert not caplog.records, "no traceback logged for a client's bad bytes"
 
 
 # ---- a broken worker stays per-worker -------------------------------------------------------

@@ -25,7 +25,8 @@ from radix_global.ops import (
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import RegistrationError, WorkerInfo, encode_worker_info
-from radix_global.service import ServiceConfig, is_loopback_peer
+from radix_global.service import ServiceConfig
+from radix_global.service_guard import is_loopback_peer
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import IndexSnapshot, SnapshotError, encode_snapshot, write_snapshot
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
@@ -166,7 +167,9 @@ def test_admin_calls_need_the_token(served) -> None:
                 anon.heartbeat(WorkerId("sgl-0"))
             with pytest.raises(NotAuthorizedError):
                 anon.snapshot()
-            assert anon.stats()["service"]["workers"] == 0  # queries are open
+            with pytest.raises(NotAuthorizedError):
+                anon.match(NS, PROMPTS[0])  # key queries too (issue 35)
+            assert anon.stats()["service"]["workers"] == 0  # Stats is open: counts, no keys
     stub = pb_grpc.GlobalIndexServiceStub(grpc.insecure_channel(st.target))
     code, _ = _code(stub.Deregister, pb.WorkerRef(worker_id="x"), metadata=())
     assert code == grpc.StatusCode.UNAUTHENTICATED

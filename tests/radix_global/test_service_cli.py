@@ -74,7 +74,7 @@ def test_serve_snapshot_on_sigterm_and_restore(tmp_path: Path) -> None:
     assert snap.stat().st_size > 0
     proc, target = _start(*args)
     try:
-        with IndexClient(target) as client:
+        with IndexClient(target, admin_token="tok") as client:  # Match needs it too (issue 35)
             assert client.match(NS, keys) == before
             assert client.stats()["service"]["workers"] == 1
         assert _stop(proc) == 0

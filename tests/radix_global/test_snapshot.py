@@ -1,16 +1,23 @@
-"""Snapshot file format: round trip, atomic replace, and clear errors for bad files."""
+"""Snapshot file format: round trip, atomic replace, and clear errors for bad files (a clock that
+is not a finite, non-negative number too: issue 35, item 9)."""
 
 from __future__ import annotations
 
 import logging
+import math
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
 import xxhash
+from service_harness import ServerThread
 
 from radix_global.events import RekeyedPage
+from radix_global.index import GlobalIndex
+from radix_global.ops import MalformedEventError, StorePages
 from radix_global.registration import WorkerInfo
+from radix_global.service import ServiceConfig
 from radix_global.snapshot import (
     _HEADER,
     FORMAT_VERSION,
@@ -25,6 +32,7 @@ from radix_global.snapshot import (
     read_snapshot,
     write_snapshot,
 )
+from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
 
 WORKER = WorkerInfo(
     worker_id="sgl-0", url="http://127.0.0.1:30000", model="tiny", namespace="tiny@1", page_size=4
@@ -112,3 +120,44 @@ def test_load_on_start(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.WARNING, logger="radix_global.snapshot"):
         assert load_on_start(path, start_empty_on_error=True) is None
     assert any("starting empty" in r.message for r in caplog.records)
+
+
+# ---- the clock of a snapshot (issue 35, item 9) ---------------------------------------------
+def _indexed() -> dict[str, Any]:
+    index = GlobalIndex()
+    index.register_namespace(Namespace("tiny@1"), 4)
+    index.apply(StorePages(Namespace("tiny@1"), Location(WorkerId("sgl-0"), 0, Tier.GPU), None,
+                           [PageKey(11), PageKey(12)]))
+    index.match(Namespace("tiny@1"), [PageKey(11)], 50.0)  # a hit: a stamp to shift
+    return index.snapshot()
+
+
+@pytest.mark.parametrize("clock", [math.nan, math.inf, -math.inf, -1.0])
+def test_a_clock_that_is_not_finite_or_is_negative_is_refused(tmp_path: Path, clock: float
+                                                             ) -> None:
+    """Accepted, it served hits, and the router's next snapshot (stamps shifted by ``now -
+    created_at``) was unreadable: the start after that was cache-blind."""
+    data = encode_snapshot(IndexSnapshot(clock, _indexed(), [WORKER]))  # a valid checksum
+    with pytest.raises(SnapshotError, match="created_at"):
+        decode_snapshot(data)
+    path = tmp_path / "index.snap"
+    path.write_bytes(data)
+    with pytest.raises(SnapshotError, match="created_at"):
+        ServerThread(ServiceConfig(snapshot_path=str(path))).start()
+    lenient = ServiceConfig(snapshot_path=str(path), start_empty_on_bad_snapshot=True)
+    with ServerThread(lenient) as st:
+        assert st.run(lambda: st.server.state.index.stats().pages) == 0
+
+
+def test_a_shift_that_leaves_the_clocks_range_is_refused() -> None:
+    """The restore's shift (``now - created_at``) must leave every stamp finite, or the next
+    snapshot is unreadable; a good shift keeps the file round-tripping."""
+    good = _indexed()
+    for shift in (math.nan, math.inf, -math.inf):
+        with pytest.raises(MalformedEventError, match="shift"):
+            GlobalIndex.restore(good, shift_s=shift)
+    far = GlobalIndex.restore(good, shift_s=1e308)  # stamps at 1e308: finite
+    with pytest.raises(MalformedEventError, match="out of range once shifted"):
+        GlobalIndex.restore(far.snapshot(), shift_s=1e308)  # 2e308 is inf
+    again = GlobalIndex.restore(good, shift_s=-1000.0)
+    assert GlobalIndex.restore(again.snapshot()).stats().pages == 2

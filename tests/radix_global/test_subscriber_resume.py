@@ -2,7 +2,8 @@
 
 The restored index entries of a worker survive only while the engine shows it is the one that
 sent the saved batch: the same seq with the same payload in its replay buffer, or (without a
-replay endpoint) the next seq live. Every other case drops them and resyncs. Real ZMQ on loopback
+replay endpoint) the next seq live. Every other case drops them and resyncs, and so does a
+replay that answers garbage after the saved batch (issue 35). Real ZMQ on loopback
 with ``test_subscriber``'s scripted publisher; the run before the restart is a second subscriber
 on its own index, whose snapshot the restarted one restores.
 """
@@ -89,6 +90,32 @@ async def test_resumed_feed_replays_what_it_missed_and_keeps_restored_entries(en
             assert held(index, A) == 4 and held(index, B) == 2  # restored, kept
             assert pub.requests[-1] == 1  # asked from the saved seq itself, not from 0
             assert sub.stats().resyncs == 0
+        finally:
+            await sub.close()
+    finally:
+        pub.close()
+
+
+@pytest.mark.asyncio
+async def test_garbage_replayed_after_the_saved_batch_drops_restored_entries(env: Any) -> None:
+    """The engine vouches for the saved batch, but what it replays after it does not decode
+    (issue 35, item 12): those batches are lost, counted, and the worker resyncs."""
+    ctx, _, _, _ = env
+    pub = ScriptedPublisher(ctx)
+    pub.pub.setsockopt(zmq.XPUB_VERBOSE, 1)
+    try:
+        index, state = await first_run(ctx, pub)
+        pub.buffer.append((2, b"\xc1 not msgpack"))  # seq 2, while no router listened
+        sub = KVEventSubscriber(index, replay_timeout_s=0.5, context=ctx)
+        try:
+            await sub.add_worker(info(pub), resume=state)
+            await until(lambda: sub.stats().resyncs == 1)
+            assert held(index, A) == 0 and held(index, B) == 0
+            assert (sub.stats().replay_lost, sub.stats().replay_failures) == (1, 1)
+            await subscribed_again(pub)
+            await pub.send([stored(C)])  # seq 3: the feed goes on after the lost batch
+            await until(lambda: held(index, C) == 2)
+            assert sub.stats().gaps == 0
         finally:
             await sub.close()
     finally:
