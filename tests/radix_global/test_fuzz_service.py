@@ -1,11 +1,13 @@
 """Fuzz: gRPC requests to an in-process index service (issue 12).
 
 One service for the module (real gRPC on 127.0.0.1, an admin token, a snapshot path). Requests
-with arbitrary fields and sizes go to every RPC, raw bytes to some. Oracle, per request: an OK
-answer or a clear status (INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION,
-UNAUTHENTICATED), never INTERNAL/UNKNOWN or a hang; afterwards the service still answers a valid
-request correctly (a canary chain stays matched) and, at the end, still writes a snapshot that
-restores. Counts go to ``RADIX_FUZZ_REPORT`` (see ``fuzz_tally.py``).
+with arbitrary fields and sizes go to every RPC, raw bytes to some; and raw bytes (random, or a
+valid message cut or with bytes flipped) to every method by its path (issue 35: a malformed
+message was UNKNOWN with a logged traceback). Oracle, per request: an OK answer or a clear status
+(INVALID_ARGUMENT, NOT_FOUND, ALREADY_EXISTS, FAILED_PRECONDITION, UNAUTHENTICATED), never
+INTERNAL/UNKNOWN or a hang; afterwards the service still answers a valid request correctly (a
+canary chain stays matched) and, at the end, still writes a snapshot that restores. Counts go to
+``RADIX_FUZZ_REPORT`` (see ``fuzz_tally.py``).
 """
 
 from __future__ import annotations
@@ -40,10 +42,13 @@ CLEAR = {grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
          grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.FAILED_PRECONDITION,
          grpc.StatusCode.UNAUTHENTICATED}
 TALLY = Tally("grpc_requests")
+RAW_TALLY = Tally("grpc_raw_bytes")
+METHODS = ("Register", "Deregister", "Heartbeat", "Match", "Stats", "HotPrefixes", "Snapshot",
+           "Apply", "RemoveHolder", "RegisterNamespace")
 
 
 @pytest.fixture(scope="module")
-def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path]]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Path, Any]]:
     path = tmp_path_factory.mktemp("fuzz") / "index.snap"
     config = ServiceConfig(admin_token=TOKEN, snapshot_path=str(path), heartbeat_timeout_s=3600)
     with ServerThread(config) as st_:
@@ -53,9 +58,10 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Any, Pat
         loc = pb.Location(holder="canary", dp_rank=0, tier=1)
         stub.Apply(pb.ApplyRequest(ops=[pb.IndexOp(store=pb.StorePages(
             namespace=NS, location=loc, keys=CANARY))]), metadata=AUTH)
-        yield stub, path
+        yield stub, path, channel
         channel.close()
     TALLY.write()
+    RAW_TALLY.write()
     # The final snapshot (written by stop) is a good file: nothing the fuzz sent poisoned it.
     GlobalIndex.restore(read_snapshot(path).index)
 
@@ -141,7 +147,7 @@ def _canary_ok(stub: Any) -> bool:
 @settings(max_examples=examples(150), suppress_health_check=list(HealthCheck))
 @given(request=requests)
 def test_fuzz_grpc_requests(service: Any, request: tuple[str, Any, Any]) -> None:
-    stub, _ = service
+    stub, _, _ = service
     name, message, metadata = request
     if name not in ("Match", "HotPrefixes") and "canary" in str(message):
         return  # an authorised caller may legitimately drop (or replace) the canary itself
@@ -163,3 +169,47 @@ def test_fuzz_grpc_requests(service: Any, request: tuple[str, Any, Any]) -> None
             TALLY.add("loss")
             raise AssertionError(f"{name} request lost the canary's entries")
         TALLY.add(outcome)
+
+
+def _damaged(data: bytes, cut: int, flips: list[tuple[int, int]]) -> bytes:
+    out = bytearray(data[: max(0, len(data) - cut)])
+    for at, value in flips:
+        if out:
+            out[at % len(out)] = value
+    return bytes(out)
+
+
+VALID = [pb.MatchRequest(namespace=NS, keys=[1, -2, 3]).SerializeToString(),
+         pb.ApplyRequest(ops=[pb.IndexOp(store=pb.StorePages(
+             namespace=NS, location=pb.Location(holder="w-9", dp_rank=0, tier=1),
+             keys=[5, 6]))]).SerializeToString(),
+         pb.RegisterRequest(worker_info_json=msgspec.json.encode(BASE)).SerializeToString(),
+         pb.HotPrefixesRequest(namespace=NS, top_k=4).SerializeToString()]
+raw_bytes = st.one_of(
+    st.binary(max_size=300),
+    st.builds(_damaged, st.sampled_from(VALID), st.integers(0, 8),
+              st.lists(st.tuples(st.integers(0, 400), st.integers(0, 255)), max_size=4)))
+
+
+@settings(max_examples=examples(150), suppress_health_check=list(HealthCheck))
+@given(method=st.sampled_from(METHODS), data=raw_bytes, metadata=meta)
+def test_fuzz_raw_bytes_on_every_method(service: Any, method: str, data: bytes,
+                                        metadata: Any) -> None:
+    stub, _, channel = service
+    if b"canary" in data:
+        return  # as above: a message naming the canary may drop it
+    call = channel.unary_unary(f"/radix_global.index.v1.GlobalIndexService/{method}")
+    with RAW_TALLY.timed():
+        try:
+            call(data, timeout=10, metadata=metadata)
+            outcome = "ok"  # protobuf is lenient: many byte strings are valid messages
+        except grpc.RpcError as err:
+            if err.code() not in CLEAR:
+                RAW_TALLY.add("crash")
+                raise AssertionError(f"{method} {data!r}: {err.code()} {err.details()}"
+                                     ) from None
+            outcome = "refused"
+        if not _canary_ok(stub):
+            RAW_TALLY.add("loss")
+            raise AssertionError(f"{method} {data!r} lost the canary's entries")
+        RAW_TALLY.add(outcome)
