@@ -24,10 +24,16 @@ Checks:
 5. Negative control: with the boundary rule off (the router's share-past-prefix switch, tenants
    C and D so that no cached alias answer stands in the way), D reuses C's message as well: the
    "P only" assertion of checks 2 and 4 fails on it.
+6. Warming stays in the tenant's namespace (issue 35, item 1): the router's warm request for a
+   prefix remembered from isolated tenant Z's traffic leaves it where Z's requests find it (Z's
+   salt: all cached) and where no other client does (no salt: 0 cached). Negative control: the
+   same request without the scope (as warming sent it before) makes Z's prompt a hit for any
+   client.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -40,6 +46,8 @@ from pd_workers import PAGE, Worker, prompt, spawn, stop, wait_healthy
 
 from radix_global.keys import page_keys
 from radix_global.types import Namespace, PoolId
+from router.cluster.prefix_tokens import SHARED, Remembered, WarmScope
+from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
 from router.http.app import build_app
 from router.state import RouterState
@@ -180,3 +188,23 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
     print("negative control, D sends C's conversation:", m)
     assert m["cached_tokens"] > len(P), m  # what checks 2 and 4 refuse
     state.shared_prefixes.share_past_prefix = False
+
+    # 6. A warm request carries the namespace of the prefix it warms.
+    def warm(ids: list[int], scope: WarmScope) -> None:
+        async def send() -> bool:
+            async with httpx.AsyncClient() as client:
+                warmer = HotPrefixWarmer(state.index, state.registry, client, lambda slot: 0)
+                return await warmer._send(w.url, 1, 0, Remembered(ids, scope))
+        assert asyncio.run(send())
+
+    z, leaked = prompt([3700, 3701]), prompt([3800, 3801])
+    warm(z, WarmScope("tenant:z", None))
+    shared_view = meta(direct.post("/generate", json=body(z)))
+    tenant_view = meta(direct.post("/generate", json=body(z, cache_salt="tenant:z")))
+    print("warmed in Z's namespace: shared client", shared_view["cached_tokens"], "Z",
+          tenant_view["cached_tokens"])
+    assert shared_view["cached_tokens"] == 0, shared_view
+    assert tenant_view["cached_tokens"] >= len(z) - PAGE, tenant_view
+    warm(leaked, SHARED)  # negative control: the scope left out
+    m = meta(direct.post("/generate", json=body(leaked)))
+    assert m["cached_tokens"] >= len(leaked) - PAGE, m
