@@ -7,6 +7,8 @@ import asyncio
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from radix_global.registration import WorkerInfo
 from router.cluster.dispatcher import Dispatcher, HeldQueueFull, Priced
@@ -111,5 +113,65 @@ def test_the_held_queue_is_bounded_by_count_and_bytes() -> None:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)
         assert d.held_bytes == 0
+
+    asyncio.run(go())
+
+
+# Ops on a dispatcher with one busy server: a new held request (its body size), a client that
+# leaves (the i-th waiter), room made (a first token of a placed one), a pump, a turn of the loop.
+_op = st.one_of(st.tuples(st.just("hold"), st.integers(0, 400)),
+                st.tuples(st.just("leave"), st.integers(0, 40)),
+                st.tuples(st.just("room"), st.integers(0, 40)),
+                st.tuples(st.just("pump"), st.just(0)),
+                st.tuples(st.just("turn"), st.just(0)))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_op, max_size=60), st.booleans())
+def test_no_client_that_left_is_ever_released_to_its_caller(ops, leave_in_the_same_turn):
+    """Whatever the interleaving of holds, departures, room and pumps (a departure in the same
+    turn as a pump included): a waiter whose client left never returns as released, the bounds
+    hold, and once everyone is gone nothing is held, unplaced or counted in bytes."""
+    async def go() -> None:
+        d = _dispatcher(dispatch_max_held=8, dispatch_max_held_bytes=1500)
+        _busy(d)
+        waiters: list[asyncio.Task[float]] = []
+        left: set[int] = set()
+        placed: list[str] = []
+        for name, arg in ops:
+            if name == "hold":
+                i = len(waiters)
+                waiters.append(asyncio.create_task(d.wait(
+                    f"r{i}", "m", Priced(0.1 + arg / 1000, SERVER), 30.0, size_bytes=arg)))
+            elif name == "leave" and waiters:
+                i = arg % len(waiters)
+                if leave_in_the_same_turn:
+                    d.pump()
+                if not waiters[i].done():  # one already released (or refused) did not leave
+                    waiters[i].cancel()
+                    left.add(i)
+            elif name == "room":
+                for rid in list(d.gate._unplaced):  # released ones are routed
+                    d.gate.placed(rid, SERVER)
+                    placed.append(rid)
+                if placed:
+                    d.gate.first_token(placed.pop(arg % len(placed)))
+                elif d.gate.in_flight(SERVER):
+                    d.gate.first_token("busy")
+            elif name == "pump":
+                d.pump()
+            else:
+                await asyncio.sleep(0)
+            assert d.gate.held() <= 8 and d.held_bytes <= 1500
+        await asyncio.sleep(0)
+        for i, w in enumerate(waiters):
+            if i not in left:
+                w.cancel()
+        results = await asyncio.gather(*waiters, return_exceptions=True)
+        for i in left:
+            assert isinstance(results[i], asyncio.CancelledError), \
+                f"r{i} left while held, yet its wait returned {results[i]!r}"
+        assert d.gate.held() == 0 and d.held_bytes == 0
+        assert not d._waiters and not d._reprice and not d._bytes
 
     asyncio.run(go())
