@@ -132,6 +132,12 @@ class Dispatcher:
     def pump(self) -> None:
         """Release what the gate lets go now. Where a model's servers have room, its held
         requests are priced again first: the order is by the work each needs now."""
+        # Those whose client left since the last pump leave the gate first: released one by one
+        # (each release sorting the rest), a thousand clients gone at once stalled the loop.
+        for request_id in self.gate.held_ids():
+            future = self._waiters.get(request_id)
+            if future is None or future.done():
+                self.gate.drop(request_id)
         servers = self._servers()
         roomy = {group for group in self.gate.groups()
                  if self.gate.has_room(group, servers.get(group, ()))}

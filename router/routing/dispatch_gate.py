@@ -256,8 +256,9 @@ class DispatchGate:
         """The groups with held requests."""
         return {h.group for h in self._held.values()}
 
-    def held_ids(self, group: str) -> list[str]:
-        return [h.request_id for h in self._held.values() if h.group == group]
+    def held_ids(self, group: str | None = None) -> list[str]:
+        """The held requests of ``group`` (None: of every group)."""
+        return [h.request_id for h in self._held.values() if group is None or h.group == group]
 
     def group_of(self, request_id: str) -> str | None:
         """The group of a held request; None once it is not held."""

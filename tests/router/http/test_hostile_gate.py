@@ -2,9 +2,10 @@
 the router's HTTP front end, in front of a peer worker whose first chunk waits until the test
 lets it go (an engine busy prefilling).
 
-The mass disconnect runs the real router as its own process (``radix-global router``) and the
-1,000 held clients in another, so that the router's event loop, not the test's threads, is what
-``/health`` measures; the clients' process is SIGKILLed, so every connection closes at once."""
+The mass disconnect runs the real router as its own process (``radix-global router``), the
+1,000 held clients in another and the ``/health`` prober in a third, so that the router's event
+loop, not the test's threads, is what ``/health`` measures; the clients' process is SIGKILLed,
+so every connection closes at once."""
 
 from __future__ import annotations
 
@@ -147,6 +148,24 @@ _CLIENTS = textwrap.dedent("""
 """)
 
 
+# /health every 10 ms for a while, from a process of its own (the test process's threads and
+# garbage collections would be measured too); prints the slowest answer in seconds.
+_HEALTH = textwrap.dedent("""
+    import sys, time, httpx
+    base, duration = sys.argv[1], float(sys.argv[2])
+    worst, end = 0.0, time.monotonic() + duration
+    with httpx.Client(base_url=base, timeout=10) as h:
+        h.get("/health")  # connected: the test goes on when it reads this line
+        print("ready", flush=True)
+        while time.monotonic() < end:
+            t0 = time.monotonic()
+            assert h.get("/health").status_code == 200
+            worst = max(worst, time.monotonic() - t0)
+            time.sleep(0.01)
+    print(worst)
+""")
+
+
 def _metric(client: httpx.Client, name: str) -> float:
     for line in client.get("/metrics").text.splitlines():
         if line.startswith(name + " "):
@@ -162,15 +181,15 @@ def _rss_mb(pid: int) -> float:
 
 
 HELD = 1000
-RSS_BOUND_MB = 150  # what holding HELD small requests may add to the router's memory
+RSS_BOUND_MB = 64  # what holding HELD small requests may add to the router (measured: 17 MB)
 
 
 @pytest.mark.timeout(180)
 def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
     """Item 4: 1,000 held clients close their connections at once while the engine makes room.
-    ``/health`` answers within 100 ms throughout (it stalled for 13 s), no disconnected request
-    reaches the engine, the held queue empties, and holding them cost the router less than
-    ``RSS_BOUND_MB``."""
+    ``/health`` answers within 100 ms throughout (it stalled for 13 s), no request whose client
+    the router knew was gone reaches the engine, the held queue empties, and holding them cost
+    the router less than ``RSS_BOUND_MB``."""
     peer, server = _busy_peer(upstreams)
     port = free_port()
     log = tmp_path / "router.log"
@@ -185,6 +204,9 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
     try:
         with httpx.Client(base_url=base, timeout=10) as c:
             _until(lambda: _workers(c) == 1, timeout=60)
+            # a text prompt: the tokenizer (transformers) is loaded before memory is measured
+            assert c.post("/generate", json={"text": "hello world"}, timeout=60).status_code == 200
+            peer.requests.clear()
             out: dict[str, Any] = {}
             busy = _stream_in_thread(base, list(range(5, 50)), out, "busy")
             _until(lambda: len(peer.requests) == 1)
@@ -193,34 +215,26 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
                                        stdout=subprocess.PIPE, text=True)
             _until(lambda: _metric(c, "router_dispatch_held") == HELD, timeout=60)
             grown = _rss_mb(router.pid) - rss0
-            stop, worst = threading.Event(), [0.0]
-
-            def watch_health() -> None:
-                with httpx.Client(base_url=base, timeout=10) as h:
-                    while not stop.is_set():
-                        t0 = time.monotonic()
-                        assert h.get("/health").status_code == 200
-                        worst[0] = max(worst[0], time.monotonic() - t0)
-                        time.sleep(0.01)
-
-            watcher = threading.Thread(target=watch_health)
-            watcher.start()
-            time.sleep(0.3)
+            watcher = subprocess.Popen([sys.executable, "-c", _HEALTH, base, "4.0"],
+                                       stdout=subprocess.PIPE, text=True)
+            assert watcher.stdout is not None and watcher.stdout.readline() == "ready\n"
+            time.sleep(0.2)
             clients.send_signal(signal.SIGKILL)  # every connection closes at once ...
             peer.first_chunk.set()  # ... as the engine makes room
             _until(lambda: _metric(c, "router_dispatch_held") == 0, timeout=30)
-            time.sleep(1.0)
-            stop.set()
-            watcher.join(30)
+            worst = float(watcher.communicate(timeout=30)[0].split()[-1])
             busy.join(30)
-            aborts = c.get("/admin/stats").json()
-        print(f"held {HELD}: router RSS +{grown:.0f} MB; worst /health {worst[0] * 1000:.0f} ms;"
+        print(f"held {HELD}: router RSS +{grown:.0f} MB; worst /health {worst * 1000:.0f} ms;"
               f" engine requests {len(peer.requests)}")
         assert out["busy"].status_code == 200
-        assert len(peer.requests) == 1, "a disconnected request was routed"
-        assert worst[0] < 0.1, f"/health took {worst[0]:.3f} s"
+        # A request released as its client's connection closed, before the router read the
+        # close, may reach the engine; it is aborted at once, and the room it took does not
+        # pass on to the next dead one (a chain through the held queue, before).
+        raced = [body["rid"] for _, body in peer.requests[1:]]
+        assert len(raced) <= 2, f"{len(raced)} disconnected requests were routed"
+        _until(lambda: set(raced) <= set(peer.aborted))
+        assert worst < 0.1, f"/health took {worst:.3f} s"
         assert grown < RSS_BOUND_MB, f"holding {HELD} grew the router by {grown:.0f} MB"
-        assert aborts is not None
     finally:
         if clients is not None and clients.poll() is None:
             clients.kill()
