@@ -24,6 +24,10 @@ MAX_DP_SIZE = 1024
 MAX_PAGE_SIZE = 65536
 MAX_FETCH_MIN_TOKENS = 1 << 20
 MAX_PREFETCH_BUDGET_TOKENS = 1 << 40
+# The longest context a worker may report (its /server_info ``context_length``, vLLM's
+# ``max_model_len``): 2^24 = 16,777,216 tokens, above the longest served today (Llama 4 Scout's
+# 10M), while a value such as 1e12 would turn the router's prompt-size checks off for the model.
+MAX_CONTEXT_LENGTH = 1 << 24
 MAX_ID_CHARS = 256
 MAX_URL_CHARS = 2048
 _TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",

@@ -16,8 +16,8 @@ length, KV bytes per token).
 
 from __future__ import annotations
 
-import contextlib
 import json
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
@@ -26,7 +26,14 @@ import msgspec
 
 from radix_global import kv_size
 from radix_global.namespaces import namespace_for
-from radix_global.registration import WorkerInfo, decode_worker_info
+from radix_global.registration import (
+    MAX_CONTEXT_LENGTH,
+    MAX_DP_SIZE,
+    MAX_PAGE_SIZE,
+    RegistrationError,
+    WorkerInfo,
+    decode_worker_info,
+)
 from radix_global.types import Role
 from router.keying.tokenize import model_context_length
 
@@ -76,16 +83,96 @@ def server_info_from_models(models: Any) -> dict[str, Any]:
     return out
 
 
-def _events_endpoint(raw: Any, worker_url: str) -> str | None:
-    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
-    if not raw:
+class ServerInfoError(RegistrationError):
+    """A worker's ``/server_info`` (or ``/v1/models``) answer reports a value the router cannot
+    use: a non-integer or out-of-range ``page_size``, ``context_length`` or ``dp_size``, a
+    non-string name or path. The worker is refused (HTTP 400 on the admin path, logged and
+    skipped by command-line discovery), never half-registered with a 500."""
+
+
+class ServerReport(NamedTuple):
+    """What a worker says of itself, checked: each field its type and bounds, or None when the
+    worker does not say (a field it reports wrongly is a :class:`ServerInfoError`)."""
+
+    served_model_name: str | None
+    model_path: str | None  # ``tokenizer_path``, else ``model_path``
+    page_size: int | None
+    context_length: int | None
+    dp_size: int | None
+    engine: str | None
+    disaggregation_mode: str | None
+    bootstrap_port: int | None
+    kv_events: dict[str, Any] | None  # the parsed ``kv_events_config``
+
+
+def _bad(name: str, want: str, value: Any) -> ServerInfoError:
+    shown = repr(value)
+    return ServerInfoError(f"/server_info reports {name} = "
+                           f"{shown if len(shown) <= 60 else shown[:57] + '...'}: {want}")
+
+
+def _int_field(server: Mapping[str, Any], name: str, low: int, high: int) -> int | None:
+    """An integer in [low, high], or None when absent. A float (JSON ``1e9``), a string or a
+    bool is refused: each would otherwise reach ``int()`` or a comparison and fail later, or
+    silently change the router's limits."""
+    value = server.get(name)
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+        raise _bad(name, f"must be an integer in [{low}, {high}]", value)
+    return value
+
+
+def _str_field(server: Mapping[str, Any], name: str) -> str | None:
+    value = server.get(name)
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str):
+        raise _bad(name, "must be a string", value)
+    return value
+
+
+def _kv_events(raw: Any) -> dict[str, Any] | None:
+    """SGLang's ``kv_events_config`` (a JSON string of an object, or the object), with its
+    ``endpoint`` and ``topic`` strings when given."""
+    if raw is None or raw == "":
         return None
     try:
-        cfg = json.loads(raw) if isinstance(raw, str) else dict(raw)
-    except (ValueError, TypeError):
-        return None
-    endpoint = cfg.get("endpoint")
-    if not isinstance(endpoint, str):
+        cfg = json.loads(raw) if isinstance(raw, str) else raw
+    except (ValueError, RecursionError):
+        cfg = None
+    if not isinstance(cfg, dict):
+        raise _bad("kv_events_config", "must be a JSON object", raw)
+    for name in ("endpoint", "topic"):
+        if cfg.get(name) is not None and not isinstance(cfg[name], str):
+            raise _bad(f"kv_events_config.{name}", "must be a string", cfg[name])
+    return cfg
+
+
+def check_server_info(server: Mapping[str, Any]) -> ServerReport:
+    """Every field of a ``/server_info`` answer the router uses, checked against the bounds a
+    registration record has (``radix_global/registration.py``); :class:`ServerInfoError` names
+    the first bad one."""
+    port = server.get("disaggregation_bootstrap_port")
+    return ServerReport(
+        served_model_name=_str_field(server, "served_model_name"),
+        model_path=_str_field(server, "tokenizer_path") or _str_field(server, "model_path"),
+        page_size=_int_field(server, "page_size", 1, MAX_PAGE_SIZE),
+        context_length=_int_field(server, "context_length", 1, MAX_CONTEXT_LENGTH),
+        dp_size=_int_field(server, "dp_size", 1, MAX_DP_SIZE),
+        engine=_str_field(server, "engine"),
+        disaggregation_mode=_str_field(server, "disaggregation_mode"),
+        # an optional extra (another engine may report anything there): a port or nothing
+        bootstrap_port=port if isinstance(port, int) and not isinstance(port, bool)
+        and 0 < port < 65536 else None,
+        kv_events=_kv_events(server.get("kv_events_config")),
+    )
+
+
+def _events_endpoint(cfg: Mapping[str, Any] | None, worker_url: str) -> str | None:
+    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
+    endpoint = cfg.get("endpoint") if cfg else None
+    if not endpoint:
         return None
     host = urlsplit(worker_url).hostname or "127.0.0.1"
     for wildcard in ("*", "0.0.0.0"):
@@ -104,44 +191,50 @@ class ModelOverrides(NamedTuple):
     context_length: int | None = None
 
 
-def info_from_server_info(url: str, server: dict[str, Any], config: ModelOverrides,
+def model_of_server(report: ServerReport, config: ModelOverrides) -> tuple[str | None, int | None]:
+    """A worker's model folder (tokenizer) and context length: ``config`` first, then what the
+    worker reported (checked), then the folder's ``config.json``; None when unknown."""
+    model_path = config.model_path or report.model_path
+    context = config.context_length or report.context_length
+    if context is None and model_path:
+        context = model_context_length(model_path)
+    return model_path, context
+
+
+def info_from_server_info(url: str, server: Mapping[str, Any], config: ModelOverrides,
                           overrides: dict[str, Any] | None = None
                           ) -> tuple[WorkerInfo, str | None, int | None]:
     """A registration record for a command-line worker from its ``/server_info`` answer, with
     ``config`` and then ``overrides`` (from :func:`split_worker_spec`, per worker) replacing the
     matching fields; also its model folder and context length (None when unknown).
-    ``RegistrationError`` on an override the record refuses."""
-    model_path = config.model_path or server.get("tokenizer_path") or server.get("model_path")
-    model = config.served_model_name or server.get("served_model_name") or model_path or "default"
-    page_size = config.page_size or int(server.get("page_size") or 1)
-    mode = server.get("disaggregation_mode") or "null"
+    ``RegistrationError`` on an override the record refuses, :class:`ServerInfoError` (one) on
+    a value the worker reports that the router cannot use."""
+    report = check_server_info(server)
+    model_path, context = model_of_server(report, config)
+    model = config.served_model_name or report.served_model_name or model_path or "default"
+    page_size = config.page_size or report.page_size or 1
+    mode = report.disaggregation_mode or "null"
     role = {"prefill": Role.PREFILL, "decode": Role.DECODE}.get(mode, Role.MIXED)
-    events = _events_endpoint(server.get("kv_events_config"), url)
-    topic = "kv-events"
-    if isinstance(server.get("kv_events_config"), str):
-        with contextlib.suppress(ValueError):
-            topic = json.loads(server["kv_events_config"]).get("topic") or topic
+    events = _events_endpoint(report.kv_events, url)
+    topic = (report.kv_events or {}).get("topic") or "kv-events"
+    try:
+        # Its KV pool as /server_info reports it, or the model folder when the router has it:
+        # without it a fetch would be priced at the router's default (LLaMA3-70B) bytes.
+        kv_bytes = kv_size.for_worker(model_path, server)
+    except (ArithmeticError, ValueError) as exc:  # an infinite or NaN ``kvcache`` size
+        raise _bad("internal_states[0].memory_usage", f"unusable ({exc})",
+                   server.get("internal_states")) from exc
     info = WorkerInfo(
         worker_id=cli_worker_id(url), url=url.rstrip("/"), model=str(model),
         namespace=namespace_for(str(model), model_path, config.model_version),
         page_size=page_size, role=role,
-        dp_size=int(server.get("dp_size") or 1), engine=str(server.get("engine") or "sglang"),
+        dp_size=report.dp_size or 1, engine=report.engine or "sglang",
         kv_events_endpoint=events, kv_events_topic=topic,
-        bootstrap_port=_bootstrap_port(server) if role is Role.PREFILL else None,
-        # Its KV pool as /server_info reports it, or the model folder when the router has it:
-        # without it a fetch would be priced at the router's default (LLaMA3-70B) bytes.
-        kv_bytes_per_token=kv_size.for_worker(model_path, server),
+        bootstrap_port=report.bootstrap_port if role is Role.PREFILL else None,
+        kv_bytes_per_token=kv_bytes,
     )
     if overrides:
         # through the decoder, so an override is validated like a registration record
         info = decode_worker_info(msgspec.json.encode({**msgspec.structs.asdict(info),
                                                        **overrides}))
-    context = config.context_length or server.get("context_length")
-    if not isinstance(context, int) and model_path:
-        context = model_context_length(model_path)
-    return info, model_path, context if isinstance(context, int) else None
-
-
-def _bootstrap_port(server: dict[str, Any]) -> int | None:
-    port = server.get("disaggregation_bootstrap_port")
-    return port if isinstance(port, int) else None
+    return info, model_path, context

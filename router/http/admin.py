@@ -16,10 +16,12 @@ from starlette.routing import Route
 from radix_global.endpoints import is_loopback_address
 from radix_global.registration import (
     RegistrationError,
+    WorkerInfo,
     decode_worker_info,
     refuse_host_local,
 )
-from router.cluster.registry import RegistryError, Source, WorkerEntry
+from router.cluster.discovery import ServerInfoError, check_server_info, model_of_server
+from router.cluster.registry import RegistryError, Source
 from router.request.handler import read_body
 from router.state import RouterState, key_mismatch
 from router.transport.errors import ErrorType, error_response
@@ -125,9 +127,23 @@ def admin_routes(state: RouterState) -> list[Route]:
                 refuse_host_local(info)
         except RegistrationError as exc:
             return error_response(400, f"bad registration: {exc}")
-        entry = state.registry.add(info, Source.REGISTERED, state.clock())
-        if entry.model_path is None and state.config.model_path is None:
-            await _learn_model_path(state, entry)
+        # What the worker reports of itself is asked and checked before it joins: a worker whose
+        # /server_info the router cannot use is refused here, not left registered after a 500.
+        old = state.registry.find(info.worker_id)
+        known = old is not None and old.info == info and old.model_path is not None
+        learned: tuple[str | None, int | None] | None = None
+        if not known and state.config.model_path is None:
+            try:
+                learned = await _learn_model(state, info)
+            except ServerInfoError as exc:
+                if old is not None:  # the process answering now is not the one we knew
+                    state.registry.remove(info.worker_id)
+                return error_response(400, f"worker {info.worker_id} refused: {exc}")
+        model_path, context = learned or (None, None)
+        entry = state.registry.add(info, Source.REGISTERED, state.clock(),
+                                   model_path=model_path, context_length=context)
+        if learned is not None:
+            state.prewarm(entry)
         return JSONResponse({"worker_id": info.worker_id}, status_code=201)
 
     async def remove(request: Request) -> Response:
@@ -163,17 +179,18 @@ def admin_routes(state: RouterState) -> list[Route]:
     ]
 
 
-async def _learn_model_path(state: RouterState, entry: WorkerEntry) -> None:
-    """A registered worker's tokenizer folder and context length from its ``/server_info``."""
-    from router.cluster.discovery import info_from_server_info
-
+async def _learn_model(state: RouterState, info: WorkerInfo
+                       ) -> tuple[str | None, int | None] | None:
+    """A registering worker's tokenizer folder and context length from its ``/server_info``;
+    None when it does not answer one (a non-SGLang engine: keys stay unknown).
+    :class:`ServerInfoError` when it answers values the router cannot use (a page size or
+    context length out of bounds or not an integer, a name that is not a string)."""
     try:
-        resp = await state.proxy.client.get(f"{entry.info.url}/server_info",
+        resp = await state.proxy.client.get(f"{info.url}/server_info",
                                             timeout=state.config.health_check_timeout_s)
         server = resp.json() if resp.status_code == 200 else None
     except Exception:  # the worker may not serve /server_info (non-SGLang): keys stay unknown
         server = None
-    if isinstance(server, dict):
-        _, entry.model_path, entry.context_length = info_from_server_info(
-            entry.info.url, server, state.config.model_overrides())
-        state.prewarm(entry)
+    if not isinstance(server, dict):
+        return None
+    return model_of_server(check_server_info(server), state.config.model_overrides())

@@ -5,12 +5,15 @@ fix it guards."""
 
 from __future__ import annotations
 
+import json
 import socket
 import threading
 import time
 
 import httpx
 import pytest
+from http_peer import ServerThread, Upstream
+from starlette.responses import JSONResponse
 
 from router.keying.tenants import SHARED, Tenant, effective_salt
 
@@ -275,3 +278,67 @@ def test_idle_and_half_open_connections_are_closed():
     finally:
         server.should_exit = True
         thread.join(5)
+
+
+class _LyingPeer(Upstream):
+    """A worker whose ``/server_info`` reports ``report`` over a sane answer."""
+
+    def __init__(self, report: dict, **kw) -> None:
+        super().__init__(**kw)
+        self.report = report
+
+    async def _info(self, request):
+        sane = json.loads((await super()._info(request)).body)
+        return JSONResponse({**sane, **self.report})
+
+
+@pytest.fixture
+def lying_peer(tokenizer_dir):
+    started = []
+
+    def start(report: dict) -> tuple[_LyingPeer, ServerThread]:
+        peer = _LyingPeer(report, model_path=tokenizer_dir)
+        server = ServerThread(peer.app).start()
+        started.append(server)
+        return peer, server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.mark.parametrize(("report", "field"), [
+    ({"page_size": "16"}, "page_size"), ({"page_size": 1e9}, "page_size"),
+    ({"page_size": 10**9}, "page_size"), ({"context_length": 10**12}, "context_length"),
+    ({"context_length": 1e12}, "context_length"), ({"dp_size": "two"}, "dp_size"),
+    ({"served_model_name": ["x"]}, "served_model_name"),
+    ({"kv_events_config": "[1]"}, "kv_events_config")])
+def test_a_registered_worker_reporting_unusable_server_info_is_refused(
+        router_factory, lying_peer, report, field):
+    """Issue 35 item 7: such a worker got a 500 with a traceback and stayed registered (page
+    size), or was accepted with the prompt-size limit off for its model (a 1e12 context)."""
+    _, server = lying_peer(report)
+    router = router_factory(workers=(), heartbeat_timeout_s=600)
+    info = {"worker_id": "w1", "url": server.url, "model": "tiny", "namespace": "tiny@1",
+            "page_size": 4}
+    with router.client() as c:
+        r = c.post("/admin/workers", json=info)
+        assert r.status_code == 400, r.text
+        message = r.json()["error"]["message"]
+        assert field in message and "/server_info" in message and "Traceback" not in r.text
+        assert c.get("/admin/workers").json()["workers"] == []
+
+
+def test_a_registered_worker_that_starts_reporting_garbage_is_deregistered(
+        router_factory, lying_peer):
+    peer, server = lying_peer({})
+    router = router_factory(workers=(), heartbeat_timeout_s=600)
+    info = {"worker_id": "w1", "url": server.url, "model": "tiny", "namespace": "tiny@1",
+            "page_size": 4}
+    with router.client() as c:
+        assert c.post("/admin/workers", json=info).status_code == 201
+        assert router.state.registry.get("w1").context_length == 512
+        peer.report = {"page_size": 1e9}
+        r = c.post("/admin/workers", json={**info, "dp_size": 2})  # a new record: asked again
+        assert r.status_code == 400 and "page_size" in r.text, r.text
+        assert c.get("/admin/workers").json()["workers"] == []
