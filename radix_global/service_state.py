@@ -71,14 +71,19 @@ class ServiceState:
         endpoint, or the endpoint could not be subscribed; the worker is registered either way).
         ``resume``: its feeds' positions in a restored snapshot (``KVEventSubscriber.add_worker``).
 
-        Raises ``IdConflictError`` (pool id vs worker id) or ``PageSizeMismatchError`` before
-        changing anything."""
+        Raises ``IdConflictError`` (pool id vs worker id, a segment another worker holds) or
+        ``PageSizeMismatchError`` before changing anything."""
         wid = WorkerId(info.worker_id)
         pools = {w.pool_id for w in self.workers.values() if w.worker_id != wid}
         if wid in pools:
             raise IdConflictError(f"worker id {wid!r} is already the pool id of another worker")
         if info.pool_id is not None and info.pool_id in self.workers:
             raise IdConflictError(f"pool id {info.pool_id!r} is already a worker id")
+        if info.pool_id is not None and is_segment(info.pool_id) and info.pool_id in pools:
+            # a segment is one worker's and leaves the index with it (docs/interfaces.md s. 14):
+            # a second holder would take the first one's entries when it left
+            raise IdConflictError(f"pool id {info.pool_id!r} is a Mooncake segment another "
+                                  "worker registered: each worker needs its own")
         self.index.register_namespace(Namespace(info.namespace), info.page_size)
         if self.workers.get(wid) == info and self.subscriber.heartbeat(wid):
             return self.subscriber.subscribed(wid)

@@ -182,9 +182,18 @@ class EmbeddedIndex:
         self._restored.clear()
 
     def _drop(self, info: WorkerInfo) -> None:
-        """Drop a worker's entries, and its Mooncake segment's (it leaves the store with it)."""
+        """Drop a worker's entries, and its Mooncake segment's (it leaves the store with it),
+        unless another followed worker names that segment: the registry refuses a second
+        holder of a segment, so that is only a guard, and the entries stay with the holder
+        that is still there."""
         self.index.remove_holder(WorkerId(info.worker_id))
         if info.pool_id is not None and is_segment(info.pool_id):
+            others = [w for w, i in self._infos.items()
+                      if i.pool_id == info.pool_id and w != info.worker_id]
+            if others:
+                log.warning("worker %s left; segment %s stays: worker %s holds it",
+                            info.worker_id, info.pool_id, others[0])
+                return
             self.index.remove_holder(PoolId(info.pool_id))
 
     async def _follow(self, entry: WorkerEntry, resume: FeedState | None) -> None:
@@ -219,6 +228,17 @@ class EmbeddedIndex:
             log.info("worker %s registered another record: its restored entries are dropped",
                      wid)
             self._drop(restored[0])
+        if info.pool_id is not None and is_segment(info.pool_id):
+            # A restored worker that named this segment and has not come back: the segment is
+            # the new worker's now (a process at that address starts with an empty segment), so
+            # the old entries go now, not when the old worker's grace period ends and takes the
+            # new worker's entries with them.
+            for other, (old_info, _) in list(self._restored.items()):
+                if old_info.pool_id == info.pool_id:
+                    log.info("worker %s registered segment %s of restored worker %s: the "
+                             "restored entries are dropped", wid, info.pool_id, other)
+                    del self._restored[other]
+                    self._drop(old_info)
         self._infos[wid] = info
         if self._subscriber is not None and info.kv_events_endpoint:
             self._spawn(self._follow(entry, resume))

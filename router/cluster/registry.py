@@ -6,8 +6,9 @@ section 2:
 
 * the first worker of a namespace fixes its page size; a worker declaring another page size is
   refused (:class:`ConflictError` -> 409), as is a model already served under another namespace
-  (a second model version must come under another model name, or after the old workers left) and
-  a pool id equal to a worker id;
+  (a second model version must come under another model name, or after the old workers left), a
+  pool id equal to a worker id, and a Mooncake segment pool id another worker registered (a
+  segment is one worker's, and leaves the index with it: s. 14);
 * a draining worker gets no new requests; a removed worker's index entries are dropped by the
   ``on_removed`` callback (the index owner does that);
 * registered workers must heartbeat; command-line workers are health-checked over HTTP instead.
@@ -19,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.types import Namespace, WorkerId
 
@@ -123,6 +125,15 @@ class WorkerRegistry:
                 raise ConflictError(f"pool id {info.pool_id!r} equals a worker id")
             if other.info.pool_id is not None and other.info.pool_id == info.worker_id:
                 raise ConflictError(f"worker id {info.worker_id!r} equals a pool id")
+            if (info.pool_id is not None and is_segment(info.pool_id)
+                    and other.info.pool_id == info.pool_id):
+                # A Mooncake segment is one worker's client's memory (docs/interfaces.md s. 14)
+                # and its entries leave the index with that worker: a second worker naming it
+                # would take the first one's entries with it when it leaves.
+                raise ConflictError(
+                    f"pool id {info.pool_id!r} is a Mooncake segment, which belongs to one "
+                    f"worker, and worker {other.info.worker_id!r} registered it: give each "
+                    "worker its own segment (its own advertised address and port)")
         old = self._workers.get(WorkerId(info.worker_id))
         if old is not None and old.info != info:
             self._drop(old)  # a changed record: forget what the index knew about the old one
@@ -134,10 +145,19 @@ class WorkerRegistry:
             entry.model_path = model_path or entry.model_path
             entry.context_length = context_length or entry.context_length
             return entry
+        had_page_size = ns in self._page_size
         self._page_size[ns] = info.page_size
         self._workers[entry.worker_id] = entry
         if self._on_added is not None:
-            self._on_added(entry)
+            try:
+                self._on_added(entry)
+            except Exception:
+                # Refused by the index (a page-size conflict it knows of): not left half-added,
+                # registered here and unknown there.
+                self._workers.pop(entry.worker_id, None)
+                if not had_page_size:
+                    self._page_size.pop(ns, None)
+                raise
         return entry
 
     def remove(self, worker_id: str) -> WorkerEntry:

@@ -344,6 +344,12 @@ def test_a_segment_of_a_shared_store_leaves_with_its_worker(served) -> None:
     client.register(seg_worker)
     client.apply_many([StorePages(NS, Location(segment, 0, Tier.POOL), None, PROMPTS[0])])
     assert (segment, 0) in client.match(NS, PROMPTS[0]).matched
+    # A second worker naming the same segment is refused (issue 35, item 10): leaving, it took
+    # the first one's entries with it. The first one registering again is no conflict.
+    with pytest.raises(IdConflictError, match="segment"):
+        client.register(_worker(3, pool_id=segment))
+    client.register(seg_worker)
+    assert (segment, 0) in client.match(NS, PROMPTS[0]).matched
     client.deregister(WorkerId(seg_worker.worker_id))
     held = client.match(NS, PROMPTS[0]).matched
     assert (segment, 0) not in held and (PoolId("pool-a"), 0) in held
