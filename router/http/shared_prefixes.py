@@ -14,7 +14,7 @@ from starlette.routing import Route
 from radix_global.types import Namespace, PoolPageKey
 from router.http.admin import guard
 from router.keying.shared_prefixes import SharedPrefixError, SharedPrefixExists, parse_spec
-from router.request.handler import read_body
+from router.request.handler import read_body, tokenizer_for
 from router.state import RouterState
 from router.transport.errors import error_response
 
@@ -39,7 +39,11 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
             return error_response(400, "body must be a JSON object")
         try:
             spec = parse_spec(data.get("name") if isinstance(data, dict) else None, data)
-            prefixes.add(spec)
+            encoder = None
+            if spec.token_ids is None:  # tokenized now (off the loop), refused now if it must be
+                entry = next(iter(state.registry.for_model(spec.model)), None)
+                encoder = await tokenizer_for(state, entry) if entry is not None else None
+            await prefixes.register(spec, encoder)
         except SharedPrefixExists as exc:
             return error_response(409, str(exc))
         except SharedPrefixError as exc:

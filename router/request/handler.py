@@ -84,7 +84,9 @@ def decode_json(body: bytes) -> dict[str, Any] | Response:
     return payload
 
 
-async def _tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
+async def tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
+    """The tokenizer of ``entry``'s model, loaded off the event loop on first use; None when the
+    router has none for it (no model folder, or it failed to load)."""
     path = state.config.model_path or entry.model_path
     if not path:
         return None
@@ -181,7 +183,7 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
         return error_response(400, f"request body of {len(body)} bytes cannot fit the model's "
                               f"context length of {context} tokens", ErrorType.CONTEXT_LENGTH)
     # Token-id prompts never wait for the tokenizer (it may still be loading).
-    tok = await _tokenizer_for(state, head) if text else None
+    tok = await tokenizer_for(state, head) if text else None
     path = cfg.model_path or head.model_path
     vocab = model_vocab_size(path) if path else None
     try:
@@ -223,7 +225,7 @@ async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namesp
     (none: no such page), remembered for the workers' alias questions (interfaces.md s. 15)."""
     prefixes = state.shared_prefixes
     if tok is None and prefixes.needs_tokenizer(model):
-        tok = await _tokenizer_for(state, head)
+        tok = await tokenizer_for(state, head)
     match = prefixes.match(model, ids, page_size, tok)
     if match is None:
         return []

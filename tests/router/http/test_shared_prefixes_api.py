@@ -3,6 +3,9 @@ router's HTTP app, in front of a loopback peer speaking the worker protocol."""
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from radix_global.aliases import alias_pairs
@@ -123,3 +126,77 @@ def test_admin_token_guards_the_alias_endpoint(upstreams, router_factory):
         assert c.get("/admin/shared-prefixes").status_code == 401
         ok = c.get("/admin/pool-aliases", params=q, headers={"Authorization": "Bearer secret"})
         assert ok.status_code == 200 and ok.json() == {"pairs": [], "prefixes": 0}
+
+
+def _words(start: int, n: int) -> str:
+    return " ".join(f"w{(start + k) % 200}" for k in range(n))
+
+
+def test_health_stays_responsive_while_text_prefixes_are_tokenized(platform, monkeypatch):
+    """Issue 35 item 8: text prefixes were tokenized on the event loop at the first eligible
+    request (16 of 1 MiB stalled /health for 4 s). Now each is tokenized when it is registered,
+    off the loop: with a tokenizer that takes 0.3 s a prefix the router answers /health within
+    100 ms throughout, and the first request after the registration matches the prefix. (The
+    test tokenizer's own cost is made explicit with a sleep, which leaves the GIL to the loop as
+    the Rust tokenizer's batch path does.)"""
+    from router.keying.tokenize import ModelTokenizer
+
+    _, router, namespace, ps = platform
+    real = ModelTokenizer.encode_text
+
+    def slow(self, text):
+        if len(text) > 1000:  # the prefixes, not the probe of the fast path
+            time.sleep(0.3)
+        return real(self, text)
+
+    monkeypatch.setattr(ModelTokenizer, "encode_text", slow)
+    texts = [_words(7 * i, 400) for i in range(8)]  # under the 512-token context
+    latencies: list[float] = []
+    stop = threading.Event()
+
+    def probe():
+        with router.client() as h:
+            while not stop.is_set():
+                t0 = time.monotonic()
+                assert h.get("/health").status_code == 200
+                latencies.append(time.monotonic() - t0)
+                time.sleep(0.02)
+
+    prober = threading.Thread(target=probe, daemon=True)
+    prober.start()
+    try:
+        with router.client() as c:
+            for i, text in enumerate(texts):
+                t0 = time.monotonic()
+                r = c.post("/admin/shared-prefixes", json={"name": f"t{i}", "model": "tiny",
+                                                           "text": text})
+                assert r.status_code == 201, r.text
+                assert time.monotonic() - t0 >= 0.3  # tokenized before the answer
+            assert router.state.shared_prefixes.pending("tiny") == 0
+            tok = router.state.tokenizers.get(router.state.registry.all()[0].model_path)
+            ids = real(tok, texts[3])
+            body = {"input_ids": [*ids, 5, 6, 7, 8]}
+            assert c.post("/generate", json=body,
+                          headers={"Authorization": "Bearer k-b"}).status_code == 200
+            head = _head(body["input_ids"], ps, "tenant:b")
+            pairs = c.get("/admin/pool-aliases", params={"namespace": namespace, "head": head})
+    finally:
+        stop.set()
+        prober.join(10)
+    assert len(latencies) > 20 and max(latencies) < 0.1, max(latencies)
+    assert pairs.json()["pairs"] == [list(p) for p in alias_pairs(ids, ps, "tenant:b")]
+    assert router.state.totals["shared_prefix_requests"] == 1  # the first request shared it
+
+
+def test_a_text_prefix_over_its_token_bound_is_refused_at_registration(platform):
+    """A 1 MB text prefix (accepted before, then tokenized on the loop at the first request) is
+    tokenized when registered and refused: it has more tokens than a prefix may hold."""
+    _, router, _, _ = platform
+    with router.client() as c:
+        text = "w0 " + "w1 " * 333_330  # ~1,000,000 bytes: a body under 1 MiB
+        r = c.post("/admin/shared-prefixes", json={"name": "big", "model": "tiny",
+                                                   "text": text})
+        assert r.status_code == 400 and "tokens" in r.json()["error"]["message"], r.text
+        names = [p["name"] for p in c.get("/admin/shared-prefixes").json()["shared_prefixes"]]
+        assert "big" not in names
+        assert c.get("/health").status_code == 200

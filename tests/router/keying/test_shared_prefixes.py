@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from radix_global.aliases import alias_pairs
@@ -25,9 +28,11 @@ P = tuple(range(100, 132))  # 32 tokens: 8 pages of 4
 class Encoder:
     def __init__(self) -> None:
         self.calls = 0
+        self.threads: set[threading.Thread] = set()
 
     def encode_text(self, text: str) -> list[int]:
         self.calls += 1
+        self.threads.add(threading.current_thread())
         if text == "broken":
             raise RuntimeError("no")
         return [ord(c) for c in text]
@@ -48,7 +53,10 @@ def test_the_longest_registered_prefix_of_the_model_wins_in_full_pages():
     assert prefixes.match("nobody", list(P), 4) is None
 
 
-def test_text_and_messages_prefixes_are_tokenized_once_on_first_use():
+def test_text_and_messages_prefixes_are_tokenized_once_off_the_calling_thread():
+    """Issue 35 item 8: they were tokenized inside ``match``, on the router's event loop, at the
+    first eligible request. Now that request only starts the tokenization on a thread of its
+    own and goes on without them; later requests match."""
     enc = Encoder()
     prefixes = SharedPrefixes([PrefixSpec("t", "tiny", text="abcdefgh"),
                                PrefixSpec("c", "tiny", messages=({"role": "system",
@@ -56,14 +64,106 @@ def test_text_and_messages_prefixes_are_tokenized_once_on_first_use():
                                PrefixSpec("bad", "tiny", text="broken")])
     assert prefixes.needs_tokenizer("tiny") and not prefixes.needs_tokenizer("big")
     assert prefixes.match("tiny", [ord(c) for c in "abcdefgh"], 4) is None  # no tokenizer yet
+    assert prefixes.match("tiny", [ord(c) for c in "abcdefghij"], 4, enc) is None  # started
+    assert not prefixes.needs_tokenizer("tiny")  # being tokenized: no need to load another
+    assert prefixes.wait_idle(10)
+    assert enc.threads and threading.current_thread() not in enc.threads
     m = prefixes.match("tiny", [ord(c) for c in "abcdefghij"], 4, enc)
     assert m is not None and (m.name, m.pages) == ("t", 2)
     m = prefixes.match("tiny", [1, *[ord(c) for c in "xyz!"], 2, 5, 5], 2, enc)
     assert m is not None and (m.name, m.pages) == ("c", 3)
-    assert not prefixes.needs_tokenizer("tiny")  # the broken one is skipped, not retried
-    calls = enc.calls
+    assert not prefixes.needs_tokenizer("tiny") and prefixes.pending() == 0
+    calls = enc.calls  # the broken one is skipped, not retried
     prefixes.match("tiny", [1, 2, 3], 1, enc)
-    assert enc.calls == calls
+    assert prefixes.wait_idle(10) and enc.calls == calls
+
+
+class SlowEncoder(Encoder):
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+
+    def encode_text(self, text: str) -> list[int]:
+        assert self.release.wait(10)
+        return super().encode_text(text)
+
+
+def test_a_request_never_waits_for_a_prefix_being_tokenized():
+    enc = SlowEncoder()
+    prefixes = SharedPrefixes([PrefixSpec("t", "tiny", text="abcdefgh")])
+    t0 = time.monotonic()
+    for _ in range(3):
+        assert prefixes.match("tiny", [ord(c) for c in "abcdefgh"], 4, enc) is None
+    assert time.monotonic() - t0 < 1 and prefixes.pending("tiny") == 1
+    enc.release.set()
+    assert prefixes.wait_idle(10)
+    assert prefixes.match("tiny", [ord(c) for c in "abcdefgh"], 4, enc) is not None
+
+
+def test_a_registration_is_tokenized_at_once_when_the_tokenizer_is_known():
+    enc = Encoder()
+    prefixes = SharedPrefixes()
+    prefixes.add(PrefixSpec("given", "tiny", text="abcd"), enc)  # the caller has the tokenizer
+    assert prefixes.wait_idle(10) and prefixes.pending() == 0
+    prefixes.match("tiny", [1, 2, 3, 4], 4, enc)  # a request of the model brings it
+    prefixes.add(PrefixSpec("later", "tiny", text="efgh"))
+    assert prefixes.wait_idle(10) and prefixes.pending() == 0  # before any request uses it
+    prefixes.add(PrefixSpec("other", "big", text="efgh"))  # another model's: waits
+    assert prefixes.wait_idle(10) and prefixes.pending("big") == 1
+
+
+@pytest.mark.asyncio
+async def test_register_waits_for_the_tokens_and_refuses_what_cannot_be_shared(monkeypatch):
+    prefixes = SharedPrefixes()
+    enc = Encoder()
+    await prefixes.register(PrefixSpec("ok", "tiny", text="abcdefgh"), enc)
+    assert prefixes.match("tiny", [ord(c) for c in "abcdefgh"], 4) is not None
+    with pytest.raises(SharedPrefixError, match="cannot be tokenized"):
+        await prefixes.register(PrefixSpec("bad", "tiny", text="broken"), enc)
+    monkeypatch.setattr(sp, "MAX_PREFIX_TOKENS", 4)
+    with pytest.raises(SharedPrefixError, match="5 tokens"):
+        await prefixes.register(PrefixSpec("long", "tiny", text="abcde"), enc)
+    assert [s.name for s in prefixes.specs()] == ["ok"]  # the refused ones are not kept
+    monkeypatch.setattr(sp, "MAX_TOTAL_TOKENS", 10)
+    with pytest.raises(SharedPrefixError, match="all prefixes together"):
+        await prefixes.register(PrefixSpec("over", "tiny", text="wxyz"), enc)
+    await prefixes.register(PrefixSpec("later", "tiny", text="wxyz"), None)  # no tokenizer yet
+    assert prefixes.pending("tiny") == 1
+
+
+def test_sizes_are_bounded_per_prefix_and_in_total(monkeypatch):
+    monkeypatch.setattr(sp, "MAX_PREFIX_SOURCE_BYTES", 8)
+    monkeypatch.setattr(sp, "MAX_TOTAL_SOURCE_BYTES", 12)
+    monkeypatch.setattr(sp, "MAX_TOTAL_TOKENS", 6)
+    prefixes = SharedPrefixes()
+    with pytest.raises(SharedPrefixError, match="9 bytes of text"):
+        prefixes.add(PrefixSpec("big", "m", text="é" * 4 + "x"))  # bytes, not characters
+    prefixes.add(PrefixSpec("a", "m", text="12345678"))
+    with pytest.raises(SharedPrefixError, match="all prefixes together"):
+        prefixes.add(PrefixSpec("b", "m", text="12345"))
+    prefixes.add(PrefixSpec("c", "m", text="1234"))
+    prefixes.add(PrefixSpec("ids", "m", token_ids=(1, 2, 3, 4)))
+    with pytest.raises(SharedPrefixError, match="all prefixes together"):
+        prefixes.add(PrefixSpec("more", "m", token_ids=(1, 2, 3)))
+    assert prefixes.remove("a")
+    prefixes.add(PrefixSpec("d", "m", text="5678"))  # room again
+    # tokenized past the total: kept registered, not shared, and said why
+    prefixes.match("m", [1], 1, Encoder())
+    assert prefixes.wait_idle(10)
+    assert prefixes.match("m", [ord(c) for c in "1234"], 1) is None
+    assert prefixes.match("m", [1, 2, 3, 4], 1) is not None
+
+
+def test_a_prefix_removed_while_it_is_tokenized_is_not_resurrected():
+    enc = SlowEncoder()
+    prefixes = SharedPrefixes([PrefixSpec("t", "tiny", text="abcd")])
+    prefixes.match("tiny", [1], 4, enc)
+    assert prefixes.remove("t")
+    prefixes.add(PrefixSpec("t", "tiny", text="wxyz"))  # the same name, another text
+    enc.release.set()
+    assert prefixes.wait_idle(10)
+    assert prefixes.match("tiny", [ord(c) for c in "abcd"], 4) is None
+    assert prefixes.match("tiny", [ord(c) for c in "wxyz"], 4) is not None
 
 
 def test_share_past_prefix_is_the_unsafe_negative_control():
@@ -163,6 +263,12 @@ def test_canonical_keys_are_the_unsalted_chain_of_the_shared_pages():
     assert prefixes.canonical_keys(m, 4) == page_keys(request[:8], 4)
     full = prefixes.match("tiny", list(P), 4)
     assert full is not None and prefixes.canonical_keys(full, 4) == page_keys(list(P), 4)
+    # hashed as far as a request matched, then extended: the same chain either way
+    assert prefixes.canonical_keys(m, 4) == page_keys(request[:8], 4)
+    fresh = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)])
+    assert fresh.canonical_keys(m, 4) == page_keys(request[:8], 4)
+    assert len(fresh._canonical[("p", 4)]) == 2  # not the whole 8-page prefix
+    assert fresh.canonical_keys(full, 4) == page_keys(list(P), 4)
     unsafe = SharedPrefixes([PrefixSpec("p", "tiny", token_ids=P)], share_past_prefix=True)
     long = [*P, *range(8)]
     um = unsafe.match("tiny", long, 4)
