@@ -23,8 +23,10 @@ from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
 from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
+from router.keying.alias_book import AliasBook
 from router.keying.lora import configured_extra_keys
-from router.keying.shared_prefixes import AliasBook, SharedPrefixes, specs_from_mapping
+from router.keying.prefix_specs import specs_from_mapping
+from router.keying.shared_prefixes import SharedPrefixes
 from router.keying.tenants import SHARED_PREFIXES_TABLE, Tenants, read_tenants_file
 from router.keying.tokenize import TokenizerCache
 from router.metrics import RouterMetrics

@@ -13,7 +13,7 @@ from starlette.routing import Route
 
 from radix_global.types import Namespace, PoolPageKey
 from router.http.admin import guard
-from router.keying.shared_prefixes import SharedPrefixError, SharedPrefixExists, parse_spec
+from router.keying.prefix_specs import SharedPrefixError, SharedPrefixExists, parse_spec
 from router.request.handler import read_body, tokenizer_for
 from router.state import RouterState
 from router.transport.errors import error_response

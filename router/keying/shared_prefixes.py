@@ -1,45 +1,41 @@
-"""Platform prefixes shared across isolated tenants, and the pool aliases that share them
-(``docs/interfaces.md`` section 15; the pure rule is ``radix_global/aliases.py``).
+"""Platform prefixes shared across isolated tenants (``docs/interfaces.md`` section 15; the
+pure rule is ``radix_global/aliases.py``).
 
 - :class:`SharedPrefixes`: the registered prefixes, per served model, from the tenants file
-  (``[shared_prefixes.<name>]``) and the admin API. A prefix is token ids, a text, or chat
-  messages; the last two are tokenized with the model's tokenizer on a background thread, never
-  on the event loop: at registration when the model's tokenizer is known (:meth:`SharedPrefixes.
-  register`, or a request of the model has brought it), else once the first eligible request
-  brings it (that request is matched without the prefix). Sizes are bounded per prefix and in
-  total (:data:`MAX_PREFIX_SOURCE_BYTES`, :data:`MAX_TOTAL_SOURCE_BYTES`,
-  :data:`MAX_TOTAL_TOKENS`).
-- :meth:`SharedPrefixes.match`: the boundary of one request, the router's decision alone.
-- :class:`AliasBook`: what the router remembers of the eligible requests it forwarded, so that a
-  worker's pool backend can ask which of its salted keys are a prefix's canonical pages.
-
-File::
-
-    [shared_prefixes.support-agent]
-    model = "tiny"
-    text = "You are the support agent of ..."   # or token_ids = [...], or messages = [...]
+  (``[shared_prefixes.<name>]``, parsed by ``router/keying/prefix_specs.py``) and the admin API.
+  A prefix is token ids, a text, or chat messages; the last two are tokenized with the model's
+  tokenizer on a background thread, never on the event loop: at registration when the model's
+  tokenizer is known (:meth:`SharedPrefixes.register`, or a request of the model has brought
+  it), else once the first eligible request brings it (that request is matched without the
+  prefix). Sizes are bounded per prefix and in total (:data:`MAX_PREFIX_SOURCE_BYTES`,
+  :data:`MAX_TOTAL_SOURCE_BYTES`, :data:`MAX_TOTAL_TOKENS`).
+- :meth:`SharedPrefixes.match`: the boundary of one request, the router's decision alone; what
+  the router remembers of the requests it matched is ``router/keying/alias_book.py``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import collections
 import json
 import logging
-import re
 import threading
 from collections.abc import Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, NamedTuple, Protocol
 
-from radix_global.aliases import AliasPair, alias_pairs, shared_pages
-from radix_global.keys import page_keys, storage_page_key
-from radix_global.types import Namespace, PageKey, PoolPageKey
+from radix_global.aliases import shared_pages
+from radix_global.keys import page_keys
+from radix_global.types import PageKey
+from router.keying.prefix_specs import (
+    MAX_PREFIX_TOKENS,
+    PrefixSpec,
+    SharedPrefixError,
+    SharedPrefixExists,
+)
 
 log = logging.getLogger("radix_global.router.tenants")
 
 MAX_PREFIXES = 256
-MAX_PREFIX_TOKENS = 65536
 # A text or messages prefix's own size (UTF-8 bytes; messages as JSON): the admin body's 1 MiB,
 # also for the tenants file. Tokenizing is ~0.5 s a MiB on one core (issue 35: 16 prefixes of
 # 1 MiB stalled the loop for 4 s when they were tokenized on it at the first request).
@@ -50,18 +46,6 @@ MAX_TOTAL_SOURCE_BYTES = 8 << 20
 # All prefixes' tokens together (token ids given or tokenized): 2^21, 32 full-size prefixes.
 # A token is a Python int in a tuple (~36 bytes): 256 full-size prefixes would hold ~600 MB.
 MAX_TOTAL_TOKENS = 1 << 21
-MAX_ALIAS_HEADS = 65536
-MAX_ENTRIES_PER_HEAD = 8
-_NAME = re.compile(r"[A-Za-z0-9._-]{1,64}")
-_SOURCES = ("token_ids", "text", "messages")
-
-
-class SharedPrefixError(ValueError):
-    """A bad shared-prefix definition (HTTP 400, or a refused tenants file)."""
-
-
-class SharedPrefixExists(SharedPrefixError):
-    """A prefix of that name is registered already (HTTP 409)."""
 
 
 class Encoder(Protocol):
@@ -71,74 +55,6 @@ class Encoder(Protocol):
 
     def encode_chat(self, messages: list[Any], tools: Any = None,
                     template_kwargs: dict[str, Any] | None = None) -> list[int]: ...
-
-
-class PrefixSpec(NamedTuple):
-    """A registered prefix as the platform gave it: exactly one of the three sources."""
-
-    name: str
-    model: str
-    token_ids: tuple[int, ...] | None = None
-    text: str | None = None
-    messages: tuple[dict[str, Any], ...] | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "model": self.model}
-        if self.token_ids is not None:
-            out["token_ids"] = list(self.token_ids)
-        if self.text is not None:
-            out["text"] = self.text
-        if self.messages is not None:
-            out["messages"] = list(self.messages)
-        return out
-
-
-def parse_spec(name: object, spec: object) -> PrefixSpec:
-    """One definition from the tenants file or an admin request; :class:`SharedPrefixError`
-    names what is wrong."""
-    if not isinstance(name, str) or not _NAME.fullmatch(name):
-        raise SharedPrefixError(f"shared prefix name {name!r} must be 1-64 characters of "
-                                "A-Z a-z 0-9 . _ -")
-    if not isinstance(spec, dict):
-        raise SharedPrefixError(f"shared prefix {name!r} must be a table")
-    unknown = set(spec) - {"name", "model", *_SOURCES}
-    if unknown:
-        raise SharedPrefixError(f"shared prefix {name!r}: unknown fields {sorted(unknown)}")
-    if spec.get("name", name) != name:
-        raise SharedPrefixError(f"shared prefix {name!r} says its name is {spec['name']!r}")
-    model = spec.get("model")
-    if not isinstance(model, str) or not model:
-        raise SharedPrefixError(f"shared prefix {name!r} needs model = '<served model name>'")
-    given = [s for s in _SOURCES if spec.get(s) is not None]
-    if len(given) != 1:
-        raise SharedPrefixError(f"shared prefix {name!r} needs exactly one of "
-                                f"{', '.join(_SOURCES)}")
-    ids, text, messages = spec.get("token_ids"), spec.get("text"), spec.get("messages")
-    if ids is not None:
-        if (not isinstance(ids, list) or not ids or len(ids) > MAX_PREFIX_TOKENS
-                or not all(isinstance(t, int) and not isinstance(t, bool) and 0 <= t < 2**63
-                           for t in ids)):
-            raise SharedPrefixError(f"shared prefix {name!r}: token_ids must be 1-"
-                                    f"{MAX_PREFIX_TOKENS} non-negative integers")
-        return PrefixSpec(name, model, token_ids=tuple(ids))
-    if text is not None:
-        if not isinstance(text, str) or not text:
-            raise SharedPrefixError(f"shared prefix {name!r}: text must be a non-empty string")
-        return PrefixSpec(name, model, text=text)
-    if (not isinstance(messages, list) or not messages
-            or not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)):
-        raise SharedPrefixError(f"shared prefix {name!r}: messages must be a non-empty list of "
-                                "objects with a 'role'")
-    return PrefixSpec(name, model, messages=tuple(messages))
-
-
-def specs_from_mapping(table: object) -> list[PrefixSpec]:
-    """The ``[shared_prefixes]`` table of a tenants file (absent: none)."""
-    if table is None:
-        return []
-    if not isinstance(table, dict):
-        raise SharedPrefixError("shared_prefixes must be a table of name -> {model, ...}")
-    return [parse_spec(name, spec) for name, spec in table.items()]
 
 
 class SharedMatch(NamedTuple):
@@ -224,7 +140,10 @@ class SharedPrefixes:
         # wait() rather than await: a DELETE meanwhile cancels the job, which is no error here
         await asyncio.wait([asyncio.wrap_future(job)])
         self._collect()
-        if self._specs.get(spec.name) is spec and self._tokens.get(spec.name, ()) is None:
+        if self._specs.get(spec.name) is not spec:  # a DELETE came while it was tokenized
+            raise SharedPrefixError(f"shared prefix {spec.name!r} was deleted while it was "
+                                    "tokenized")
+        if self._tokens.get(spec.name, ()) is None:
             problem = self._problems.get(spec.name, "cannot be tokenized")
             self.remove(spec.name)
             raise SharedPrefixError(f"shared prefix {spec.name!r}: {problem}")
@@ -377,67 +296,3 @@ def _tokenize(spec: PrefixSpec, encoder: Encoder) -> tuple[tuple[int, ...] | Non
     if not ids or len(ids) > MAX_PREFIX_TOKENS:
         return None, f"has {len(ids)} tokens (1-{MAX_PREFIX_TOKENS} allowed)"
     return tuple(ids), ""
-
-
-class _Entry(NamedTuple):
-    name: str  # the registered prefix
-    salt: str
-    tokens: tuple[int, ...]  # the shared part's tokens: pairs cover its full pages
-    page_size: int
-
-
-class AliasBook:
-    """``(namespace, salted head) -> (salt, shared tokens)`` of the eligible requests this router
-    forwarded, bounded (LRU over heads, a few entries each); :meth:`pairs` recomputes the
-    aliases on demand, so memory is a few references per head."""
-
-    def __init__(self, max_heads: int = MAX_ALIAS_HEADS) -> None:
-        self.max_heads = max_heads
-        self._heads: collections.OrderedDict[tuple[Namespace, PageKey], list[_Entry]] = (
-            collections.OrderedDict())
-        self._pairs: dict[_Entry, list[AliasPair]] = {}  # computed once per entry
-
-    def __len__(self) -> int:
-        return len(self._heads)
-
-    def record(self, namespace: Namespace, head: PageKey, salt: str, match: SharedMatch,
-               page_size: int) -> None:
-        key = (namespace, head)
-        entries = self._heads.get(key)
-        if entries is None:
-            entries = self._heads[key] = []
-            while len(self._heads) > self.max_heads:
-                for gone in self._heads.popitem(last=False)[1]:
-                    self._pairs.pop(gone, None)
-        else:
-            self._heads.move_to_end(key)
-        entry = _Entry(match.name, salt, match.tokens, page_size)
-        if entry in entries:
-            return
-        entries.append(entry)
-        if len(entries) > MAX_ENTRIES_PER_HEAD:
-            self._pairs.pop(entries.pop(0), None)
-
-    def forget(self, name: str) -> None:
-        """A prefix was unregistered: no worker is told its aliases any more (a backend keeps
-        an answer for its time to live, docs/interfaces.md s. 15)."""
-        for key in list(self._heads):
-            kept = [e for e in self._heads[key] if e.name != name]
-            for gone in set(self._heads[key]) - set(kept):
-                self._pairs.pop(gone, None)
-            if kept:
-                self._heads[key] = kept
-            else:
-                del self._heads[key]
-
-    def pairs(self, namespace: Namespace, head: PoolPageKey) -> list[AliasPair]:
-        """Every alias of the chains recorded under ``head`` (the chain's first storage key),
-        head first; none for an unknown head."""
-        out: dict[str, AliasPair] = {}
-        for e in self._heads.get((namespace, storage_page_key(head)), ()):
-            pairs = self._pairs.get(e)
-            if pairs is None:
-                pairs = self._pairs[e] = alias_pairs(e.tokens, e.page_size, e.salt)
-            if pairs and pairs[0].salted == head:  # not another head with the same 64-bit key
-                out.update((p.salted, p) for p in pairs)
-        return list(out.values())

@@ -11,7 +11,7 @@ File (TOML or YAML)::
     api_keys = ["sk-acme-1", "sk-acme-2"]
     shared = false          # default: isolated
 
-    [shared_prefixes.support-agent]   # platform prompts every tenant reuses (shared_prefixes.py)
+    [shared_prefixes.support-agent]   # platform prompts every tenant reuses (prefix_specs.py)
     model = "tiny"
     text = "You are ..."
 
@@ -72,7 +72,7 @@ class Tenants:
     @classmethod
     def from_mapping(cls, data: dict[str, Any]) -> Tenants:
         """``data``: a tenants file's content (its ``shared_prefixes`` table is not ours:
-        ``router/keying/shared_prefixes.py`` reads it)."""
+        ``router/keying/prefix_specs.py`` reads it)."""
         table = data["tenants"] if "tenants" in data else {
             k: v for k, v in data.items() if k != SHARED_PREFIXES_TABLE}
         if not isinstance(table, dict):

@@ -1,4 +1,5 @@
-"""Registered platform prefixes and the alias book (router/keying/shared_prefixes.py)."""
+"""Registered platform prefixes (router/keying/shared_prefixes.py), their definitions
+(router/keying/prefix_specs.py) and the alias book (router/keying/alias_book.py)."""
 
 from __future__ import annotations
 
@@ -11,14 +12,16 @@ from radix_global.aliases import alias_pairs
 from radix_global.keys import page_digests, page_keys
 from radix_global.types import Namespace, PoolPageKey
 from router.keying import shared_prefixes as sp
-from router.keying.shared_prefixes import (
-    AliasBook,
+from router.keying.alias_book import AliasBook
+from router.keying.prefix_specs import (
+    MAX_PREFIX_TOKENS,
     PrefixSpec,
     SharedPrefixError,
-    SharedPrefixes,
+    SharedPrefixExists,
     parse_spec,
     specs_from_mapping,
 )
+from router.keying.shared_prefixes import SharedPrefixes
 from router.keying.tenants import Tenants, read_tenants_file
 
 NS = Namespace("tiny@1")
@@ -181,7 +184,7 @@ def test_share_past_prefix_is_the_unsafe_negative_control():
     ("ok", {"model": "m", "token_ids": [1], "text": "t"}),
     ("ok", {"model": "m", "token_ids": []}),
     ("ok", {"model": "m", "token_ids": [True]}),
-    ("ok", {"model": "m", "token_ids": [0] * (sp.MAX_PREFIX_TOKENS + 1)}),
+    ("ok", {"model": "m", "token_ids": [0] * (MAX_PREFIX_TOKENS + 1)}),
     ("ok", {"model": "m", "text": ""}),
     ("ok", {"model": "m", "messages": [{"content": "no role"}]}),
     ("ok", {"model": "m", "token_ids": [1], "boundary": 3}),
@@ -195,7 +198,7 @@ def test_bad_definitions_are_refused_with_the_reason(name, spec):
 
 def test_names_are_unique_and_the_count_bounded(monkeypatch):
     prefixes = SharedPrefixes([PrefixSpec("a", "m", token_ids=(1,))])
-    with pytest.raises(sp.SharedPrefixExists):
+    with pytest.raises(SharedPrefixExists):
         prefixes.add(PrefixSpec("a", "m", token_ids=(2,)))
     monkeypatch.setattr(sp, "MAX_PREFIXES", 2)
     prefixes.add(PrefixSpec("b", "m", token_ids=(2,)))
