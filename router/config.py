@@ -123,8 +123,8 @@ class RouterConfig:
     profiles_file: str | None = None
     # Admission (router/routing/admission.py, SloConfig): 429 + Retry-After for what is predicted
     # to miss the TTFT SLO (0 = none; a request's own ttft_slo_s may only tighten it), keeping
-    # ttft_headroom of
-    # it back for what the cost model does not see; pd_tbt_slo_s: decode admission (0 = none).
+    # ttft_headroom of it back for what the cost model does not see; pd_tbt_slo_s: decode
+    # admission (0 = none).
     ttft_slo_s: float = _SLO.ttft_slo_s or 0.0
     ttft_headroom: float = _SLO.ttft_headroom
     min_retry_after_s: float = _SLO.min_retry_after_s

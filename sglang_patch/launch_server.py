@@ -320,8 +320,10 @@ def run(argv: list[str]) -> int:
     finally:
         if registrar is not None:
             registrar.stop()
-        _stop(proc)
-        sweep_semaphores(sems, groups=[proc.pid])
+        try:
+            _stop(proc)
+        finally:
+            sweep_semaphores(sems, groups=[proc.pid])
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -78,12 +78,12 @@ class Dispatcher:
         """Hold ``request_id`` (``priced``: its predicted work and the server its policy would
         place it on; ``size_bytes``: what holding it keeps in memory) until the gate releases
         it; returns the seconds held (0: released at once). Raises :class:`HeldQueueFull` at
-        once when the held queue is at its bound, :class:`HeldTooLong` after ``timeout_s`` (the
+        once when it would stay held past a bound of the held queue (one released at once is
+        never refused), :class:`HeldTooLong` after ``timeout_s`` (the
         request leaves the gate). Cancelled (the client left): it leaves the gate, even when
         the cancel comes as it is released. ``reprice``: the same now (None: keep the last),
         asked before a release that has room for its model (at most ``REPRICE_PER_PUMP`` held
         requests per pump, the longest unpriced first)."""
-        self._admit(model, priced, size_bytes)
         t0 = self._clock()
         future = asyncio.get_running_loop().create_future()
         self._waiters[request_id] = future
@@ -97,6 +97,8 @@ class Dispatcher:
         if waited and (self._ticker is None or self._ticker.done()):
             self._ticker = asyncio.create_task(self._tick())
         try:
+            if waited:  # only a request that stays held counts against the bounds
+                self._refuse_if_full(request_id, model, priced, timeout_s)
             async with asyncio.timeout(timeout_s):
                 await future
         except TimeoutError:
@@ -116,13 +118,20 @@ class Dispatcher:
         self._metrics.dispatch_hold_s.observe(held)
         return held
 
-    def _admit(self, model: str, priced: Priced, size_bytes: int) -> None:
-        full = (f"{self.gate.held()} requests held" if self.gate.held() >= self.max_held else
-                f"{self.held_bytes + size_bytes} bytes held"
-                if self.held_bytes + size_bytes > self.max_held_bytes else None)
-        if full is not None:
-            raise HeldQueueFull(f"the router's held queue is full ({full}): no engine has room",
-                                max(1.0, self.wait_s(model, priced.cost_s)))
+    def _refuse_if_full(self, request_id: str, model: str, priced: Priced,
+                        timeout_s: float) -> None:
+        """:class:`HeldQueueFull` (the request leaves the gate) when holding ``request_id`` puts
+        the held queue past a bound; Retry-After: its predicted hold, within [1 s, the hold
+        timeout]."""
+        full = (f"{self.max_held} requests held" if self.gate.held() > self.max_held else
+                f"at most {self.max_held_bytes} bytes held"
+                if self.held_bytes > self.max_held_bytes else None)
+        if full is None:
+            return
+        self.gate.drop(request_id)
+        retry = min(timeout_s, max(1.0, self.wait_s(model, priced.cost_s)))
+        raise HeldQueueFull(f"the router's held queue is full ({full}): no engine has room",
+                            retry)
 
     def wait_s(self, model: str, cost_s: float) -> float:
         """The predicted hold of a request of ``model`` and ``cost_s`` arriving now."""
@@ -130,8 +139,9 @@ class Dispatcher:
         return self.gate.wait_s(model, cost_s, len(servers), self._clock())
 
     def pump(self) -> None:
-        """Release what the gate lets go now. Where a model's servers have room, its held
-        requests are priced again first: the order is by the work each needs now."""
+        """Release what the gate lets go now. Where a model's servers have room, held requests
+        are priced again first (at most ``REPRICE_PER_PUMP``, those priced longest ago): the
+        order is by the work each needs now."""
         # Those whose client left since the last pump leave the gate first: released one by one
         # (each release sorting the rest), a thousand clients gone at once stalled the loop.
         for request_id in self.gate.held_ids():

@@ -107,6 +107,7 @@ class RemoteIndex:
         self.target = target.removeprefix("grpc://").removeprefix("http://")
         self.client = IndexClient(self.target, admin_token=admin_token)
         self._admin_token = admin_token
+        self._warned_auth = False
         self.match_timeout_s = match_timeout_s
         self._aclient: Any = None  # AsyncIndexClient, made on the serving loop (start)
         self.prefetched = PrefetchedMatches()
@@ -176,6 +177,13 @@ class RemoteIndex:
         except Exception as exc:
             code = getattr(exc, "code", None)
             reason = "timeout" if getattr(code, "name", "") == "DEADLINE_EXCEEDED" else "error"
+            if getattr(code, "name", "") == "UNAUTHENTICATED" and not self._warned_auth:
+                # key queries need the service's token (docs/interfaces.md s. 9): without it
+                # every request is routed cache-blind, which must not go unnoticed
+                self._warned_auth = True
+                log.warning("the index service %s refused a match: the router needs its admin "
+                            "token (--admin-token or RADIX_GLOBAL_ADMIN_TOKEN); routing "
+                            "without the index meanwhile", self.target)
             log.debug("index service match failed: %r", exc)
             self._failed(namespace, keys, reason)
             return

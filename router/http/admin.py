@@ -193,4 +193,9 @@ async def _learn_model(state: RouterState, info: WorkerInfo
         server = None
     if not isinstance(server, dict):
         return None
-    return model_of_server(check_server_info(server), state.config.model_overrides())
+    report = check_server_info(server)  # all of it: a worker reporting garbage is broken
+    if report.page_size is not None and report.page_size != info.page_size:
+        raise ServerInfoError(f"/server_info reports page_size = {report.page_size} but the "
+                              f"registration says {info.page_size}: the router's page keys "
+                              "would never match the engine's")
+    return model_of_server(report, state.config.model_overrides())

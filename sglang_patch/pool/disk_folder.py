@@ -49,7 +49,9 @@ def check_folder(root: str | os.PathLike[str]) -> Path:
     """Create ``root`` (0700) if missing, and check that only the engine's user can write it
     and the subfolders it holds; :class:`UnsafeDiskFolder` if not, OSError if it cannot be
     made or read. Also refused: a parent that every user may write without the sticky bit
-    (anyone could swap the folder for their own)."""
+    (anyone could swap the folder for their own). Not checked: a parent that a group or
+    another user may write (they too could swap it): keep the folder under the engine
+    user's own home or a root-owned path (``docs/deploy.md``)."""
     path = Path(root)
     path.mkdir(parents=True, exist_ok=True, mode=FOLDER_MODE)
     path = path.resolve()

@@ -63,6 +63,7 @@ class Upstream:
         self.mode = "ok"  # ok | die_mid_stream | slow
         self.headers: list[dict[str, str]] = []  # request headers, as self.requests
         self.cached_tokens = 0
+        self.report: dict[str, Any] = {}  # fields of /server_info reported over the sane ones
         self.chunks = 3
         # Set: a stream sends its first chunk only once this is set (an engine busy prefilling).
         self.first_chunk: threading.Event | None = None
@@ -84,7 +85,7 @@ class Upstream:
                              "tokenizer_path": self.model_path, "page_size": self.page_size,
                              "context_length": self.context_length, "dp_size": 1,
                              "kv_events_config": None, "disaggregation_mode": self.role,
-                             "disaggregation_bootstrap_port": 8998})
+                             "disaggregation_bootstrap_port": 8998, **self.report})
 
     async def _abort(self, request: Request) -> Response:
         self.aborted.append((await request.json())["rid"])

@@ -109,6 +109,10 @@ def test_the_held_queue_is_bounded_by_count_and_bytes() -> None:
         with pytest.raises(HeldQueueFull, match="bytes held"):
             await d.wait("r4", "m", Priced(1.0, SERVER), 30.0, size_bytes=500)
         assert d.gate.held() == 2 and d.held_bytes == 600  # a refused one leaves no trace
+        # one released at once is never refused, however full the queue: here a model with
+        # no server of its own (routing answers it)
+        assert await d.wait("elsewhere", "other", Priced(1.0, None), 30.0,
+                            size_bytes=5000) == 0.0
         for w in waiters[1:]:
             w.cancel()
         await asyncio.gather(*waiters, return_exceptions=True)

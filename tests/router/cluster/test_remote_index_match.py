@@ -228,3 +228,24 @@ def info_json(info: object) -> bytes:
 
     raw = encode_worker_info(info)  # type: ignore[arg-type]
     return raw.encode() if isinstance(raw, str) else raw
+
+
+def test_a_router_without_the_services_token_is_warned_once(caplog) -> None:
+    """Key queries need the service's token (issue 35): a router without it routes cache-blind,
+    and says so once at warning level, naming the option."""
+    service = Service()
+    service.server = IndexServer(ServiceConfig(host="127.0.0.1", port=0, admin_token="secret"))
+    service.start()
+    try:
+        async def go() -> None:
+            index = RemoteIndex(service.target, admin_token="wrong", match_timeout_s=2.0)
+            for _ in range(3):
+                await index.prefetch_match(NS, KEYS)
+            assert index.failed_last[(NS, tuple(KEYS))] == "error"
+
+        with caplog.at_level("WARNING", logger="radix_global.router.index"):
+            asyncio.run(go())
+        warned = [r for r in caplog.records if "admin token" in r.getMessage()]
+        assert len(warned) == 1 and "--admin-token" in warned[0].getMessage()
+    finally:
+        service.stop()

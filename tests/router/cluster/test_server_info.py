@@ -10,8 +10,6 @@ import json
 import logging
 
 import pytest
-from http_peer import ServerThread, Upstream
-from starlette.responses import JSONResponse
 
 from radix_global.registration import MAX_CONTEXT_LENGTH, MAX_PAGE_SIZE, RegistrationError
 from router.cluster.discovery import (
@@ -58,16 +56,6 @@ def test_the_bounds_are_inclusive():
     assert (report.page_size, report.context_length) == (MAX_PAGE_SIZE, MAX_CONTEXT_LENGTH)
 
 
-class _LyingPeer(Upstream):
-    def __init__(self, report: dict, **kw) -> None:
-        super().__init__(**kw)
-        self.report = report
-
-    async def _info(self, request):
-        sane = json.loads((await super()._info(request)).body)
-        return JSONResponse({**sane, **self.report})
-
-
 @pytest.mark.parametrize("report", [{"page_size": "abc"}, {"page_size": 1e9},
                                     {"context_length": 10**12}])
 def test_command_line_discovery_logs_and_skips_such_a_worker(
@@ -76,17 +64,16 @@ def test_command_line_discovery_logs_and_skips_such_a_worker(
     the router fail to start; now the worker is skipped with an error in the log, and a sane
     worker beside it joins."""
     _, good = upstreams()
-    liar = ServerThread(_LyingPeer(report, model_path=tokenizer_dir).app).start()
-    try:
-        with caplog.at_level(logging.ERROR, "radix_global.router.cluster.health"):
-            router = router_factory(workers=(liar.url, good.url))
-            router.wait_workers(1)
-            with router.client() as c:
-                assert c.get("/health").status_code == 200
-                workers = c.get("/admin/workers").json()["workers"]
-        assert [w["url"] for w in workers] == [good.url]
-        field = next(iter(report))
-        assert any(field in r.getMessage() and liar.url in r.getMessage()
-                   for r in caplog.records), caplog.text
-    finally:
-        liar.stop()
+    lying, liar = upstreams()
+    lying.report = report
+    with caplog.at_level(logging.ERROR, "radix_global.router.cluster.health"):
+        router = router_factory(workers=(liar.url, good.url))
+        router.wait_workers(1)
+        with router.client() as c:
+            assert c.get("/health").status_code == 200
+            workers = c.get("/admin/workers").json()["workers"]
+    assert [w["url"] for w in workers] == [good.url]
+    field = next(iter(report))
+    assert any(field in r.getMessage() and liar.url in r.getMessage()
+               for r in caplog.records), caplog.text
+

@@ -5,15 +5,12 @@ fix it guards."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 
 import httpx
 import pytest
-from http_peer import ServerThread, Upstream
-from starlette.responses import JSONResponse
 
 from router.keying.tenants import SHARED, Tenant, effective_salt
 
@@ -280,31 +277,15 @@ def test_idle_and_half_open_connections_are_closed():
         thread.join(5)
 
 
-class _LyingPeer(Upstream):
-    """A worker whose ``/server_info`` reports ``report`` over a sane answer."""
-
-    def __init__(self, report: dict, **kw) -> None:
-        super().__init__(**kw)
-        self.report = report
-
-    async def _info(self, request):
-        sane = json.loads((await super()._info(request)).body)
-        return JSONResponse({**sane, **self.report})
-
-
 @pytest.fixture
-def lying_peer(tokenizer_dir):
-    started = []
-
-    def start(report: dict) -> tuple[_LyingPeer, ServerThread]:
-        peer = _LyingPeer(report, model_path=tokenizer_dir)
-        server = ServerThread(peer.app).start()
-        started.append(server)
+def lying_peer(upstreams):
+    """A worker whose ``/server_info`` reports ``report`` over a sane answer."""
+    def start(report: dict):
+        peer, server = upstreams()
+        peer.report = report
         return peer, server
 
-    yield start
-    for server in started:
-        server.stop()
+    return start
 
 
 @pytest.mark.parametrize(("report", "field"), [
@@ -312,7 +293,8 @@ def lying_peer(tokenizer_dir):
     ({"page_size": 10**9}, "page_size"), ({"context_length": 10**12}, "context_length"),
     ({"context_length": 1e12}, "context_length"), ({"dp_size": "two"}, "dp_size"),
     ({"served_model_name": ["x"]}, "served_model_name"),
-    ({"kv_events_config": "[1]"}, "kv_events_config")])
+    ({"kv_events_config": "[1]"}, "kv_events_config"),
+    ({"page_size": 16}, "page_size = 16 but the registration says 4")])
 def test_a_registered_worker_reporting_unusable_server_info_is_refused(
         router_factory, lying_peer, report, field):
     """Issue 35 item 7: such a worker got a 500 with a traceback and stayed registered (page
