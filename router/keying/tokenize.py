@@ -106,16 +106,14 @@ def _fast_encode(tok: Any) -> Any:
     """``tok.encode`` or, when it gives the same ids, the Rust backend's ``encode`` called
     directly: the transformers wrapper (per-call truncation/padding setup, BatchEncoding) was
     ~10% of a 1,024-word encode. Used only with no truncation/padding configured on the backend
-    and after the two agree on a probe with special-token strings and non-ASCII text. Through
-    ``encode_batch``: the same ids, and it releases the GIL while it works (``encode`` holds it:
-    0.35-0.45 s for 1.16 MB of text, a stalled event loop even when called from a thread)."""
+    and after the two agree on a probe with special-token strings and non-ASCII text."""
     backend = getattr(tok, "_tokenizer", None)
     if backend is None or getattr(backend, "truncation", 1) is not None or getattr(
             backend, "padding", 1) is not None:
         return tok.encode
 
     def encode(text: str) -> list[int]:
-        return backend.encode_batch([text])[0].ids
+        return backend.encode(text).ids
 
     try:
         same = encode(_PROBE) == list(tok.encode(_PROBE))
