@@ -12,13 +12,9 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from radix_global.conductor_api import (
-    ADMIN_BODY_MAX_BYTES,
-    NO_URL,
-    ConductorAPI,
-    conductor_api,
-    rank0_endpoint,
-)
+from radix_global.conductor_api import ConductorAPI, conductor_api
+from radix_global.conductor_mapping import NO_URL, rank0_endpoint
+from radix_global.conductor_wire import ADMIN_BODY_MAX_BYTES
 from radix_global.index import GlobalIndex
 from radix_global.keys import lora_extra_key, page_keys
 from radix_global.ops import StorePages
