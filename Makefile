@@ -5,7 +5,7 @@ export PYTHONHASHSEED := 0
 .PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench bench-pressure model
 
 bootstrap: .venv/.complete
-.venv/.complete: scripts/bootstrap.sh constraints/requirements-main.txt constraints/lock-main.txt pyproject.toml
+.venv/.complete: scripts/bootstrap.sh constraints/lock-main.txt pyproject.toml
 	scripts/bootstrap.sh main
 
 bootstrap-vllm:

@@ -1,6 +1,9 @@
 """The ``radix-global`` command: one subcommand per process kind, each a module's ``main(argv)``.
 
 Subcommands are imported lazily so that the light router install never imports torch or sglang.
+Some still live in ``benchmarks/``, which the wheel does not carry (:data:`SOURCE_CHECKOUT_ONLY`):
+run from a source checkout (an editable install included) they import it from the checkout; from
+an installed wheel they say they need the source checkout and exit 2.
 """
 
 from __future__ import annotations
@@ -22,6 +25,11 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "bench": ("benchmarks.bench", "side-by-side trace replay against peer routers"),
     "simulate": ("benchmarks.simulate.main", "paper-scale discrete-event simulation"),
 }
+
+
+# The subcommands whose modules are in ``benchmarks/`` (source checkout only, not in the wheel).
+SOURCE_CHECKOUT_ONLY = frozenset(
+    name for name, (module, _) in SUBCOMMANDS.items() if module.startswith("benchmarks."))
 
 
 def package_version() -> str:
@@ -56,6 +64,29 @@ def main(argv: list[str] | None = None) -> int:
     if name not in SUBCOMMANDS:
         print(f"radix-global: unknown command {name!r}\n\n{_usage()}", file=sys.stderr)
         return 2
-    module = importlib.import_module(SUBCOMMANDS[name][0])
+    module_name = SUBCOMMANDS[name][0]
+    if name in SOURCE_CHECKOUT_ONLY:
+        _add_checkout_to_path()
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as exc:
+        if name not in SOURCE_CHECKOUT_ONLY or not _is_module_or_parent(exc.name, module_name):
+            raise  # a missing dependency inside the subcommand: its own message
+        print(f"radix-global {name}: needs the source checkout (benchmarks/ is not in the wheel)",
+              file=sys.stderr)
+        return 2
     return int(module.main(rest) or 0)
 
+
+def _add_checkout_to_path() -> None:
+    """An editable install maps only the product packages: the checkout this package sits in (if
+    it is one) goes on ``sys.path`` so that its ``benchmarks`` imports."""
+    root = Path(__file__).resolve().parents[1]
+    if (root / "benchmarks" / "__init__.py").is_file() and str(root) not in sys.path:
+        sys.path.append(str(root))
+
+
+def _is_module_or_parent(missing: str | None, module_name: str) -> bool:
+    """Whether the module not found is ``module_name`` itself or a package above it (so the
+    ``benchmarks`` package is absent, or is some other distribution's ``benchmarks``)."""
+    return bool(missing) and (module_name == missing or module_name.startswith(f"{missing}."))

