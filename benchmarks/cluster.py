@@ -131,11 +131,14 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
     if router_url is None or pool_id is None:
         raise ValueError("ours engines need the router URL and a pool id")
     return [sys.executable, "-m", "radix_global_cli", "sglang", *common,
-            "--radix-global", router_url, "--worker-id", worker_id or f"eng-{index}-{port}",
-            "--pool-id", pool_id, *(["--pool-root", spec.pool_root] if spec.pool_root else []),
-            "--pool-capacity-gb", str(spec.pool_capacity_gb),
+            "--radix-global", router_url,
+            "--radix-global-worker-id", worker_id or f"eng-{index}-{port}",
+            "--radix-global-pool-id", pool_id,
+            *(["--radix-global-pool-root", spec.pool_root] if spec.pool_root else []),
+            "--radix-global-pool-capacity-gb", str(spec.pool_capacity_gb),
             "--hicache-ratio", str(spec.hicache_ratio),
-            "--hicache-storage-prefetch-policy", "wait_complete", "--heartbeat-interval", "1"]
+            "--hicache-storage-prefetch-policy", "wait_complete",
+            "--radix-global-heartbeat-interval-s", "1"]
 
 
 def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: str

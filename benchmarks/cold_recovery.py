@@ -62,7 +62,8 @@ async def turns(url: str, prompts: list[list[int]]) -> tuple[list[RequestResult]
 
 def start(cluster: LocalCluster, model_dir: str, disk: Path | None) -> tuple[Any, Any]:
     router = cluster.start_router(RouterSpec("ours", "conductor", {}), None, model_dir=model_dir)
-    extra = ("--pool-disk", str(disk), "--pool-disk-gb", "4") if disk else ()
+    extra = (("--radix-global-pool-disk", str(disk), "--radix-global-pool-disk-gb", "4") if disk
+             else ())
     engines = cluster.start_engines(EngineSet("ours", model_dir, n=2, extra_args=extra),
                                     router.url)
     cluster.wait_workers(router, 2)

@@ -108,7 +108,7 @@ class HostCluster:
         address = self.hosts[host].address
         argv = [sys.executable, "-m", "radix_global_cli", "index", "serve", "--host", address,
                 "--port", str(INDEX_PORT), "--admin-token", self.admin_token,
-                "--heartbeat-timeout", str(heartbeat_timeout_s)]
+                "--heartbeat-timeout-s", str(heartbeat_timeout_s)]
         return self._spawn(host, "index", argv, f"{address}:{INDEX_PORT}")
 
     def _engines(self, host: str, extra: Sequence[str], kind: str = "ours",
@@ -124,7 +124,8 @@ class HostCluster:
         host's own shm pool, or the Mooncake Store at ``mooncake`` (``HOST:PORT``) that every
         host shares (``benchmarks.cluster.engine_argv``)."""
         pool = f"mooncake://{mooncake}" if mooncake else "shm"
-        spec = self._engines(host, ["--admin-token", self.admin_token, "--pool", pool, *extra],
+        spec = self._engines(host, ["--radix-global-admin-token", self.admin_token,
+                                   "--radix-global-pool", pool, *extra],
                              shm=not mooncake, pool_capacity_gb=pool_capacity_gb)
         address = self.hosts[host].address
         pool_id = (default_pool_id(pool, address, WORKER_PORT) if mooncake

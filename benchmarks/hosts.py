@@ -206,27 +206,30 @@ class HostSet:
         return popen
 
     def pool_args(self, host: str) -> list[str]:
-        return ["--pool-root", self[host].pool_root, "--pool-id", self[host].pool_id]
+        return ["--radix-global-pool-root", self[host].pool_root,
+                "--radix-global-pool-id", self[host].pool_id]
 
     def check_pool_args(self, host: str, argv: Sequence[str]) -> None:
         """A launch-wrapper command line (``sglang_patch.launch_server``, ``radix_global_cli
-        sglang``, ``radix-global sglang``) must carry this host's ``--pool-root`` and
-        ``--pool-id`` (``--flag v`` or ``--flag=v``, every occurrence): a shared pool would let KV
-        cross hosts without the network. Other command lines pass. Refusals raise HostError."""
+        sglang``, ``radix-global sglang``) must carry this host's ``--radix-global-pool-root``
+        and ``--radix-global-pool-id`` (``--flag v`` or ``--flag=v``, every occurrence): a
+        shared pool would let KV cross hosts without the network. Other command lines pass.
+        Refusals raise HostError."""
         me = self[host]
         if not _is_launch_wrapper(argv) or any(v.startswith("mooncake://")
-                                               for v in _flag_values(argv, "--pool")):
+                                               for v in _flag_values(argv, "--radix-global-pool")):
             return  # a Mooncake pool is shared over the network by design
-        for flag, want in (("--pool-root", me.pool_root), ("--pool-id", me.pool_id)):
+        for flag, want in (("--radix-global-pool-root", me.pool_root),
+                           ("--radix-global-pool-id", me.pool_id)):
             values = _flag_values(argv, flag)
             if not values:
                 raise HostError(f"host {host}: launch wrapper without {flag} (the default is "
                                 f"shared by all hosts; pass {shlex.join(self.pool_args(host))})")
             for v in values:
-                if (os.path.normpath(v) if flag == "--pool-root" else v) == want:
+                if (os.path.normpath(v) if flag == "--radix-global-pool-root" else v) == want:
                     continue
                 owner = next((h.name for h in self.hosts.values() if h is not me and (
-                    v == h.pool_id if flag == "--pool-id"
+                    v == h.pool_id if flag == "--radix-global-pool-id"
                     else Path(os.path.normpath(v)).is_relative_to(h.pool_root))), None)
                 whose = f"host {owner}'s" if owner else "not this host's"
                 raise HostError(f"host {host}: {flag} {v} is {whose} (want {want})")

@@ -63,8 +63,8 @@ def workers(model: str, pool_id: str, run_dir: Path, native_bootstrap: int | Non
     try:
         for name in ("P", "D"):
             port = free_port()
-            extra = ["--pool-id", pool_id, "--pool-capacity-gb", "0.2", "--namespace", str(NS),
-                     "--worker-id", name]
+            extra = ["--radix-global-pool-id", pool_id, "--radix-global-pool-capacity-gb", "0.2",
+                     "--radix-global-namespace", str(NS), "--radix-global-worker-id", name]
             if native_bootstrap is not None:
                 extra += ["--disaggregation-transfer-backend", "mooncake_tcp",
                           "--disaggregation-mode", "prefill" if name == "P" else "decode"]

@@ -98,7 +98,7 @@ def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[
                       max_total_tokens=cfg.device_tokens, extra_args=hicache)
     file_l3 = ("--hicache-storage-backend", "file",
                "--hicache-storage-prefetch-policy", "wait_complete")
-    ours = replace(local, kind="ours", extra_args=("--pool-load-probe-tokens", "512"),
+    ours = replace(local, kind="ours", extra_args=("--radix-global-pool-load-probe-tokens", "512"),
                    pool_capacity_gb=cfg.pool_capacity_gb, hicache_ratio=cfg.hicache_ratio)
     return {
         "stock-hicache": local,

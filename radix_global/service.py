@@ -21,23 +21,30 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
-import msgspec
 
 from radix_global.ops import (
     IndexRefusal,
     PageSizeMismatchError,
     UnknownNamespaceError,
 )
+from radix_global.options import OptionError
 from radix_global.proto import index_pb2 as pb
 from radix_global.proto import index_pb2_grpc as pb_grpc
 from radix_global.registration import (
     RegistrationError,
     decode_worker_info,
     refuse_host_local,
+)
+from radix_global.service_config import (
+    PROG,
+    ServiceConfig,
+    add_serve_arguments,
+    config_from,
+    example_config,
 )
 from radix_global.service_guard import RefuseMalformed, authorize, fail, is_loopback_peer
 from radix_global.service_state import ServiceState, new_index, restore_index
@@ -71,18 +78,6 @@ _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (IndexRefusal, grpc.StatusCode.INVALID_ARGUMENT),
     (SnapshotError, grpc.StatusCode.FAILED_PRECONDITION),
 ]
-
-
-class ServiceConfig(msgspec.Struct, frozen=True):
-    host: str = "127.0.0.1"
-    port: int = 0  # 0: any free port (the bound one is IndexServer.port)
-    snapshot_path: str | None = None
-    snapshot_interval_s: float = 0.0  # 0: snapshot only on Snapshot RPC and at shutdown
-    start_empty_on_bad_snapshot: bool = False
-    admin_token: str | None = None  # None: admin calls and key queries only from loopback
-    shards: int = 1
-    heartbeat_timeout_s: float = 20.0
-    half_life_s: float | None = None  # hotness half-life; None: the index's default
 
 
 class _Servicer(pb_grpc.GlobalIndexServiceServicer):
@@ -270,48 +265,51 @@ class IndexServer:
 async def _serve_until_signal(config: ServiceConfig) -> None:
     server = await IndexServer(config).start()
     print(f"radix-global index: serving on {config.host}:{server.port}", flush=True)
+    conductor = None
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     try:
+        if config.conductor_port is not None:
+            from radix_global.conductor_api import serve_conductor_api
+
+            conductor = await serve_conductor_api(server.state, config.host,
+                                                  config.conductor_port, config.admin_token)
+            print(f"radix-global index: conductor API on {config.host}:{conductor.port}",
+                  flush=True)
         await stop.wait()
     finally:
+        if conductor is not None:
+            await conductor.stop()
         await server.stop()
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="radix-global index")
-    sub = parser.add_subparsers(dest="command", required=True)
+def parser() -> argparse.ArgumentParser:
+    """``radix-global index``: one subparser per command (``serve``; another joins beside it)."""
+    top = argparse.ArgumentParser(prog=PROG)
+    sub = top.add_subparsers(dest="command", required=True)
     serve = sub.add_parser("serve", help="run the standalone global index (gRPC)")
-    serve.add_argument("--host", default="127.0.0.1")
-    serve.add_argument("--port", type=int, default=50051, help="0: any free port")
-    serve.add_argument("--snapshot", metavar="PATH", help="restore on start, write on stop")
-    serve.add_argument("--snapshot-interval", type=float, default=0.0, metavar="S",
-                       help="also snapshot every S seconds (0: off)")
-    serve.add_argument("--start-empty-on-bad-snapshot", action="store_true",
-                       help="warn and start empty when the snapshot cannot be read")
-    serve.add_argument("--admin-token", default=os.environ.get("RADIX_GLOBAL_ADMIN_TOKEN"),
-                       help="token for admin calls and the key queries Match/HotPrefixes "
-                       "(env RADIX_GLOBAL_ADMIN_TOKEN)")
-    serve.add_argument("--shards", type=int, default=1, help="partition by chain head")
-    serve.add_argument("--heartbeat-timeout", type=float, default=20.0, metavar="S")
-    serve.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(),
+    add_serve_arguments(serve)
+    return top
+
+
+def main(argv: list[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
+    """``radix-global index serve``; a bad option is one line and exit 2."""
+    args = vars(parser().parse_args(argv))
+    if args.get("print_example_config"):
+        print(example_config(), end="")
+        return 0
+    try:
+        config = config_from(args, os.environ if environ is None else environ)
+    except OptionError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=config.log_level.upper(),
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    if args.shards < 1:
-        parser.error("--shards must be >= 1")
-    config = ServiceConfig(
-        host=args.host, port=args.port, snapshot_path=args.snapshot,
-        snapshot_interval_s=args.snapshot_interval,
-        start_empty_on_bad_snapshot=args.start_empty_on_bad_snapshot,
-        admin_token=args.admin_token or None, shards=args.shards,
-        heartbeat_timeout_s=args.heartbeat_timeout,
-    )
     try:
         asyncio.run(_serve_until_signal(config))
-    except SnapshotError as exc:
-        print(f"radix-global index: cannot start: {exc}", file=sys.stderr)
+    except (SnapshotError, OSError) as exc:  # OSError: a port that cannot be bound
+        print(f"{PROG}: cannot start: {exc}", file=sys.stderr)
         return 2
     return 0

@@ -44,7 +44,7 @@ start_worker() {  # name gpu port
     --model-path "$MODEL" --host 127.0.0.1 --port "$3" \
     --page-size 16 --mem-fraction-static "$MEM_FRACTION" \
     --hicache-ratio 2 --hicache-storage-prefetch-policy wait_complete \
-    --pool-id "$POOL_ID" --pool-capacity-gb 8 \
+    --radix-global-pool-id "$POOL_ID" --radix-global-pool-capacity-gb 8 \
     >"$OUT_DIR/$1.log" 2>&1 &
   PIDS+=($!)
 }

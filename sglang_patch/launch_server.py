@@ -1,6 +1,7 @@
 """``radix-global sglang [SGLang flags] --radix-global URL``: SGLang that joins radix-global.
 
-Also ``python -m sglang_patch.launch_server``. Flags: see ``sglang_patch/launch_plan.py``.
+Also ``python -m sglang_patch.launch_server``. Flags: ``radix-global sglang --help``
+(``sglang_patch/launch_args.py``); the plan: ``sglang_patch/launch_plan.py``.
 
 This process is a supervisor: it checks the environment (SGLang version, dependencies), starts
 ``python -m sglang.launch_server`` with the planned flags in its own process group (on ``--device
@@ -30,7 +31,8 @@ import msgspec
 
 from radix_global.pool_ids import disk_holder
 from radix_global.registration import RegistrationError, WorkerInfo
-from sglang_patch.launch_plan import LaunchError, LaunchPlan, build_plan, flag_value, parser
+from sglang_patch.launch_args import flag_of, help_text, parse_argv
+from sglang_patch.launch_plan import LaunchError, LaunchPlan, plan_launch
 from sglang_patch.load_probe import LoadProbeError, probe_load
 from sglang_patch.pool.disk_folder import FOLDER_MODE, UnsafeDiskFolder, check_folder
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
@@ -53,7 +55,24 @@ PORT_RETRIES = 3  # new event ports when one this wrapper picked was taken (_pic
 
 
 def check_environment(plan: LaunchPlan) -> None:
-    """Fail before starting anything when SGLang or a dependency is missing or the wrong one."""
+    """Fail before starting anything when SGLang or a dependency is missing or the wrong one,
+    or our flags cannot work together."""
+    check_sglang()
+    if plan.flags.worker_id and plan.flags.worker_id == plan.flags.pool_id:
+        raise LaunchError(f"{flag_of('worker_id')} and {flag_of('pool_id')} must differ (one "
+                          "id space for holders)")
+    if plan.flags.pool_disk:  # the backend's own check would fail deep inside SGLang's scheduler
+        try:
+            check_folder(plan.flags.pool_disk)
+        except UnsafeDiskFolder as exc:
+            raise LaunchError(str(exc)) from exc
+        except OSError as exc:
+            raise LaunchError(f"{flag_of('pool_disk')} {plan.flags.pool_disk}: {exc}") from exc
+
+
+def check_sglang() -> None:
+    """SGLang installed, the version we are built for, and our dependencies (before SGLang's
+    parser reads the command line)."""
     try:
         version = importlib.metadata.version("sglang")
     except importlib.metadata.PackageNotFoundError as exc:
@@ -65,15 +84,6 @@ def check_environment(plan: LaunchPlan) -> None:
     missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
     if missing:
         raise LaunchError(f"missing Python packages: {', '.join(missing)}")
-    if plan.flags.worker_id and plan.flags.worker_id == plan.flags.pool_id:
-        raise LaunchError("--worker-id and --pool-id must differ (one id space for holders)")
-    if plan.flags.pool_disk:  # the backend's own check would fail deep inside SGLang's scheduler
-        try:
-            check_folder(plan.flags.pool_disk)
-        except UnsafeDiskFolder as exc:
-            raise LaunchError(str(exc)) from exc
-        except OSError as exc:
-            raise LaunchError(f"--pool-disk {plan.flags.pool_disk}: {exc}") from exc
 
 
 def server_env(plan: LaunchPlan) -> dict[str, str]:
@@ -133,8 +143,8 @@ def cpu_compute_domain(cpus: set[int] | None = None) -> str:
 
 def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> WorkerInfo:
     bootstrap = server.get("disaggregation_bootstrap_port")
-    # A pool hand-off prefill worker (--role prefill alone) runs no bootstrap server.
-    native_prefill = flag_value(plan.sglang_argv, "--disaggregation-mode") == "prefill"
+    # A pool hand-off prefill worker (our role prefill alone) runs no bootstrap server.
+    native_prefill = plan.mode == "prefill"
     page_size = int(server.get("page_size") or 1)
     kv_bytes = kv_bytes_per_token(plan.model_path, server)
     return WorkerInfo(
@@ -152,8 +162,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         pool_events_endpoint=plan.pool_events_endpoint,
         bootstrap_port=int(bootstrap) if native_prefill and bootstrap else None,
         # CPU engines on the same cores share them; GPU engines each have their own device.
-        compute_domain=(cpu_compute_domain()
-                        if flag_value(plan.sglang_argv, "--device") == "cpu" else None),
+        compute_domain=cpu_compute_domain() if plan.device == "cpu" else None,
         kv_bytes_per_token=kv_bytes,
         pool_aliases="pool_aliases_url" in plan.backend_config,
         pool_fetch_min_tokens=fetch_min_tokens(plan.backend_config, page_size),
@@ -216,7 +225,7 @@ def with_load_rate(plan: LaunchPlan, info: WorkerInfo) -> WorkerInfo:
     ``docs/interfaces.md`` s. 2), when it has a pool and answers ``/generate`` itself (a native
     PD prefill worker needs a decode peer); unchanged when the probe is off or fails."""
     tokens = plan.flags.pool_load_probe_tokens
-    native_pd = flag_value(plan.sglang_argv, "--disaggregation-mode") not in (None, "null")
+    native_pd = plan.mode not in (None, "null")
     if tokens <= 0 or native_pd or not plan.backend_config or not info.kv_bytes_per_token:
         return info
     try:
@@ -270,10 +279,12 @@ def _picked_port_taken(plan: LaunchPlan) -> bool:
 
 
 def run(argv: list[str]) -> int:
-    model_path = flag_value(argv, "--model-path") or flag_value(argv, "--model") or ""
-    served = flag_value(argv, "--served-model-name") or model_path
-    default_ns = namespace_for(served, model_path) if model_path else None
-    plan = build_plan(argv, default_namespace=default_ns)
+    check_sglang()
+    args = parse_argv(argv)
+    model_path = str(args.sglang["model_path"])
+    served = str(args.sglang["served_model_name"] or model_path)
+    default_ns = namespace_for(served, model_path)
+    plan = plan_launch(args, default_namespace=default_ns)
     check_environment(plan)
     sems = semaphores()  # the engine's own are removed after it stopped (sem_sweep)
     proc = _start(plan)
@@ -298,14 +309,14 @@ def run(argv: list[str]) -> int:
                     raise
                 log.warning("SGLang exited: an event port this wrapper picked was taken before "
                             "it bound it; starting again on new ports")
-                plan = build_plan(argv, default_namespace=default_ns)
+                plan = plan_launch(args, default_namespace=default_ns)
                 proc = _start(plan)
         namespace = str(plan.backend_config.get("namespace") or default_ns)
         info = worker_info(plan, server, namespace)
         if plan.flags.radix_global:
             info = with_load_rate(plan, info)
             registrar = Registrar(plan.flags.radix_global, info, plan.flags.admin_token,
-                                  plan.flags.heartbeat_interval)
+                                  plan.flags.heartbeat_interval_s)
             registrar.register()
             registrar.start_heartbeats()
             print(f"radix-global: {info.worker_id} joined {plan.flags.radix_global} "
@@ -328,9 +339,8 @@ def run(argv: list[str]) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else list(argv)
-    if not args or args[0] in ("-h", "--help"):
-        parser().print_help()
-        print("\nEvery other flag goes to sglang.launch_server (see its --help).")
+    if not args or "-h" in args or "--help" in args:
+        print(help_text(), end="")
         return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise

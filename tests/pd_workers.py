@@ -33,7 +33,7 @@ PAGE = 4
 REPO = Path(__file__).resolve().parents[1]
 ENGINE_FLAGS = [*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32",
                 "--max-total-tokens", "8192", "--page-size", str(PAGE), "--hicache-ratio", "2"]
-# For workers without --role decode (which gets these from the launch wrapper itself):
+# For workers without --radix-global-role decode (which gets these from the launch wrapper itself):
 CPU_FLAGS = [*ENGINE_FLAGS, "--hicache-storage-prefetch-policy", "wait_complete",
              # SGLang skips L3 prefetches under 256 tokens by default; a turn's new part is less
              "--hicache-storage-backend-extra-config", '{"prefetch_threshold": 4}']

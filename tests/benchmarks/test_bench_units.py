@@ -74,7 +74,7 @@ def test_command_lines() -> None:
     ours = engine_argv(EngineSet("ours", "/m"), 1234, 0, "http://127.0.0.1:9", "pool-x")
     assert ours[1:4] == ["-m", "radix_global_cli", "sglang"]
     assert ours[ours.index("--radix-global") + 1] == "http://127.0.0.1:9"
-    assert ours[ours.index("--pool-id") + 1] == "pool-x"
+    assert ours[ours.index("--radix-global-pool-id") + 1] == "pool-x"
     stock = engine_argv(EngineSet("stock", "/m"), 1234, 0, None, None)
     assert "--radix-global" not in stock and "--kv-events-config" in stock
     assert "--enable-hierarchical-cache" not in stock

@@ -217,22 +217,25 @@ def test_pool_args_are_checked_for_the_launch_wrapper(tmp_path: Path) -> None:
     for wrapper in ([py, "-m", "radix_global_cli", "sglang"], ["radix-global", "sglang"],
                     [py, "-m", "sglang_patch.launch_server"]):
         hs.check_pool_args("a", [*wrapper, "--model-path", "m", *hs.pool_args("a")])
-        hs.check_pool_args("a", [*wrapper, f"--pool-root={hs['a'].pool_root}/",
-                                 f"--pool-id={hs['a'].pool_id}"])
+        hs.check_pool_args("a", [*wrapper, f"--radix-global-pool-root={hs['a'].pool_root}/",
+                                 f"--radix-global-pool-id={hs['a'].pool_id}"])
         with pytest.raises(HostError, match="host b's"):
-            hs.check_pool_args("a", [*wrapper, "--pool-root", hs["b"].pool_root,
-                                     "--pool-id", hs["a"].pool_id])
+            hs.check_pool_args("a", [*wrapper, "--radix-global-pool-root", hs["b"].pool_root,
+                                     "--radix-global-pool-id", hs["a"].pool_id])
         with pytest.raises(HostError, match="host b's"):
-            hs.check_pool_args("a", [*wrapper, "--pool-root", hs["a"].pool_root,
-                                     f"--pool-id={hs['b'].pool_id}"])
-        with pytest.raises(HostError, match="without --pool-root"):
-            hs.check_pool_args("a", [*wrapper, "--pool-id", hs["a"].pool_id])
+            hs.check_pool_args("a", [*wrapper, "--radix-global-pool-root", hs["a"].pool_root,
+                                     f"--radix-global-pool-id={hs['b'].pool_id}"])
+        with pytest.raises(HostError, match="without --radix-global-pool-root"):
+            hs.check_pool_args("a", [*wrapper, "--radix-global-pool-id", hs["a"].pool_id])
         with pytest.raises(HostError, match="not this host's"):
-            hs.check_pool_args("a", [*wrapper, "--pool-root", "/dev/shm/radix-global",
-                                     "--pool-id", hs["a"].pool_id])
+            hs.check_pool_args("a", [*wrapper, "--radix-global-pool-root",
+                                     "/dev/shm/radix-global",
+                                     "--radix-global-pool-id", hs["a"].pool_id])
     hs.check_pool_args("a", [py, "-m", "radix_global_cli", "router", "--port", "1"])
-    with pytest.raises(HostError, match="without --pool-id"):  # spawn checks before starting
-        hs.spawn("a", "engine", ["radix-global", "sglang", "--pool-root", hs["a"].pool_root])
+    # spawn checks before starting
+    with pytest.raises(HostError, match="without --radix-global-pool-id"):
+        hs.spawn("a", "engine", ["radix-global", "sglang", "--radix-global-pool-root",
+                                 hs["a"].pool_root])
     with pytest.raises(HostError, match="not up"):
         hs.spawn("a", "router", ["radix-global", "router"])
     assert not list(tmp_path.iterdir())  # nothing was started

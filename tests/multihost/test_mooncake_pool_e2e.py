@@ -1,8 +1,9 @@
 """Mooncake Store as the cluster's L3 pool: a prefix computed on one host is fetched on another.
 
-Hosts ``a`` and ``b`` run one real SGLang CPU worker each (``radix-global sglang --pool
-mooncake://M:50051``: each contributes a segment and writes its pages there), ``m`` the Mooncake
-master, ``r`` the router. A conversation's first turn is computed where the router sends it;
+Hosts ``a`` and ``b`` run one real SGLang CPU worker each (``radix-global sglang
+--radix-global-pool mooncake://M:50051``: each contributes a segment and writes its pages
+there), ``m`` the Mooncake master, ``r`` the router. A conversation's first turn is computed
+where the router sends it;
 that worker is then drained, so the second turn must go to the other host. There the engine
 loads the history from Mooncake Store: it reports storage tokens, its greedy output equals a
 cold run (HF transformers), the router predicted the fetch (``x-radix-prefix-tokens``, from the

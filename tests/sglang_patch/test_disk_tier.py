@@ -274,7 +274,8 @@ def test_the_launch_wrapper_refuses_such_a_folder_in_one_line_before_starting(
     root.mkdir()
     root.chmod(0o777)
     monkeypatch.setattr(launch_server, "_start", lambda plan: pytest.fail("SGLang started"))
-    rc = launch_server.main(["--model-path", str(tmp_path / "model"), "--pool-disk", str(root)])
+    rc = launch_server.main(["--model-path", str(tmp_path / "model"),
+                             "--radix-global-pool-disk", str(root)])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err
     assert err.startswith(f"radix-global sglang: error: disk tier folder {root} is writable by "

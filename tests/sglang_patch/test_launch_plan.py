@@ -11,28 +11,36 @@ import pytest
 
 from radix_global.registration import RegistrationError
 from radix_global.types import Role
-from sglang_patch.launch_plan import LaunchError, build_plan, flag_value
+from sglang_patch.launch_args import parse_sglang
+from sglang_patch.launch_plan import LaunchError, build_plan
 
 BASE = ["--model-path", "/m", "--port", "31000", "--device", "cpu", "--page-size", "4"]
 
 
+def given(argv, dest):
+    """What SGLang's own parser reads from ``argv`` (None: not given); it also checks that
+    the planned command line is one SGLang accepts."""
+    return parse_sglang(argv).given.get(dest)
+
+
 def extra_config(plan):
-    return json.loads(flag_value(plan.sglang_argv, "--hicache-storage-backend-extra-config"))
+    return json.loads(given(plan.sglang_argv, "hicache_storage_backend_extra_config"))
 
 
 def test_joins_cluster_with_events_pool_and_cpu_hicache():
-    plan = build_plan([*BASE, "--radix-global", "http://127.0.0.1:9000", "--pool-id", "p1",
+    plan = build_plan([*BASE, "--radix-global", "http://127.0.0.1:9000",
+                       "--radix-global-pool-id", "p1",
                        "--hicache-storage-prefetch-policy", "wait_complete"],
                       ports=(5001, 5002, 5003), default_namespace="m@abc")
     argv = plan.sglang_argv
-    assert "--radix-global" not in argv and "--pool-id" not in argv
-    assert flag_value(argv, "--hicache-storage-prefetch-policy") == "wait_complete"  # passthrough
+    assert "--radix-global" not in argv and "--radix-global-pool-id" not in argv
+    assert given(argv, "hicache_storage_prefetch_policy") == "wait_complete"  # passthrough
     assert "--enable-hierarchical-cache" in argv
-    assert flag_value(argv, "--hicache-write-policy") == "write_through"
-    assert flag_value(argv, "--hicache-storage-backend") == "dynamic"
-    assert flag_value(argv, "--hicache-io-backend") == "direct"
-    assert flag_value(argv, "--hicache-mem-layout") == "layer_first"
-    events = json.loads(flag_value(argv, "--kv-events-config"))
+    assert given(argv, "hicache_write_policy") == "write_through"
+    assert given(argv, "hicache_storage_backend") == "dynamic"
+    assert given(argv, "hicache_io_backend") == "direct"
+    assert given(argv, "hicache_mem_layout") == "layer_first"
+    events = json.loads(given(argv, "kv_events_config"))
     assert events == {"publisher": "zmq", "endpoint": "tcp://127.0.0.1:5001", "bind": True,
                       "topic": "kv-events", "replay_endpoint": "tcp://127.0.0.1:5002"}
     cfg = extra_config(plan)
@@ -44,7 +52,7 @@ def test_joins_cluster_with_events_pool_and_cpu_hicache():
 
 def test_standalone_without_radix_global_has_pool_but_no_events():
     plan = build_plan(BASE, ports=(1, 2, 3))
-    assert flag_value(plan.sglang_argv, "--kv-events-config") is None
+    assert given(plan.sglang_argv, "kv_events_config") is None
     assert "pool_events_endpoint" not in extra_config(plan)
 
 
@@ -53,39 +61,41 @@ def test_user_extra_config_is_merged_ours_win():
     plan = build_plan([*BASE, "--hicache-storage-backend-extra-config", user], ports=(1, 2, 3))
     cfg = extra_config(plan)
     assert cfg["prefetch_threshold"] == 8 and cfg["module_path"] == "sglang_patch.storage"
-    assert plan.sglang_argv.count("--hicache-storage-backend-extra-config") == 1
+    # the user's stays as written; ours (merged) comes last, and SGLang reads the last one
+    assert plan.sglang_argv.count("--hicache-storage-backend-extra-config") == 2
+    assert plan.sglang_argv[-2] == "--hicache-storage-backend-extra-config"
 
 
 def test_role_from_disaggregation_mode_and_contradiction():
-    plan = build_plan([*BASE, "--disaggregation-mode", "prefill", "--role", "prefill"],
+    plan = build_plan([*BASE, "--disaggregation-mode", "prefill", "--radix-global-role", "prefill"],
                       ports=(1, 2, 3))
     assert plan.role is Role.PREFILL
     with pytest.raises(LaunchError, match="contradicts"):
-        build_plan([*BASE, "--disaggregation-mode", "decode", "--role", "prefill"])
+        build_plan([*BASE, "--disaggregation-mode", "decode", "--radix-global-role", "prefill"])
     with pytest.raises(LaunchError, match="contradicts"):
-        build_plan([*BASE, "--disaggregation-mode", "prefill", "--role", "mixed"])
+        build_plan([*BASE, "--disaggregation-mode", "prefill", "--radix-global-role", "mixed"])
 
 
 @pytest.mark.parametrize("role", [Role.PREFILL, Role.DECODE])
 def test_pool_handoff_role_without_disaggregation_mode(role):
     """--role prefill|decode alone: registered in that role, SGLang stays a normal server."""
-    plan = build_plan([*BASE, "--role", role.value], ports=(1, 2, 3))
+    plan = build_plan([*BASE, "--radix-global-role", role.value], ports=(1, 2, 3))
     argv = plan.sglang_argv
     assert plan.role is role
-    assert flag_value(argv, "--disaggregation-mode") is None
+    assert given(argv, "disaggregation_mode") is None
     assert "--disaggregation-decode-enable-radix-cache" not in argv
     pool_decode = role is Role.DECODE
-    assert (flag_value(argv, "--hicache-storage-prefetch-policy") == "wait_complete") \
+    assert (given(argv, "hicache_storage_prefetch_policy") == "wait_complete") \
         is pool_decode
     assert (extra_config(plan).get("prefetch_threshold") == 4) is pool_decode  # one page
 
 
 def test_pool_decode_keeps_the_users_prefetch_choices():
     user = json.dumps({"prefetch_threshold": 64})
-    plan = build_plan([*BASE, "--role", "decode", "--hicache-storage-prefetch-policy",
+    plan = build_plan([*BASE, "--radix-global-role", "decode", "--hicache-storage-prefetch-policy",
                        "timeout", "--hicache-storage-backend-extra-config", user],
                       ports=(1, 2, 3))
-    assert flag_value(plan.sglang_argv, "--hicache-storage-prefetch-policy") == "timeout"
+    assert given(plan.sglang_argv, "hicache_storage_prefetch_policy") == "timeout"
     assert plan.sglang_argv.count("--hicache-storage-prefetch-policy") == 1
     assert extra_config(plan)["prefetch_threshold"] == 64
 
@@ -94,7 +104,7 @@ def test_native_decode_gets_radix_cache_and_no_pool_defaults():
     plan = build_plan([*BASE, "--disaggregation-mode", "decode"], ports=(1, 2, 3))
     assert plan.role is Role.DECODE
     assert "--disaggregation-decode-enable-radix-cache" in plan.sglang_argv
-    assert flag_value(plan.sglang_argv, "--hicache-storage-prefetch-policy") is None
+    assert given(plan.sglang_argv, "hicache_storage_prefetch_policy") is None
     assert "prefetch_threshold" not in extra_config(plan)
 
 
@@ -106,7 +116,8 @@ def test_native_decode_gets_radix_cache_and_no_pool_defaults():
     (["--hicache-io-backend", "kernel"], "no CPU implementation"),
     (["--hicache-mem-layout", "page_first"], "not supported on CPU"),
     (["--hicache-storage-backend-extra-config", "{nope"], "not JSON"),
-    (["--pool-load-probe-tokens", "-1"], "must be >= 0"),
+    (["--radix-global-pool-load-probe-tokens", "-1"],
+     "--radix-global-pool-load-probe-tokens must be an integer >= 0"),
 ])
 def test_impossible_combinations_fail_with_a_message(flags, message):
     with pytest.raises(LaunchError, match=message):
@@ -121,7 +132,7 @@ def test_model_path_required():
 def test_cli_reports_contradiction_before_starting_anything(capsys):
     from sglang_patch.launch_server import main
 
-    assert main([*BASE, "--disaggregation-mode", "decode", "--role", "prefill"]) == 2
+    assert main([*BASE, "--disaggregation-mode", "decode", "--radix-global-role", "prefill"]) == 2
     assert "contradicts --disaggregation-mode decode" in capsys.readouterr().err
 
 
@@ -171,7 +182,7 @@ def test_registered_fetch_minimum_is_sglangs_prefetch_threshold():
     assert worker_info(build_plan(BASE, ports=(1, 2, 3)), server, "m@1"
                        ).pool_fetch_min_tokens == 256  # SGLang's default
     # a pool hand-off decode worker prefetches any page; a user's threshold is kept
-    decode = build_plan([*BASE, "--role", "decode"], ports=(1, 2, 3))
+    decode = build_plan([*BASE, "--radix-global-role", "decode"], ports=(1, 2, 3))
     assert worker_info(decode, server, "m@1").pool_fetch_min_tokens == 16
     extra = '{"prefetch_threshold": 64}'
     user = build_plan([*BASE, "--hicache-storage-backend-extra-config", extra], ports=(1, 2, 3))
@@ -216,7 +227,7 @@ def test_registered_bootstrap_port_only_for_a_native_prefill_worker():
 
     server = {"served_model_name": "m", "page_size": 4, "disaggregation_bootstrap_port": 8998}
     native = build_plan([*BASE, "--disaggregation-mode", "prefill"], ports=(1, 2, 3))
-    pool = build_plan([*BASE, "--role", "prefill"], ports=(1, 2, 3))
+    pool = build_plan([*BASE, "--radix-global-role", "prefill"], ports=(1, 2, 3))
     assert worker_info(native, server, "m@1").bootstrap_port == 8998
     info = worker_info(pool, server, "m@1")
     assert info.role is Role.PREFILL and info.bootstrap_port is None
@@ -254,14 +265,14 @@ def test_free_port_is_below_the_ephemeral_range_and_skips_taken_ports(monkeypatc
 def test_advertised_host_is_bound_and_registered():
     from sglang_patch.launch_server import server_env, worker_info
 
-    argv = [*BASE, "--host", "0.0.0.0", "--advertise-host", "10.77.0.2",
+    argv = [*BASE, "--host", "0.0.0.0", "--radix-global-advertise-host", "10.77.0.2",
             "--radix-global", "http://10.77.0.4:9000"]
     plan = build_plan(argv, ports=(5001, 5002, 5003))
-    events = json.loads(flag_value(plan.sglang_argv, "--kv-events-config"))
+    events = json.loads(given(plan.sglang_argv, "kv_events_config"))
     assert events["endpoint"] == "tcp://10.77.0.2:5001"
     assert events["replay_endpoint"] == "tcp://10.77.0.2:5002"
     assert extra_config(plan)["pool_events_endpoint"] == "tcp://10.77.0.2:5003"
-    assert flag_value(plan.sglang_argv, "--host") == "0.0.0.0"  # SGLang still listens on all
+    assert given(plan.sglang_argv, "host") == "0.0.0.0"  # SGLang still listens on all
     info = worker_info(plan, {"page_size": 4, "served_model_name": "m"}, "m@1")
     assert info.url == "http://10.77.0.2:31000" and info.worker_id == "sgl-10.77.0.2-31000"
     assert server_env(plan)["SGLANG_HOST_IP"] == "10.77.0.2"
@@ -277,12 +288,12 @@ def test_specific_host_is_advertised_by_default():
 
 
 @pytest.mark.parametrize("argv, match", [
-    (["--host", "0.0.0.0"], "add --advertise-host"),
-    (["--host", "::"], "add --advertise-host"),
-    (["--host", "127.0.0.1", "--advertise-host", "10.77.0.2"], "would not listen"),
-    (["--host", "0.0.0.0", "--advertise-host", "0.0.0.0"], "not an address"),
-    (["--advertise-host", "10.77.0.2"], "would not listen"),  # --host defaults to 127.0.0.1
-    (["--host", "::", "--advertise-host", "fd00::2"], "IPv6 is not supported"),
+    (["--host", "0.0.0.0"], "add --radix-global-advertise-host"),
+    (["--host", "::"], "add --radix-global-advertise-host"),
+    (["--host", "127.0.0.1", "--radix-global-advertise-host", "10.77.0.2"], "would not listen"),
+    (["--host", "0.0.0.0", "--radix-global-advertise-host", "0.0.0.0"], "not an address"),
+    (["--radix-global-advertise-host", "10.77.0.2"], "would not listen"),  # --host: 127.0.0.1
+    (["--host", "::", "--radix-global-advertise-host", "fd00::2"], "IPv6 is not supported"),
     (["--host", "::1"], "IPv6 is not supported"),
 ])
 def test_unreachable_advertisements_are_refused(argv, match):
@@ -293,28 +304,30 @@ def test_unreachable_advertisements_are_refused(argv, match):
 def test_an_advertised_address_not_of_this_host_is_refused_when_ports_are_chosen():
     # 192.0.2.0/24 is TEST-NET-1: never an address of this machine, so nothing can bind it
     with pytest.raises(LaunchError, match=r"cannot bind the event endpoints on 192\.0\.2\.7"):
-        build_plan([*BASE, "--host", "0.0.0.0", "--advertise-host", "192.0.2.7",
+        build_plan([*BASE, "--host", "0.0.0.0", "--radix-global-advertise-host", "192.0.2.7",
                     "--radix-global", "http://r:1"])
 
 
 def test_fixed_event_ports_leave_room_for_every_dp_rank():
     plan = build_plan([*BASE, "--host", "10.77.0.2", "--radix-global", "http://r:1",
-                       "--event-port-base", "5500", "--dp-size", "2"])
+                       "--radix-global-event-port-base", "5500", "--dp-size", "2"])
     assert plan.kv_events_endpoint == "tcp://10.77.0.2:5500"  # ranks 0, 1: 5500, 5501
     assert plan.kv_events_replay_endpoint == "tcp://10.77.0.2:5502"  # 5502, 5503
     assert plan.pool_events_endpoint == "tcp://10.77.0.2:5504"
     with pytest.raises(LaunchError, match=r"within 1\.\.65535"):
-        build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "65534"])
-    attn = build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "5500",
-                       "--attn-dp-size", "4"])
+        build_plan([*BASE, "--radix-global", "http://r:1",
+                    "--radix-global-event-port-base", "65534"])
+    attn = build_plan([*BASE, "--radix-global", "http://r:1",
+                       "--radix-global-event-port-base", "5500", "--attn-dp-size", "4"])
     assert attn.pool_events_endpoint == "tcp://127.0.0.1:5508"
     with pytest.raises(LaunchError, match="include the server's --port 31000"):
-        build_plan([*BASE, "--radix-global", "http://r:1", "--event-port-base", "30999"])
+        build_plan([*BASE, "--radix-global", "http://r:1",
+                    "--radix-global-event-port-base", "30999"])
 
 
 def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
     plan = build_plan([*BASE, "--host", "10.77.0.2", "--radix-global", "http://r:1",
-                       "--pool", "mooncake://10.77.0.5:50051"], ports=(1, 2, 3))
+                       "--radix-global-pool", "mooncake://10.77.0.5:50051"], ports=(1, 2, 3))
     cfg = extra_config(plan)
     assert cfg["pool"] == "mooncake" and cfg["mooncake_master"] == "10.77.0.5:50051"
     assert cfg["mooncake_local_hostname"] == "10.77.0.2"  # its segment, reachable from afar
@@ -323,13 +336,13 @@ def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
     assert extra_config(build_plan(BASE, ports=(1, 2, 3))).get("pool") is None  # shm default
     for bad in ("mooncake://nohost", "redis://h:1", "mooncake://:5"):
         with pytest.raises(LaunchError, match="shm or mooncake://"):
-            build_plan([*BASE, "--pool", bad], ports=(1, 2, 3))
-    with pytest.raises(LaunchError, match="--pool mooncake://"):
+            build_plan([*BASE, "--radix-global-pool", bad], ports=(1, 2, 3))
+    with pytest.raises(LaunchError, match="--radix-global-pool mooncake://"):
         build_plan([*BASE, "--hicache-storage-backend", "mooncake"], ports=(1, 2, 3))
-    mooncake = [*BASE, "--pool", "mooncake://m:1"]
-    for extra, match in ((["--pool-capacity-gb", "0.01"], "at least 16 MiB"),
-                         (["--pool-root", "/dev/shm/x"], "no root")):
+    mooncake = [*BASE, "--radix-global-pool", "mooncake://m:1"]
+    for extra, match in ((["--radix-global-pool-capacity-gb", "0.01"], "at least 16 MiB"),
+                         (["--radix-global-pool-root", "/dev/shm/x"], "no root")):
         with pytest.raises(LaunchError, match=match):
             build_plan([*mooncake, *extra], ports=(1, 2, 3))
     with pytest.raises(LaunchError, match="an shm pool id may not contain it"):
-        build_plan([*BASE, "--pool-id", "a@b"], ports=(1, 2, 3))
+        build_plan([*BASE, "--radix-global-pool-id", "a@b"], ports=(1, 2, 3))

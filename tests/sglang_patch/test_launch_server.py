@@ -81,6 +81,6 @@ def test_an_engine_that_fails_for_another_reason_is_not_started_again(monkeypatc
 
 def test_the_operators_event_ports_are_never_changed(monkeypatch):
     base = free_port()
-    started, outcome = run_with(monkeypatch, [*ARGV, "--event-port-base", str(base)],
+    started, outcome = run_with(monkeypatch, [*ARGV, "--radix-global-event-port-base", str(base)],
                                 hold_first_port=True)
     assert isinstance(outcome, LaunchError) and len(started) == 1

@@ -207,8 +207,8 @@ def driver(out: Path, model: str, work: Path, patched: bool) -> None:
     del hf
     p_port, d_port, bootstrap = 31000, 31001, 31100  # a private namespace: nothing else there
     p_log, d_log = work / "prefill.log", work / "decode.log"
-    pd = ["--disaggregation-transfer-backend", "mooncake_tcp", "--pool-id",
-          f"native-{os.getpid()}", "--pool-capacity-gb", "0.05"]
+    pd = ["--disaggregation-transfer-backend", "mooncake_tcp", "--radix-global-pool-id",
+          f"native-{os.getpid()}", "--radix-global-pool-capacity-gb", "0.05"]
     sems = semaphores()
     procs = [
         _spawn(model, p_port, [*pd, "--disaggregation-mode", "prefill",

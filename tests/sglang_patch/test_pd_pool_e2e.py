@@ -53,8 +53,10 @@ NS = Namespace("tiny@pd")
 @contextlib.contextmanager
 def pd_workers(model: Path, pool_id: str, timeout: float = 900) -> Iterator[dict[str, Worker]]:
     """P, D1, D2 started together (start-up overlaps), stopped together."""
-    common = ["--pool-id", pool_id, "--pool-capacity-gb", "0.1", "--namespace", str(NS)]
-    workers = {n: spawn(n, model, [*common, "--worker-id", n]) for n in ("P", "D1", "D2")}
+    common = ["--radix-global-pool-id", pool_id, "--radix-global-pool-capacity-gb", "0.1",
+              "--radix-global-namespace", str(NS)]
+    workers = {n: spawn(n, model, [*common, "--radix-global-worker-id", n])
+               for n in ("P", "D1", "D2")}
     try:
         wait_healthy(list(workers.values()), timeout)
         yield workers

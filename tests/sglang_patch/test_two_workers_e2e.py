@@ -226,8 +226,9 @@ def index_subscriber(endpoint: str, pool_id: str, namespace: str) -> tuple[Any, 
 @pytest.mark.timeout(3000)  # three waves of server start-ups: minutes each on a shared box
 def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
     pool_id = f"e2e-{uuid.uuid4().hex[:8]}"
-    pool_args = ["--radix-global", "", "--admin-token", TOKEN, "--pool-id", pool_id,
-                 "--pool-capacity-gb", "0.05", "--heartbeat-interval", "1"]
+    pool_args = ["--radix-global", "", "--radix-global-admin-token", TOKEN,
+                 "--radix-global-pool-id", pool_id, "--radix-global-pool-capacity-gb", "0.05",
+                 "--radix-global-heartbeat-interval-s", "1"]
     # 1,280 tokens (trace lengths count 512 tokens per hash id; scaled to 64): well above SGLang's
     # storage prefetch threshold (256 tokens), below which it never asks the pool.
     prompt = trace.synthesize_prompt(list(range(500, 520)), 20 * 512, 64)
@@ -237,8 +238,9 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
     try:
         with RegistrationPeer() as peer:
             pool_args[1] = peer.url
-            with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "A",
-                                                 "--pool-load-probe-tokens", "512"]) as a:
+            with wrapper_worker(tiny_model_dir, [
+                    *pool_args, "--radix-global-worker-id", "A",
+                    "--radix-global-pool-load-probe-tokens", "512"]) as a:
                 wait_until(lambda: "A" in peer.workers, "A's registration")  # after /health
                 info = peer.workers["A"]
                 assert info.pool_id == pool_id and info.page_size == PAGE
@@ -268,7 +270,8 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 stop_index.set()
                 assert pool_hit >= prompt_pages - 1, match
 
-                with wrapper_worker(tiny_model_dir, [*pool_args, "--worker-id", "B"]) as b:
+                with wrapper_worker(tiny_model_dir,
+                                    [*pool_args, "--radix-global-worker-id", "B"]) as b:
                     wait_until(lambda: "B" in peer.workers, "B's registration")
                     assert peer.workers["B"].pool_load_Bps is None  # the default: no probe
                     salted = generate(b.url, turn, salt="tenant-b")
@@ -301,8 +304,9 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
 
             # 5. Cold reference and the negative control, side by side (2 servers).
             corrupt_all(pool)
-            with wrapper_worker(tiny_model_dir, ["--pool-id", pool_id, "--pool-capacity-gb",
-                                                 "0.05"], env={NO_VERIFY_ENV: "1"}) as nv, \
+            with wrapper_worker(tiny_model_dir, ["--radix-global-pool-id", pool_id,
+                                                 "--radix-global-pool-capacity-gb", "0.05"],
+                                env={NO_VERIFY_ENV: "1"}) as nv, \
                     sglang_server(tiny_model_dir, ["--page-size", str(PAGE),
                                                    "--disable-radix-cache"]) as cold:
                 reference = generate(cold.url, turn)
