@@ -25,11 +25,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import math
 import re
+import tomllib
 import types
 import typing
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import msgspec
@@ -107,7 +110,10 @@ class Section(NamedTuple):
 
 
 def literal_choices(hint: Any) -> tuple[Any, ...]:
+    """The choices of a ``Literal[...]`` or an ``Enum`` (its values) option; ``()`` else."""
     inner = optional_inner(hint)
+    if isinstance(inner, type) and issubclass(inner, enum.Enum):
+        return tuple(m.value for m in inner)
     return typing.get_args(inner) if typing.get_origin(inner) is Literal else ()
 
 
@@ -157,7 +163,8 @@ def describe(hint: Any) -> str:
     """``an integer``, ``a number``, ``a list of text``... for messages."""
     inner = optional_inner(hint)
     origin = typing.get_origin(inner)
-    base = ("one of " + ", ".join(map(str, typing.get_args(inner))) if origin is Literal else
+    choices = literal_choices(hint)
+    base = ("one of " + ", ".join(map(str, choices)) if choices else
             "a list" if origin in (tuple, list) else "a table" if origin in (dict, Mapping) else
             {bool: "true or false", int: "an integer", float: "a number", str: "text"}.get(
                 inner, getattr(inner, "__name__", str(inner))))
@@ -204,6 +211,15 @@ def convert(o: Option, value: Any) -> Any:
     inner = optional_inner(o.hint)
     if value is None and inner is not o.hint:
         return None
+    origin = typing.get_origin(inner)
+    if origin in (tuple, list) and isinstance(value, str):
+        value = from_text(o, value)  # a file's ``workers = "URL"``
+    if origin in (dict, Mapping) and isinstance(value, str | list | tuple):
+        value = _items_table(o, value)  # flags' / the environment's KEY=VALUE items
+    choices = literal_choices(o.hint)
+    if isinstance(value, str) and choices and value not in choices:
+        folded = [c for c in choices if isinstance(c, str) and c.lower() == value.lower()]
+        value = folded[0] if len(folded) == 1 else value  # choices in any case
     if inner in _NUMBER:
         if isinstance(value, str):
             value = _number(o, value)
@@ -220,6 +236,29 @@ def convert(o: Option, value: Any) -> Any:
         want = describe(o.hint) + (f" {bounds}" if bounds and not literal_choices(o.hint)
                                    else "")
         raise OptionError(f"{o.name} must be {want}, got {value!r}") from None
+
+
+def _items_table(o: Option, items: str | Sequence[Any]) -> dict[str, Any]:
+    """``KEY=VALUE`` items (a list, or text split on spaces) as a table; for a table of any
+    values (``dict[str, Any]``) a value is read as a TOML value (number, true/false,
+    \"text\") where it is one, else kept as text."""
+    args = typing.get_args(optional_inner(o.hint))
+    scalars = len(args) == 2 and args[1] is Any
+    out: dict[str, Any] = {}
+    for item in items.split() if isinstance(items, str) else items:
+        key, sep, value = item.partition("=") if isinstance(item, str) else ("", "", "")
+        if not sep or not key:
+            metavar = (o.meta.extra or {}).get("metavar") if o.meta is not None else None
+            raise OptionError(f"{o.name}: {item!r} is not {metavar or 'KEY=VALUE'}")
+        out[key] = _toml_scalar(value) if scalars else value
+    return out
+
+
+def _toml_scalar(text: str) -> Any:
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        return text
 
 
 def _number(o: Option, text: str) -> Any:
@@ -320,3 +359,32 @@ def _toml_value(value: Any) -> str | None:
         items = [f"{k} = {_toml_value(v)}" for k, v in value.items()]
         return "{" + ", ".join(items) + "}"
     return None
+
+
+def load_config_file(path: str | Path, table: str, opts: Sequence[Option], what: str
+                     ) -> dict[str, Any]:
+    """The option values of a TOML (``.toml``) or YAML (``.yaml``/``.yml``) file: flat keys, or
+    under a ``table`` table; :class:`OptionError` for an unreadable file or an unknown key."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise OptionError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        if path.suffix == ".toml":
+            data: Any = tomllib.loads(text)
+        elif path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text) or {}
+        else:
+            raise OptionError(f"config file must end in .toml, .yaml or .yml: {path}")
+    except OptionError:
+        raise
+    except Exception as exc:  # yaml.YAMLError, tomllib.TOMLDecodeError
+        raise OptionError(f"cannot parse {path}: {exc}".splitlines()[0]) from None
+    if not isinstance(data, Mapping):
+        raise OptionError(f"{path}: top level must be a mapping")
+    if isinstance(data.get(table), Mapping):
+        data = data[table]
+    return check_names(opts, {str(k): v for k, v in data.items()}, what)

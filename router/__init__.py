@@ -5,7 +5,7 @@ Imports run one way, top to bottom (``tests/router/test_layout.py`` keeps it so)
 - entry points: ``cli/`` (commands), ``http/`` (the ASGI app and the admin API);
 - ``request/``: one inference request end to end;
 - ``state.py``: ``RouterState``, everything one router holds, built once from the config;
-- ``config.py``: ``RouterConfig``, every option; it builds each part's own small config;
+- ``config.py``: ``RouterConfig``, the parts' option sections (each declared where its part lives);
 - ``pd/`` -> ``cluster/`` -> ``routing/``: disaggregation, the workers and the index link, the pure
   routing core (contract, cost model, policies);
 - ``keying/`` and ``transport/``: what a request is in cache terms; bytes on the wire;

@@ -63,48 +63,48 @@ class RouterState:
         self.clock = clock
         self.metrics = RouterMetrics()
         self.metrics.key_mismatch = lambda: [
-            (e.info.worker_id, key_mismatch(e, config.mismatch_min_requests))
+            (e.info.worker_id, key_mismatch(e, config.mismatch.min_requests))
             for e in self.registry.all()]
-        self.lora_extra_keys = configured_extra_keys(config.lora_paths)  # name -> SGLang's key
+        # adapter name -> SGLang's key
+        self.lora_extra_keys = configured_extra_keys(config.keying.lora_paths)
         self.index: ClusterIndex = open_index(
-            config.index_url, config.resolved_admin_token(), lora_extra_keys=self.lora_extra_keys,
-            snapshot_path=config.index_snapshot,
-            snapshot_interval_s=config.index_snapshot_interval_s,
-            restore_grace_s=config.heartbeat_timeout_s, clock=clock)
+            config.index.url, config.admin.resolved_token(),
+            lora_extra_keys=self.lora_extra_keys, snapshot_path=config.index.snapshot,
+            snapshot_interval_s=config.index.snapshot_interval_s,
+            restore_grace_s=config.health.heartbeat_timeout_s, clock=clock)
         self.index.bind_metrics(self.metrics.registry)
         # One SLO for the conductor's TTFT admission and the driver's decode admission (no
         # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from
-        # the same config (RouterConfig.*_config(): one default per value).
-        slo = config.slo_config()
-        policy = policy or get_policy(config.policy, slo, **config.policy_options)
-        gate = config.dispatch_config().gate()
+        # the same config (each part gets its section of it).
+        slo = config.slo
+        policy = policy or get_policy(config.policy.name, slo, **config.policy.options)
+        gate = config.dispatch.gate()
         if gate is not None and not policy.places_by_state:
             log.warning("dispatch %r is off with policy %r: it picks by turn or draw, not by "
-                        "the engines' state (docs/interfaces.md s. 19)", config.dispatch,
+                        "the engines' state (docs/interfaces.md s. 19)", config.dispatch.order,
                         policy.name)
             gate = None
         self.routing = PolicyDriver(
-            policy, CostModel(config.cost_config()), self.index.view,
-            decode=DecodeSelector(config.decode_config()), slo=slo, gate=gate)
+            policy, CostModel(config.cost), self.index.view,
+            decode=DecodeSelector(config.decode), slo=slo, gate=gate)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
         self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock,
-                                      config=config.dispatch_config())
+                                      config=config.dispatch)
                            if gate is not None else None)
-        self.proxy = Proxy(config.proxy_config())
-        self.health = HealthMonitor(self.registry, config.health_config(), self.proxy.client,
-                                    clock=clock,
+        self.proxy = Proxy(config.proxy)
+        self.health = HealthMonitor(self.registry, config.health, self.proxy.client,
+                                    clock=clock, models=config.models,
                                     on_change=self.refresh_gauges,
                                     on_alive=self.index.heartbeat, busy=self._busy,
                                     on_dead=self._worker_dead)
         self.health.bind_metrics(self.metrics.registry)
         self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
-                                      self.routing.cost.outstanding, config.warm_interval_s,
-                                      config.warm_config(), join_pages=config.join_warm_pages,
-                                      join_timeout_s=config.join_warm_timeout_s, clock=clock)
+                                      self.routing.cost.outstanding, config.warm,
+                                      config.join_warm, clock=clock)
         self.warmer.bind_metrics(self.metrics.registry)
         self.tokenizers = TokenizerCache()
-        tenants_file = read_tenants_file(config.tenants_file)
+        tenants_file = read_tenants_file(config.keying.tenants_file)
         self.tenants = Tenants.from_mapping(tenants_file)
         share_past = os.environ.get(UNSAFE_SHARE_ENV) == "1"
         if share_past:
@@ -117,22 +117,22 @@ class RouterState:
         # Prefill/decode disaggregation: the pool hand-off's state in pool mode; the busy-time
         # tracker of the utilisation report in either mode.
         self.pd_pool: PdFront | None = None
-        if config.pd_mode == PdMode.POOL:
-            self.pd_pool = PdFront(self.proxy, self.proxy.client, config.pd_config(),
+        if config.pd.mode == PdMode.POOL:
+            self.pd_pool = PdFront(self.proxy, self.proxy.client, config.pd,
                                    self.routing.decode, lambda: self.index.view,
                                    self.routing.slo.tbt_slo_s, clock,
                                    on_refused=self.health.connect_failed,
                                    on_answered=self.health.connect_ok)
             self.pd_util = self.pd_pool.orch.util
         else:
-            self.pd_util = PdUtilization(config.pd_config())
+            self.pd_util = PdUtilization(config.pd)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
         self.profiles: dict[str, dict[str, Any]] = {}  # worker id -> profiling outcome
         self.profile_book = ProfileBook()
-        self.saved_profiles = (ProfileStore(config.profiles_file)
-                               if config.profiles_file else None)
+        self.saved_profiles = (ProfileStore(config.profiling.file)
+                               if config.profiling.file else None)
         self._profile_tasks: set[asyncio.Task[None]] = set()
 
     def _busy(self, worker_id: str) -> bool:
@@ -194,7 +194,7 @@ class RouterState:
         """Measure the joining worker's prefill curve in the background
         (``router/cluster/profiling.py``); until it is done the worker is priced with its peers'
         profile (or the default prior)."""
-        if self.config.profile_max_tokens <= 0:
+        if self.config.profiling.max_tokens <= 0:
             return
         try:
             loop = asyncio.get_running_loop()
@@ -209,9 +209,10 @@ class RouterState:
         wid = entry.info.worker_id
         try:
             samples = await profile_worker(
-                self.proxy.client, entry.info.url, self.config.page_size or entry.info.page_size,
-                self.config.profile_max_tokens, self.config.profile_sizes,
-                timeout_s=self.config.health_check_timeout_s * 4,
+                self.proxy.client, entry.info.url,
+                self.config.models.page_size or entry.info.page_size,
+                self.config.profiling.max_tokens, self.config.profiling.sizes,
+                timeout_s=self.config.health.health_check_timeout_s * 4,
                 model=None if entry.info.engine == "sglang" else entry.info.model)
             model = fit_profile(samples)
         except Exception as exc:  # a worker that cannot be profiled keeps the prior
@@ -237,7 +238,7 @@ class RouterState:
     def prewarm(self, entry: WorkerEntry) -> None:
         """Load the model's tokenizer in the background (importing transformers takes seconds),
         so the first request does not pay for it."""
-        path = self.config.model_path or entry.model_path
+        path = self.config.models.model_path or entry.model_path
         if path:
             tok = self.tokenizers.get(path)
             threading.Thread(target=_quiet_load, args=(tok,), daemon=True).start()
@@ -277,7 +278,7 @@ class RouterState:
 
     async def start(self) -> None:
         await self.index.start()
-        for url in self.config.workers:
+        for url in self.config.health.workers:
             await self.health.discover(url)
         self.health.start()
         self.warmer.start()

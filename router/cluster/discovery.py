@@ -18,14 +18,16 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 from urllib.parse import parse_qsl, urlsplit
 
 import msgspec
 
 from radix_global import kv_size
 from radix_global.namespaces import namespace_for
+from radix_global.options import opt
 from radix_global.registration import (
     MAX_CONTEXT_LENGTH,
     MAX_DP_SIZE,
@@ -180,15 +182,22 @@ def _events_endpoint(cfg: Mapping[str, Any] | None, worker_url: str) -> str | No
     return endpoint
 
 
-class ModelOverrides(NamedTuple):
-    """What the operator says of every command-line worker's model, over what it reports
-    (``RouterConfig.model_overrides()``; None: as the worker says)."""
+@dataclass(frozen=True)
+class ModelOverrides:
+    """Models of command-line workers: these override what each worker's /server_info says.
 
-    model_path: str | None = None  # tokenizer/chat-template folder
-    served_model_name: str | None = None
-    model_version: str | None = None  # namespace version
-    page_size: int | None = None
-    context_length: int | None = None
+    ``RouterConfig.models``; unset: as the worker says."""
+
+    model_path: Annotated[str | None, opt(
+        "tokenizer/chat template folder of command-line workers")] = None
+    served_model_name: Annotated[str | None, opt(
+        "model name of command-line workers (default: theirs)")] = None
+    model_version: Annotated[str | None, opt(
+        "namespace version (default: hash of the model's config.json)")] = None
+    page_size: Annotated[int | None, opt(
+        "tokens per KV page (default: the worker's)", ge=1)] = None
+    context_length: Annotated[int | None, opt(
+        "prompt limit in tokens (default: the model's)", ge=1)] = None
 
 
 def model_of_server(report: ServerReport, config: ModelOverrides) -> tuple[str | None, int | None]:

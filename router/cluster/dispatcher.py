@@ -61,7 +61,7 @@ class Dispatcher:
                  config: DispatchConfig | None = None) -> None:
         self.gate, self._driver, self._registry = gate, driver, registry
         self._metrics, self._clock, self.tick_s = metrics, clock, tick_s
-        config = config or DispatchConfig()
+        self.config = config = config or DispatchConfig()
         self.max_held, self.max_held_bytes = config.max_held, config.max_held_bytes
         self._waiters: dict[str, asyncio.Future[None]] = {}
         # the least recently priced first

@@ -23,10 +23,12 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Annotated
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
+from radix_global.options import opt
 from radix_global.registration import RegistrationError
 from router.cluster.discovery import (
     ModelOverrides,
@@ -66,17 +68,26 @@ def connect_failure_kind(exc: BaseException) -> str:
 
 @dataclass(frozen=True)
 class HealthConfig:
-    """Which workers to discover and when to give up on one (``RouterConfig.health_config()``:
-    the fields of the same names there take their defaults from here)."""
+    """Workers and their liveness (router/cluster/health.py).
 
-    workers: tuple[str, ...] = ()  # command-line worker specs (URL[#overrides])
-    models: ModelOverrides = ModelOverrides()  # noqa: RUF009 (an immutable NamedTuple)
-    heartbeat_timeout_s: float = 20.0  # registered workers
-    health_check_interval_s: float = 2.0
-    health_check_timeout_s: float = 30.0  # SGLang's /health waits for a 1-token generation
-    health_failures_to_remove: int = 3
-    connect_timeouts_to_remove: int = 3  # on the request path, in a row
-    connect_refusals_to_remove: int = 1
+    Which workers to discover and when to give up on one: registered workers heartbeat,
+    command-line workers are health-checked (``RouterConfig.health``)."""
+
+    workers: Annotated[tuple[str, ...], opt(
+        "worker base URLs (URL[#field=value&...]), health-checked over HTTP",
+        aliases=("--worker-urls",), metavar="URL")] = ()
+    heartbeat_timeout_s: Annotated[float, opt(
+        "a registered worker silent this long is removed", gt=0)] = 20.0
+    health_check_interval_s: Annotated[float, opt(
+        "seconds between health checks of command-line workers", gt=0)] = 2.0
+    # SGLang's /health waits for a 1-token generation
+    health_check_timeout_s: Annotated[float, opt("a health check's timeout", gt=0)] = 30.0
+    health_failures_to_remove: Annotated[int, opt(
+        "failed checks in a row that remove a worker", ge=1)] = 3
+    connect_timeouts_to_remove: Annotated[int, opt(
+        "connect timeouts in a row (on the request path) that remove a worker", ge=1)] = 3
+    connect_refusals_to_remove: Annotated[int, opt(
+        "refused connections in a row that remove a worker", ge=1)] = 1
 
 
 class HealthMonitor:
@@ -84,12 +95,14 @@ class HealthMonitor:
 
     def __init__(self, registry: WorkerRegistry, config: HealthConfig, client: httpx.AsyncClient,
                  clock: Callable[[], float] = time.monotonic,
+                 models: ModelOverrides | None = None,
                  on_change: Callable[[], None] | None = None,
                  on_alive: Callable[[str], None] | None = None,
                  busy: Callable[[str], bool] | None = None,
                  on_dead: Callable[[WorkerEntry], None] | None = None) -> None:
         self.registry = registry
         self.config = config
+        self.models = models or ModelOverrides()  # what command-line workers' models are
         self.client = client
         self.clock = clock
         self.on_change = on_change
@@ -122,7 +135,7 @@ class HealthMonitor:
         except (httpx.HTTPError, ValueError):
             return False
         try:
-            info, model_path, context = info_from_server_info(url, server, self.config.models,
+            info, model_path, context = info_from_server_info(url, server, self.models,
                                                               overrides)
             self.registry.add(info, Source.CLI, self.clock(), model_path=model_path,
                               context_length=context, lora=adapters_from_server_info(server))

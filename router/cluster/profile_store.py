@@ -1,4 +1,4 @@
-"""Fitted prefill profiles kept across router restarts (``RouterConfig.profiles_file``, issue 16).
+"""Fitted prefill profiles kept across router restarts (option ``profiles_file``, issue 16).
 
 A restarted router prices a returning worker (same worker id, same namespace) with the profile it
 had fitted before, at once, instead of the default prior until a new profiling run is done. The

@@ -14,24 +14,35 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
 from radix_global.ops import HotPrefix, IndexRefusal
+from radix_global.options import opt
 from radix_global.types import Namespace, PageKey, Role, WorkerId
 from router.routing.contract import IndexView, Slot, WorkerState
 
 
 @dataclass(frozen=True)
 class WarmConfig:
-    """Built by ``RouterConfig.warm_config()`` (fields ``warm_*``); defaults written here."""
+    """Hot-prefix warming onto lightly loaded workers.
 
-    min_hit_rate: float = 0.2  # decayed hits per second
-    min_pages: int = 2
-    max_replicas: int = 4
-    busy_margin: int = 2
-    rate_pages_per_s: float = 64.0
-    burst_pages: float = 256.0
-    cooldown_s: float = 30.0
+    ``RouterConfig.warm``, options ``warm_*``; the warmer (router/cluster/warming.py) runs a
+    round every ``interval_s``."""
+
+    interval_s: Annotated[float, opt(
+        "hot-prefix warming round every this many seconds; 0 = off", ge=0)] = 0.0
+    min_hit_rate: Annotated[float, opt(
+        "warm prefixes at least this hot (decayed hits per second)", ge=0,
+        name="warm_min_hit_rate_per_s")] = 0.2
+    min_pages: Annotated[int, opt("... and at least this long", ge=0)] = 2
+    max_replicas: Annotated[int, opt("... held by fewer slots than this", ge=1)] = 4
+    busy_margin: Annotated[int, opt(
+        "... whose holders all have this many more requests than the lightest", ge=0)] = 2
+    rate_pages_per_s: Annotated[float, opt(
+        "warming rate (token bucket refill)", ge=0)] = 64.0
+    burst_pages: Annotated[float, opt("warming burst (token bucket size)", ge=0)] = 256.0
+    cooldown_s: Annotated[float, opt(
+        "no second warm of one prefix on one slot within this", ge=0)] = 30.0
 
     def __post_init__(self) -> None:
         if self.rate_pages_per_s < 0 or self.burst_pages < 0 or self.max_replicas < 1:

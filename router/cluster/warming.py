@@ -32,12 +32,14 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 import httpx
 from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.ops import HolderMatch, HotPrefix
+from radix_global.options import opt
 from radix_global.types import Namespace, PageKey
 from router.cluster.index_link import ClusterIndex
 from router.cluster.prefix_tokens import PrefixTokens, Remembered, WarmScope
@@ -53,6 +55,22 @@ JOIN_OUTCOMES = ("sent", "failed", "no_tokens", "budget")
 _NONE = HolderMatch(0, 0, 0)
 
 
+@dataclass(frozen=True)
+class JoinWarmConfig:
+    """Join warming: a joining worker gets its namespace's hottest prefixes.
+
+    Those it does not hold, within a page and a time budget (docs/interfaces.md s.18;
+    ``RouterConfig.join_warm``, options ``join_warm_*``)."""
+
+    pages: Annotated[int, opt(
+        "pages of hot prefixes sent to a joining worker; 0 = off", ge=0)] = 0
+    timeout_s: Annotated[float, opt("time budget of a joining worker's pre-warming", gt=0)] = 60.0
+
+    def __post_init__(self) -> None:
+        if self.pages < 0 or self.timeout_s <= 0:
+            raise ValueError("join_warm_pages must be >= 0 and join_warm_timeout_s > 0")
+
+
 class HotPrefixWarmer:
     """Plans and sends warm requests; off unless ``interval_s > 0``.
 
@@ -62,19 +80,19 @@ class HotPrefixWarmer:
     flight (the cost model's ``outstanding``), which says which holders are busy."""
 
     def __init__(self, index: ClusterIndex, registry: WorkerRegistry, client: httpx.AsyncClient,
-                 outstanding: Callable[[Slot], int], interval_s: float = 0.0,
-                 config: WarmConfig | None = None, top_k: int = 16, max_in_flight: int = 2,
-                 timeout_s: float = 60.0, max_pages: int = 200_000, join_pages: int = 0,
-                 join_timeout_s: float = 60.0,
+                 outstanding: Callable[[Slot], int], config: WarmConfig | None = None,
+                 join: JoinWarmConfig | None = None, top_k: int = 16, max_in_flight: int = 2,
+                 timeout_s: float = 60.0, max_pages: int = 200_000,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.index, self.registry, self.client = index, registry, client
         self.outstanding = outstanding
-        self.interval_s = interval_s
         self.planner = WarmupPlanner(config)
+        self.interval_s = self.planner.config.interval_s
+        join = join or JoinWarmConfig()
         self.prefixes = PrefixTokens(max_pages)
         self.top_k, self.max_in_flight, self.timeout_s = top_k, max_in_flight, timeout_s
         self.clock = clock
-        self.join_pages, self.join_timeout_s = join_pages, join_timeout_s
+        self.join_pages, self.join_timeout_s = join.pages, join.timeout_s
         self.outcomes: collections.Counter[str] = collections.Counter()
         self.join_outcomes: collections.Counter[str] = collections.Counter()  # outcome -> pages
         self._metric: Counter | None = None

@@ -43,7 +43,7 @@ def _loopback_peer(request: Request) -> bool:
 
 
 def _authorized(state: RouterState, request: Request) -> bool:
-    token = state.config.resolved_admin_token()
+    token = state.config.admin.resolved_token()
     if token is None:
         # Without a token: loopback peers only, and not through a reverse proxy on this host
         # (the server does not rewrite the peer from forwarding headers: it would be loopback).
@@ -55,7 +55,7 @@ def _authorized(state: RouterState, request: Request) -> bool:
 def diagnostics(state: RouterState) -> dict[str, Any]:
     """Router/engine disagreements, each a finding with a reason (never a silent zero hit rate)."""
     findings: list[dict[str, Any]] = []
-    n = state.config.mismatch_min_requests
+    n = state.config.mismatch.min_requests
     for e in state.registry.all():
         wid = e.info.worker_id
         if key_mismatch(e, n):
@@ -85,7 +85,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         workers.append(item)
     return {
         "uptime_s": round(state.clock() - state.started_clock, 3),
-        "policy": state.config.policy,
+        "policy": state.config.policy.name,
         "models": state.registry.models(),
         "totals": dict(state.totals),
         "outstanding": state.routing.in_flight(),
@@ -132,7 +132,7 @@ def admin_routes(state: RouterState) -> list[Route]:
         old = state.registry.find(info.worker_id)
         known = old is not None and old.info == info and old.model_path is not None
         learned: tuple[str | None, int | None] | None = None
-        if not known and state.config.model_path is None:
+        if not known and state.config.models.model_path is None:
             try:
                 learned = await _learn_model(state, info)
             except ServerInfoError as exc:
@@ -187,7 +187,7 @@ async def _learn_model(state: RouterState, info: WorkerInfo
     context length out of bounds or not an integer, a name that is not a string)."""
     try:
         resp = await state.proxy.client.get(f"{info.url}/server_info",
-                                            timeout=state.config.health_check_timeout_s)
+                                            timeout=state.config.health.health_check_timeout_s)
         server = resp.json() if resp.status_code == 200 else None
     except Exception:  # the worker may not serve /server_info (non-SGLang): keys stay unknown
         server = None
@@ -198,4 +198,4 @@ async def _learn_model(state: RouterState, info: WorkerInfo
         raise ServerInfoError(f"/server_info reports page_size = {report.page_size} but the "
                               f"registration says {info.page_size}: the router's page keys "
                               "would never match the engine's")
-    return model_of_server(report, state.config.model_overrides())
+    return model_of_server(report, state.config.models)

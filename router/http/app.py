@@ -95,5 +95,6 @@ def serve(state: RouterState) -> None:
     from router.transport.http_server import server_config
 
     config = state.config
-    uvicorn.Server(server_config(build_app(state), config.host, config.port, config.log_level,
-                                 config.server_limits())).run()
+    listen = config.listen
+    uvicorn.Server(server_config(build_app(state), listen.host, listen.port, listen.log_level,
+                                 config.client)).run()

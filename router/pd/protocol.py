@@ -25,8 +25,9 @@ import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple
+from typing import Annotated, Any, NamedTuple
 
+from radix_global.options import opt
 from radix_global.types import Role, WorkerId
 from router.keying.prompt import CHAT, COMPLETION, GENERATE, batch_size
 
@@ -45,24 +46,33 @@ class PdError(ValueError):
 
 @dataclass(frozen=True)
 class PdConfig:
-    """How the router runs disaggregated requests.
+    """Prefill/decode disaggregation (docs/pd.md).
 
-    ``prefill_workers:decode_workers`` is the intended pool ratio (what the operator deploys; the
-    utilisation report says whether it fits the load). ``pool_ready_timeout_s``: how long the
-    hand-off waits for the prefill's pages to reach the pool before sending the decode request
-    anyway (a late page is recomputed by the decode worker, never wrong). ``decode_attempts``:
-    decode workers tried per request when one fails before answering. The live router's is
-    ``RouterConfig.pd_config()`` (fields ``pd_*``), whose defaults are these.
+    Used when a model has prefill- and decode-role workers.
+
+    ``ratio`` ``"P:D"`` (``prefill_workers:decode_workers``) is the intended pool ratio (what the
+    operator deploys; the utilisation report says whether it fits the load).
+    ``pool_ready_timeout_s``: how long the hand-off waits for the prefill's pages to reach the
+    pool before sending the decode request anyway (a late page is recomputed by the decode
+    worker, never wrong). ``decode_attempts``: decode workers tried per request when one fails
+    before answering. The live router's is ``RouterConfig.pd`` (options ``pd_*``), whose
+    defaults are these.
     """
 
-    mode: PdMode = PdMode.POOL
-    prefill_workers: int = 1
-    decode_workers: int = 1
-    pool_ready_timeout_s: float = 10.0
-    pool_ready_poll_s: float = 0.02
-    decode_attempts: int = 2
+    mode: Annotated[PdMode, opt(
+        "prefill/decode hand-off: native (SGLang's) or pool (through the L3 pool)")
+    ] = PdMode.NATIVE
+    ratio: Annotated[str, opt(
+        "deployed prefill:decode ratio P:D, for the utilisation report", metavar="P:D")] = "1:1"
+    pool_ready_timeout_s: Annotated[float, opt(
+        "pool hand-off: wait this long for the prefill's pages", ge=0)] = 10.0
+    pool_ready_poll_s: Annotated[float, opt(
+        "pool hand-off: poll the index this often", gt=0)] = 0.02
+    decode_attempts: Annotated[int, opt(
+        "decode workers tried per request when one fails", ge=1)] = 2
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "mode", PdMode(self.mode))
         if self.prefill_workers < 1 or self.decode_workers < 1:
             raise PdError("prefill:decode ratio needs at least one worker of each role")
         if self.pool_ready_timeout_s < 0 or self.pool_ready_poll_s <= 0:
@@ -71,17 +81,29 @@ class PdConfig:
             raise PdError("decode_attempts must be >= 1")
 
     @property
+    def prefill_workers(self) -> int:
+        return _ratio(self.ratio)[0]
+
+    @property
+    def decode_workers(self) -> int:
+        return _ratio(self.ratio)[1]
+
+    @property
     def prefill_share(self) -> float:
         return self.prefill_workers / (self.prefill_workers + self.decode_workers)
 
     @classmethod
     def parse_ratio(cls, text: str, **kw: Any) -> PdConfig:
         """``"P:D"`` (e.g. ``"1:2"``) -> a config with that ratio."""
-        try:
-            p, d = (int(x) for x in text.split(":"))
-        except ValueError as exc:
-            raise PdError(f"ratio must look like 'P:D' with integers, got {text!r}") from exc
-        return cls(prefill_workers=p, decode_workers=d, **kw)
+        return cls(ratio=text, **kw)
+
+
+def _ratio(text: str) -> tuple[int, int]:
+    try:
+        p, d = (int(x) for x in text.split(":"))
+    except ValueError as exc:
+        raise PdError(f"pd_ratio must look like 'P:D' with integers, got {text!r}") from exc
+    return p, d
 
 
 def new_bootstrap_room(rng: random.Random | None = None) -> int:

@@ -87,7 +87,7 @@ def decode_json(body: bytes) -> dict[str, Any] | Response:
 async def tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
     """The tokenizer of ``entry``'s model, loaded off the event loop on first use; None when the
     router has none for it (no model folder, or it failed to load)."""
-    path = state.config.model_path or entry.model_path
+    path = state.config.models.model_path or entry.model_path
     if not path:
         return None
     tok = state.tokenizers.get(path)
@@ -124,11 +124,11 @@ async def handle(state: RouterState, request: Request, kind: str, upstream_path:
     clock, cfg = state.clock, state.config
     t0 = clock()
     try:
-        body = await read_body(request, cfg.max_body_bytes)
+        body = await read_body(request, cfg.client.max_body_bytes)
     except ClientDisconnect:
         return Response(status_code=499)
     if body is None:
-        return error_response(413, f"request body larger than {cfg.max_body_bytes} bytes")
+        return error_response(413, f"request body larger than {cfg.client.max_body_bytes} bytes")
     payload = decode_json(body)
     if isinstance(payload, Response):
         return payload
@@ -177,14 +177,14 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
     that namespace as an engine request names it: the salt and the adapter)."""
     clock, cfg = state.clock, state.config
     t_tok = clock()
-    context = cfg.context_length or head.context_length
+    context = cfg.models.context_length or head.context_length
     text = needs_tokenizer(kind, payload)
     if context is not None and len(body) > context * MAX_BYTES_PER_TOKEN + BYTES_SLACK:
         return error_response(400, f"request body of {len(body)} bytes cannot fit the model's "
                               f"context length of {context} tokens", ErrorType.CONTEXT_LENGTH)
     # Token-id prompts never wait for the tokenizer (it may still be loading).
     tok = await tokenizer_for(state, head) if text else None
-    path = cfg.model_path or head.model_path
+    path = cfg.models.model_path or head.model_path
     vocab = model_vocab_size(path) if path else None
     try:
         ids = await asyncio.to_thread(_prompt_ids, kind, payload, tok, vocab) \

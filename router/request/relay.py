@@ -200,7 +200,7 @@ class Forward:
                     st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
                 excluded.add(wid)
                 attempts += 1
-                nxt = route(st, self.inbound, excluded) if attempts <= st.config.max_retries \
+                nxt = route(st, self.inbound, excluded) if attempts <= st.config.proxy.max_retries \
                     else None
                 if not isinstance(nxt, Routed):
                     self.started = True

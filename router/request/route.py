@@ -74,7 +74,7 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
                                                   estimate.candidates))
     try:
         held_s = await until_disconnect(scope, receive, dispatcher.wait(
-            req.request_id, inbound.model, priced, state.config.dispatch_timeout_s,
+            req.request_id, inbound.model, priced, state.config.dispatch.timeout_s,
             reprice=lambda: _priced(state, inbound), size_bytes=len(inbound.raw)))
     except ClientGone:
         if dispatcher.gate.drop(req.request_id):  # released as it left: the room is free

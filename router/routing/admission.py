@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Annotated
 
+from radix_global.options import opt
 from router.routing.contract import CandidateEstimate, Decision, RouteRequest
 
 TTFT_SLO = "ttft_slo"
@@ -23,14 +25,23 @@ NO_WORKERS = "no_workers"
 
 @dataclass(frozen=True)
 class SloConfig:
-    """The router's one SLO (``RouterConfig.slo_config()``), shared by the conductor's TTFT
-    admission and the driver's decode admission; the defaults here are the router's."""
+    """Admission: 429 + Retry-After for what is predicted to miss the SLO.
 
-    ttft_slo_s: float | None = None
-    tbt_slo_s: float | None = None
-    ttft_headroom: float = 0.0
-    min_retry_after_s: float = 1.0
-    max_retry_after_s: float = 60.0
+    The router's one SLO (``RouterConfig.slo``), shared by the conductor's TTFT admission and
+    the driver's decode admission; the defaults here are the router's. None: no SLO (a 0 in a
+    file, the environment or a flag means the same: ``RouterConfig.from_options`` reads it as
+    None)."""
+
+    ttft_slo_s: Annotated[float | None, opt(
+        "TTFT SLO: 429 for what is predicted to miss it; 0 or unset = none; a request's own "
+        "ttft_slo_s may only tighten it", gt=0)] = None
+    tbt_slo_s: Annotated[float | None, opt(
+        "decode TBT SLO; 0 or unset = none", gt=0, name="pd_tbt_slo_s")] = None
+    ttft_headroom: Annotated[float, opt(
+        "fraction of the TTFT SLO kept back for what the cost model does not see",
+        ge=0, lt=1)] = 0.0
+    min_retry_after_s: Annotated[float, opt("smallest Retry-After of a 429", ge=0)] = 1.0
+    max_retry_after_s: Annotated[float, opt("largest Retry-After of a 429", ge=0)] = 60.0
 
     def __post_init__(self) -> None:
         for name in ("ttft_slo_s", "tbt_slo_s"):

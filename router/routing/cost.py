@@ -14,8 +14,8 @@
   Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
   :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
 
-The live router builds its :class:`CostConfig` from ``RouterConfig.cost_config()``; the defaults
-here are the one place they are written.
+The live router's :class:`CostConfig` is ``RouterConfig.cost`` (its options are declared here, with
+the one place their defaults are written).
 
 Implements :class:`router.routing.contract.CostView`; the ``on_*`` methods are the learning side,
 called by :class:`router.routing.driver.PolicyDriver`. Pure: time is always passed in.
@@ -25,8 +25,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any
 
+from radix_global.options import opt
 from radix_global.pool_ids import segment_host
 from radix_global.types import Namespace, PoolId, WorkerId
 from router.routing.contract import Decision, RouteRequest, Slot, WorkerState
@@ -40,22 +41,34 @@ LLAMA3_70B_KV_BYTES_PER_TOKEN = 320 * 1024  # 80 layers x 8 KV heads x 128 dims 
 
 @dataclass(frozen=True)
 class CostConfig:
-    engine_queue_weight: float = 0.5  # blend of engine-reported queue vs router-side estimate
+    """Cost model (router/routing/cost.py): queue + prefill + KV transfer seconds."""
+
+    engine_queue_weight: Annotated[float, opt(
+        "blend of the engine-reported queue vs the router's estimate", ge=0, le=1)] = 0.5
     # A namespace whose workers did not say (set_kv_bytes_per_token) is priced at this.
-    kv_bytes_per_token: float = LLAMA3_70B_KV_BYTES_PER_TOKEN
-    default_bandwidth_Bps: float = 10e9  # pool -> worker when the topology does not place them
+    kv_bytes_per_token: Annotated[int, opt(
+        "KV bytes per token of a namespace whose workers report none (default: LLaMA3-70B)",
+        ge=1)] = LLAMA3_70B_KV_BYTES_PER_TOKEN
+    default_bandwidth_Bps: Annotated[float, opt(
+        "pool -> worker bandwidth where the topology says nothing", gt=0,
+        name="default_bandwidth_bytes_per_s")] = 10e9
     # a segment of a shared store (radix_global/pool_ids.py) on another host than the worker's
     # own segment: the link (a 10 Gbit/s NIC), not memory
-    remote_segment_bandwidth_Bps: float = 1.25e9
-    transfer_overhead_s: float = 0.0  # fixed per-fetch setup cost
+    remote_segment_bandwidth_Bps: Annotated[float, opt(
+        "a shared store's segment on another host -> worker (docs/interfaces.md s. 14)", gt=0,
+        name="remote_segment_bandwidth_bytes_per_s")] = 1.25e9
+    transfer_overhead_s: Annotated[float, opt("fixed cost of one pool fetch", ge=0)] = 0.0
     # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
     # inherited) on FIFO-inferred service times too; on a batching engine they include its
     # waiting, which the fit turns into seconds of fixed cost per queued request. A worker on the
     # prior always learns from them (it has nothing better).
-    learn_from_inferred_prefill: bool = False
+    learn_from_inferred_prefill: Annotated[bool, opt(
+        "refit profiled workers on FIFO-inferred prefill times too")] = False
     # Learn per worker what a first token takes beyond queue + transfer + prefill, against the
     # requests on its slot (DragModel); a residual weighs half after this many more; 0: off.
-    drag_half_life: float = 64.0
+    drag_half_life: Annotated[float, opt(
+        "learn what the requests a worker has add to a first token; a measured TTFT weighs "
+        "half after this many more; 0 = off", ge=0)] = 64.0
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.engine_queue_weight <= 1.0:

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Annotated, NamedTuple
 
+from radix_global.options import opt
 from radix_global.types import Role, WorkerId
 from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO
 from router.routing.contract import RouteRequest, Slot, WorkerState
@@ -32,10 +33,20 @@ class TbtModel:
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    """Built by ``RouterConfig.decode_config()`` for the live router; defaults written here."""
+    """Decode selection: time between tokens = base + per_request x batch.
 
-    tbt: TbtModel = TbtModel()
-    default_output_tokens: int = 256  # when the request gives no hint
+    ``RouterConfig.decode``, options ``decode_*`` (router/routing/decode_select.py)."""
+
+    tbt_base_s: Annotated[float, opt(
+        "predicted time between tokens of an empty decode batch", ge=0)] = TbtModel.base_s
+    tbt_per_request_s: Annotated[float, opt(
+        "... plus this per request in the batch", ge=0)] = TbtModel.per_request_s
+    default_output_tokens: Annotated[int, opt(
+        "output tokens reserved for a request without a hint", ge=0)] = 256
+
+    @property
+    def tbt(self) -> TbtModel:
+        return TbtModel(self.tbt_base_s, self.tbt_per_request_s)
 
 
 class DecodeChoice(NamedTuple):

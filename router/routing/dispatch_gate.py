@@ -22,7 +22,9 @@ from abc import ABC, abstractmethod
 from collections import Counter, OrderedDict
 from collections.abc import Callable, Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import Annotated, ClassVar, Literal, NamedTuple
+
+from radix_global.options import opt
 
 
 class Held(NamedTuple):
@@ -137,19 +139,32 @@ DISPATCH_ORDERS: dict[str, Callable[[float, float], DispatchOrder]] = {
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """``RouterConfig.dispatch_config()``; the defaults here are the router's."""
+    """Router-side dispatch (docs/interfaces.md s. 19).
+
+    Hold streaming requests while every engine that could take them has ``depth`` prefills in
+    flight (``RouterConfig.dispatch``, options ``dispatch_*``; the defaults here are the
+    router's)."""
 
     # Measured on the cache-pressure demo (docs/benchmarks.md, session 19): highest_ratio had
     # 0.84x the mean and 0.64x the p90 TTFT of no gate, shortest_first with its 2 s bound
     # 0.90x / 0.80x (side by side, one run); fifo was worse than no gate.
-    order: str = HighestRatio.name  # off | fifo | shortest_first | highest_ratio
-    depth: int = 2  # gated requests per compute server without a first token
-    max_hold_s: float = 2.0  # shortest_first only: held this long, a request goes first
-    timeout_s: float = 60.0  # held this long, a request is answered 503 and never sent
+    order: Annotated[Literal["off", "fifo", "shortest_first", "highest_ratio"], opt(
+        "hold streaming requests while the engines are busy, and send them in this order",
+        name="dispatch")] = "highest_ratio"
+    depth: Annotated[int, opt(
+        "requests per engine without a first token before the router holds more", ge=1)] = 2
+    max_hold_s: Annotated[float, opt(
+        "shortest_first: a request held this long goes first", gt=0)] = 2.0
+    timeout_s: Annotated[float, opt(
+        "a request held this long is answered 503, never sent; held half of it, before every "
+        "request held less", gt=0)] = 60.0
     # A full held queue answers 503 at once: a bound on the router's memory that does not
     # depend on connections and the hold timeout (bytes: the held requests' bodies).
-    max_held: int = 4096
-    max_held_bytes: int = 64 * 1024 * 1024  # as sent; decoded, a body takes a few times that
+    max_held: Annotated[int, opt(
+        "requests held at most; beyond, 503 with Retry-After at once", ge=1)] = 4096
+    # as sent; decoded, a body takes a few times that
+    max_held_bytes: Annotated[int, opt(
+        "request body bytes held at most; beyond, 503 at once", ge=1)] = 64 * 1024 * 1024
 
     @property
     def overdue_s(self) -> float:

@@ -27,9 +27,12 @@ from __future__ import annotations
 import asyncio
 import socket
 from collections.abc import Callable
-from typing import Any, NamedTuple
+from dataclasses import dataclass
+from typing import Annotated, Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from radix_global.options import opt
 
 
 class CoalescingTransport:
@@ -96,13 +99,22 @@ class DisconnectHook:
             callback()
 
 
-class ServerLimits(NamedTuple):
-    """What one client connection may hold of the router (see the module docstring)."""
+@dataclass(frozen=True)
+class ServerLimits:
+    """Client connections: what one client may hold of the router.
 
-    header_timeout_s: float = 10.0
-    body_timeout_s: float = 60.0
-    keep_alive_s: int = 5
-    max_connections: int = 4096
+    See the module docstring; ``RouterConfig.client``, options ``client_*`` and
+    ``max_body_bytes``."""
+
+    header_timeout_s: Annotated[float, opt(
+        "a client's request head must arrive within this", gt=0)] = 10.0
+    body_timeout_s: Annotated[float, opt("... and its body within this of the head", gt=0)] = 60.0
+    keep_alive_s: Annotated[int, opt(
+        "idle keep-alive client connections are closed after this", ge=0)] = 5
+    max_connections: Annotated[int, opt(
+        "concurrent client connections; beyond: 503", ge=1)] = 4096
+    max_body_bytes: Annotated[int, opt(
+        "largest request body accepted", ge=1, name="max_body_bytes")] = 16 * 1024 * 1024
 
 
 class CoalescingHttpToolsProtocol(HttpToolsProtocol):

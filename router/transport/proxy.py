@@ -19,11 +19,13 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import AsyncIterator, Awaitable
-from typing import Any, NamedTuple, TypeVar
+from dataclasses import dataclass
+from typing import Annotated, Any, TypeVar
 
 import httpx
 from starlette.types import Receive, Scope
 
+from radix_global.options import opt
 from router.transport.http_client import (
     ConnectFailed,
     HttpAnswer,
@@ -41,12 +43,18 @@ T = TypeVar("T")
 _FORWARD_HEADERS = ("authorization", "accept", "user-agent")
 
 
-class ProxyConfig(NamedTuple):
-    """Timeouts and pool size towards the workers (``RouterConfig.proxy_config()``)."""
+@dataclass(frozen=True)
+class ProxyConfig:
+    """Proxy: timeouts, pool size and retries towards the workers.
 
-    connect_timeout_s: float = 5.0
-    request_timeout_s: float = 600.0
-    max_connections: int = 1024  # pooled keep-alive connections
+    ``RouterConfig.proxy``; options of the same names."""
+
+    connect_timeout_s: Annotated[float, opt("connect timeout to a worker", gt=0)] = 5.0
+    request_timeout_s: Annotated[float, opt("timeout of a forwarded request", gt=0)] = 600.0
+    max_connections: Annotated[int, opt(
+        "connection pool size to the workers (pooled keep-alive connections)", ge=1)] = 1024
+    max_retries: Annotated[int, opt(
+        "other workers tried when one refuses the connection", ge=0)] = 2
 
 
 class UpstreamUnavailable(Exception):

@@ -85,7 +85,7 @@ def router_factory() -> Iterator[Callable[..., RunningRouter]]:
         options.setdefault("health_check_interval_s", 0.2)
         options.setdefault("policy", "round_robin")
         options.setdefault("profile_max_tokens", 0)  # peers count requests: no profiling calls
-        state = RouterState(RouterConfig(**options))
+        state = RouterState(RouterConfig.from_options(**options))
         server = ServerThread(build_app(state), router=True).start()
         started.append(server)
         return RunningRouter(state, server)

@@ -61,7 +61,8 @@ class Site:
     """One "host": a router in this process and one worker process on a pool and disk."""
 
     def __init__(self, model: Path, pool_id: str, disk: Path | None) -> None:
-        self.state = RouterState(RouterConfig(profile_max_tokens=0, health_check_interval_s=3600))
+        self.state = RouterState(RouterConfig.from_options(profile_max_tokens=0,
+                                                           health_check_interval_s=3600))
         self.router = ServerThread(build_app(self.state)).start()
         args = ["--radix-global", self.router.url, "--pool-id", pool_id, "--pool-capacity-gb",
                 "0.2", "--worker-id", "W"]

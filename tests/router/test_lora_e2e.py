@@ -83,9 +83,9 @@ def _complete(c: httpx.Client, model: str, prompt: str) -> tuple[int, int, str]:
 def test_lora_requests_are_keyed_like_sglang_and_hit_through_the_index(lora_worker,
                                                                         tiny_model_dir):
     url, adapter = lora_worker
-    state = RouterState(RouterConfig(workers=(url,), policy="conductor",
-                                     policy_options={"routed_ttl_s": 0.0},
-                                     health_check_interval_s=1.0))
+    state = RouterState(RouterConfig.from_options(workers=(url,), policy="conductor",
+                                                  policy_options={"routed_ttl_s": 0.0},
+                                                  health_check_interval_s=1.0))
     server = ServerThread(build_app(state), router=True).start()
     try:
         wait_router_ready(state, workers=1)

@@ -134,8 +134,8 @@ def _router(urls: list[str], **cfg: Any) -> tuple[RouterState, ServerThread]:
     # Both CPU engines share this host's cores: one compute domain, as the launch wrapper
     # registers a --device cpu engine (the queue model then treats them as one FIFO server).
     specs = tuple(f"{u}#compute_domain=cpu@127.0.0.1" for u in urls)
-    state = RouterState(RouterConfig(workers=specs, policy="conductor", dispatch="off",
-                                     health_check_interval_s=5.0, **cfg))
+    state = RouterState(RouterConfig.from_options(workers=specs, policy="conductor", dispatch="off",
+                                                  health_check_interval_s=5.0, **cfg))
     return state, ServerThread(build_app(state)).start()
 
 

@@ -74,8 +74,9 @@ def recent(client: httpx.Client, rid: str) -> dict[str, Any]:
 def test_pool_handoff_through_the_router(tiny_model_dir: Path) -> None:
     pool_id = f"pdh-{uuid.uuid4().hex[:8]}"
     # Health checks off: SGLang answers /health with a generation, which would show up on P.
-    config = RouterConfig(pd_mode="pool", profile_max_tokens=0, health_check_interval_s=3600,
-                          pd_pool_ready_timeout_s=20.0, pd_ratio="1:2")
+    config = RouterConfig.from_options(pd_mode="pool", profile_max_tokens=0,
+                                       health_check_interval_s=3600,
+                                       pd_pool_ready_timeout_s=20.0, pd_ratio="1:2")
     router = ServerThread(build_app(RouterState(config))).start()
     common = ["--radix-global", router.url, "--pool-id", pool_id, "--pool-capacity-gb", "0.1",
               "--namespace", NS]

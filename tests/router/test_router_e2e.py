@@ -51,8 +51,8 @@ def workers(tiny_model_dir: Path) -> Iterator[tuple[str, list[str]]]:
 
 def test_conversation_lands_where_its_history_is_cached(workers):
     model, urls = workers
-    state = RouterState(RouterConfig(workers=tuple(urls), policy="conductor",
-                                     health_check_interval_s=1.0))
+    state = RouterState(RouterConfig.from_options(workers=tuple(urls), policy="conductor",
+                                                  health_check_interval_s=1.0))
     server = ServerThread(build_app(state)).start()
     try:
         with httpx.Client(base_url=server.url, timeout=300) as c:
@@ -90,8 +90,8 @@ def test_conversation_lands_where_its_history_is_cached(workers):
 
 
 def _router(urls: list[str], **options: Any) -> tuple[RouterState, ServerThread]:
-    state = RouterState(RouterConfig(workers=tuple(urls), policy="conductor",
-                                     health_check_interval_s=1.0, **options))
+    state = RouterState(RouterConfig.from_options(workers=tuple(urls), policy="conductor",
+                                                  health_check_interval_s=1.0, **options))
     return state, ServerThread(build_app(state)).start()
 
 

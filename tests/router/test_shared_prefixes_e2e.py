@@ -84,8 +84,8 @@ def test_platform_prompt_shared_tenant_content_isolated(tiny_model_dir: Path,
     pool_id = f"shp-{uuid.uuid4().hex[:8]}"
     tenants = tmp_path / "tenants.toml"
     tenants.write_text("".join(f'[tenants.{t}]\napi_keys = ["k-{t}"]\n' for t in TENANTS))
-    config = RouterConfig(profile_max_tokens=0, health_check_interval_s=3600,
-                          tenants_file=str(tenants))
+    config = RouterConfig.from_options(profile_max_tokens=0, health_check_interval_s=3600,
+                                       tenants_file=str(tenants))
     state = RouterState(config)
     router = ServerThread(build_app(state)).start()
     worker = spawn("W", tiny_model_dir, ["--radix-global", router.url, "--pool-id", pool_id,

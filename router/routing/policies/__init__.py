@@ -5,7 +5,7 @@ every policy follows is in :mod:`router.routing.contract`. A policy's options ar
 constructor's keyword parameters, typed by their hints and checked before it is built
 (:mod:`router.routing.policies.options`): an unknown name or a value of the wrong type is a
 :class:`PolicyConfigError` naming the valid options. The admission SLO is not a policy option:
-the router has one :class:`router.routing.admission.SloConfig` (``RouterConfig.slo_config()``),
+the router has one :class:`router.routing.admission.SloConfig` (``RouterConfig.slo``),
 handed to every policy that takes ``slo``.
 """
 

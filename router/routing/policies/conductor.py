@@ -89,7 +89,7 @@ class ConductorPolicy(RoutingPolicy):
         self.compare_fetch_cost = compare_fetch_cost
         self.tie_s = tie_s
         self.tie_rel = tie_rel
-        # The router's one SLO (RouterConfig.slo_config()), shared with the driver's decode
+        # The router's one SLO (RouterConfig.slo), shared with the driver's decode
         # admission; none: no TTFT admission unless a request carries its own SLO.
         self.slo = slo or SloConfig()
         self._routed = RoutedPrefixes(ttl_s=routed_ttl_s) if routed_ttl_s > 0 else None

@@ -1,9 +1,11 @@
-"""Typed options: a value checked against its type hint, and a policy's options against its
-constructor, so that a misspelt or mistyped option stops the router at start, naming the valid
-ones, instead of surfacing as a ``TypeError`` (or not at all) on the first request.
+"""A policy's options checked against its constructor, so that a misspelt or mistyped option
+stops the router at start, naming the valid ones, instead of surfacing as a ``TypeError`` (or not
+at all) on the first request.
 
-:func:`coerce` is shared by :func:`router.routing.policies.get_policy` and ``router/config.py``
-(every router option is checked the same way). Pure.
+Only policy options (``policy_options``) are checked here: they are keyed by each policy's
+constructor signature, not declared as a section, so :func:`coerce` reads the constructor's type
+hints. Every router option is declared and converted by ``radix_global/options.py``
+(``router/config.py``). Pure.
 """
 
 from __future__ import annotations

@@ -20,9 +20,9 @@ SERVER = ("w", 0)  # the queue model's compute server of worker w's only slot
 
 
 def _dispatcher(**options: Any) -> Dispatcher:
-    state = RouterState(RouterConfig(policy="least_load", dispatch="fifo", dispatch_depth=1,
-                                     profile_max_tokens=0,
-                                     **options))
+    state = RouterState(RouterConfig.from_options(policy="least_load", dispatch="fifo",
+                                                  dispatch_depth=1, profile_max_tokens=0,
+                                                  **options))
     state.registry.add(WorkerInfo(worker_id="w", url="http://w.test", model="m",
                                   namespace="m@1", page_size=4), Source.REGISTERED, 0.0)
     assert state.dispatcher is not None

@@ -162,9 +162,9 @@ def test_a_missing_file_is_a_first_start(tmp_path: Path) -> None:
 
 def test_config_refuses_a_snapshot_for_the_index_service() -> None:
     with pytest.raises(ConfigError, match="index serve --snapshot"):
-        RouterConfig(index_url="127.0.0.1:5", index_snapshot="/tmp/x")
+        RouterConfig.from_options(index_url="127.0.0.1:5", index_snapshot="/tmp/x")
     with pytest.raises(ConfigError, match=">= 0"):
-        RouterConfig(index_snapshot_interval_s=-1)
+        RouterConfig.from_options(index_snapshot_interval_s=-1)
 
 
 @pytest.mark.asyncio

@@ -24,7 +24,7 @@ from radix_global.types import Location, Namespace, Tier, WorkerId
 from router.cluster.index_link import EmbeddedIndex
 from router.cluster.prefix_tokens import SHARED, WarmScope
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
-from router.cluster.warming import HotPrefixWarmer
+from router.cluster.warming import HotPrefixWarmer, JoinWarmConfig
 from router.config import ConfigError, RouterConfig
 
 PS = 4
@@ -78,8 +78,7 @@ def warm(link: EmbeddedIndex, join_pages: int, entry: WorkerEntry | None = None,
     async def run() -> tuple[dict[str, int], int]:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
             warmer = HotPrefixWarmer(link, WorkerRegistry(), client, lambda slot: 0,
-                                     join_pages=join_pages, join_timeout_s=timeout_s,
-                                     clock=clock)
+                                     join=JoinWarmConfig(join_pages, timeout_s), clock=clock)
             warmer.bind_metrics(CollectorRegistry())
             for ids in (HOT, WARM):  # routed earlier: their token ids are known
                 warmer.remember(NS, page_keys(ids, PS), ids, PS, prefix_tokens=len(ids),
@@ -126,8 +125,8 @@ def test_a_longer_hot_prefix_covers_its_own_start() -> None:
 
 def test_config_checks_the_budgets() -> None:
     with pytest.raises(ConfigError, match="join_warm_pages"):
-        RouterConfig(join_warm_pages=-1)
-    assert RouterConfig(join_warm_pages=256).join_warm_pages == 256
+        RouterConfig.from_options(join_warm_pages=-1)
+    assert RouterConfig.from_options(join_warm_pages=256).join_warm.pages == 256
 
 
 @pytest.mark.parametrize("join_pages", [64, 0])
@@ -207,7 +206,7 @@ def test_an_adapters_prefix_is_warmed_with_its_adapter() -> None:
     async def run() -> None:
         async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
             warmer = HotPrefixWarmer(link_with(), WorkerRegistry(), client, lambda slot: 0,
-                                     join_pages=64, clock=Clock(0.0))
+                                     join=JoinWarmConfig(pages=64), clock=Clock(0.0))
             warmer.remember(NS, page_keys(HOT, PS), HOT, PS, prefix_tokens=len(HOT),
                             scope=WarmScope("tenant:x/s", "sql-adapter"))
             assert await warmer.warm_joined(joiner()) == 8

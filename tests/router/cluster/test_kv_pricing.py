@@ -36,8 +36,8 @@ def info(kv_bytes: int | None) -> WorkerInfo:
 
 
 def joined(kv_bytes: int | None) -> RouterState:
-    state = RouterState(RouterConfig(policy="conductor", profile_max_tokens=0,
-                                     default_bandwidth_bytes_per_s=1e9))
+    state = RouterState(RouterConfig.from_options(policy="conductor", profile_max_tokens=0,
+                                                  default_bandwidth_bytes_per_s=1e9))
     state.registry.add(info(kv_bytes), Source.REGISTERED, 0.0)
     state.index.index.apply(StorePages(Namespace(NS), Location(POOL, 0, Tier.POOL), None,
                                        PROMPT))

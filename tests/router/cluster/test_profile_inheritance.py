@@ -37,7 +37,7 @@ def info(wid: str, namespace: str = NS, model: str = "tiny") -> WorkerInfo:
 
 
 def state_with_profiled_holder() -> RouterState:
-    state = RouterState(RouterConfig(policy="conductor"))
+    state = RouterState(RouterConfig.from_options(policy="conductor"))
     a = state.registry.add(info("a"), Source.REGISTERED, 0.0)
     state.apply_profile(a, cpu_model())
     state.index.index.apply(StorePages(Namespace(NS), Location(WorkerId("a"), 0, Tier.GPU), None,
@@ -71,7 +71,7 @@ def test_negative_control_default_prior_sends_the_request_to_the_newcomer():
 
 
 def test_own_profile_replaces_the_inherited_one_and_peers_without_one_follow():
-    state = RouterState(RouterConfig(policy="conductor"))
+    state = RouterState(RouterConfig.from_options(policy="conductor"))
     a = state.registry.add(info("a"), Source.REGISTERED, 0.0)
     b = state.registry.add(info("b"), Source.REGISTERED, 0.0)
     cost = state.routing.cost

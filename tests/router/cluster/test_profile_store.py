@@ -42,17 +42,17 @@ def test_a_bad_file_is_an_empty_store_not_a_failed_start(tmp_path, text):
 def test_a_restarted_router_prices_a_returning_worker_with_its_saved_profile(tmp_path):
     path = tmp_path / "profiles.json"
     ProfileStore(path).put("w0", "tiny@1", COEF)
-    state = RouterState(RouterConfig(profiles_file=str(path), profile_max_tokens=1024))
+    state = RouterState(RouterConfig.from_options(profiles_file=str(path), profile_max_tokens=1024))
     state.registry.add(info(), Source.REGISTERED, 0.0)
     cost = state.routing.cost
     assert cost.prefill_model("w0").coef == pytest.approx(COEF)  # type: ignore[arg-type]
     assert state.profiles["w0"]["state"] == "restored"
     # Negative control: without the file the worker starts from the default prior.
-    fresh = RouterState(RouterConfig(profile_max_tokens=1024))
+    fresh = RouterState(RouterConfig.from_options(profile_max_tokens=1024))
     fresh.registry.add(info(), Source.REGISTERED, 0.0)
     assert fresh.routing.cost.prefill_model("w0").coef != pytest.approx(COEF)  # type: ignore[arg-type]
     # Another namespace (new weights) is profiled afresh, not priced with the old curve.
-    other = RouterState(RouterConfig(profiles_file=str(path), profile_max_tokens=1024))
+    other = RouterState(RouterConfig.from_options(profiles_file=str(path), profile_max_tokens=1024))
     other.registry.add(info(namespace="tiny@2"), Source.REGISTERED, 0.0)
     assert "w0" not in other.profiles or other.profiles["w0"]["state"] != "restored"
 

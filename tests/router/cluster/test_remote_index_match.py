@@ -164,7 +164,7 @@ def test_service_down_and_refusals_fall_back_counted(service: Service) -> None:
 def test_router_state_routes_on_the_prefetched_match_and_exports_the_metric(
         service: Service) -> None:
     async def run() -> None:
-        state = RouterState(RouterConfig(index_url=service.target, policy="conductor"))
+        state = RouterState(RouterConfig.from_options(index_url=service.target, policy="conductor"))
         await state.index.start()
         try:
             req = RouteRequest("r1", NS, len(KEYS) * PS, KEYS, PS)

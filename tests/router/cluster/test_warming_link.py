@@ -65,8 +65,9 @@ async def _warm(link: EmbeddedIndex) -> tuple[list[tuple[str, dict]], dict[str, 
         return 3 if slot[0] == "a" else 0  # the only holder is busy, the other worker idle
 
     async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
-        warmer = HotPrefixWarmer(link, _registry(), client, outstanding, interval_s=1.0,
-                                 config=WarmConfig(min_hit_rate=0.01), clock=lambda: NOW)
+        warmer = HotPrefixWarmer(link, _registry(), client, outstanding,
+                                 config=WarmConfig(interval_s=1.0, min_hit_rate=0.01),
+                                 clock=lambda: NOW)
         warmer.remember(NS, KEYS, PREFIX, PS, prefix_tokens=len(PREFIX), scope=SHARED)
         await warmer.run_once()
         await asyncio.gather(*warmer._in_flight)

@@ -32,7 +32,8 @@ def test_bad_worker_spec_is_refused_at_start(spec: str):
     with pytest.raises(ValueError):
         split_worker_spec(spec)
     with pytest.raises(ValueError):
-        RouterState(RouterConfig(workers=(spec,)))  # main() turns this into exit status 2
+        # main() turns this into exit status 2
+        RouterState(RouterConfig.from_options(workers=(spec,)))
 
 
 def test_server_info_from_models(tmp_path):

@@ -66,7 +66,8 @@ def test_registration_api(upstreams, router_factory):
         assert r.status_code == 400 and "bad registration" in r.json()["error"]["message"]
         r = _register(c, info)
         assert r.status_code == 201 and r.json() == {"worker_id": "sgl-0"}
-        other = WorkerInfo(worker_id="sgl-1", url=server.url, model="tiny", namespace="tiny@1",
+        _, server8 = upstreams(page_size=8)  # an engine of another page size, same namespace
+        other = WorkerInfo(worker_id="sgl-1", url=server8.url, model="tiny", namespace="tiny@1",
                            page_size=8)
         r = _register(c, other)
         assert r.status_code == 409 and "page size" in r.json()["error"]["message"]
@@ -153,7 +154,8 @@ def test_router_with_standalone_index_service(upstreams, router_factory):
             assert stats["index"]["service"]["workers"] == 1
             r = c.post("/generate", json={"input_ids": list(range(1, 20))})
             assert r.status_code == 200 and r.headers["x-radix-worker"] == "sgl-0"
-            bad = WorkerInfo(worker_id="sgl-1", url=peer.url, model="other", namespace="tiny@1",
+            _, peer8 = upstreams(page_size=8)  # an engine that does use 8
+            bad = WorkerInfo(worker_id="sgl-1", url=peer8.url, model="other", namespace="tiny@1",
                              page_size=8)
             assert _register(c, bad).status_code == 409  # the service refuses the page size
             assert c.delete("/admin/workers/sgl-0", headers={"Authorization": "Bearer t"}

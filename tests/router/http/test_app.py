@@ -367,7 +367,7 @@ def test_registration_from_another_host_must_name_addresses_reachable_from_here(
             page_size=4, kv_events_endpoint=events))
 
     async def post(peer: str, body: bytes) -> httpx.Response:
-        state = RouterState(RouterConfig(admin_token="t", model_path=tokenizer_dir))
+        state = RouterState(RouterConfig.from_options(admin_token="t", model_path=tokenizer_dir))
         transport = httpx.ASGITransport(build_app(state), client=(peer, 40000))
         async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
             return await c.post("/admin/workers", content=body,
@@ -387,7 +387,7 @@ def test_registration_from_another_host_must_name_addresses_reachable_from_here(
                            ).status_code == 201
     # ... but not when a proxy on this host relays a request from elsewhere
     async def proxied() -> httpx.Response:
-        state = RouterState(RouterConfig(admin_token="t", model_path=tokenizer_dir))
+        state = RouterState(RouterConfig.from_options(admin_token="t", model_path=tokenizer_dir))
         transport = httpx.ASGITransport(build_app(state), client=("127.0.0.1", 40000))
         async with httpx.AsyncClient(transport=transport, base_url="http://router") as c:
             return await c.post("/admin/workers", content=record("127.0.0.1", "ipc:///tmp/e"),

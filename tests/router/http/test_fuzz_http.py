@@ -60,9 +60,9 @@ def bodies(endpoint: str) -> st.SearchStrategy[dict[str, Any]]:
 def live(tokenizer_dir: str) -> Iterator[tuple[Upstream, str]]:
     peer = Upstream(model_path=tokenizer_dir, context_length=256)
     upstream = ServerThread(peer.app).start()
-    state = RouterState(RouterConfig(workers=(upstream.url,), policy="conductor",
-                                     profile_max_tokens=0, health_check_interval_s=0.2,
-                                     max_body_bytes=1 << 20))
+    state = RouterState(RouterConfig.from_options(workers=(upstream.url,), policy="conductor",
+                                                  profile_max_tokens=0, health_check_interval_s=0.2,
+                                                  max_body_bytes=1 << 20))
     router = ServerThread(build_app(state), router=True).start()
     with httpx.Client(base_url=router.url, timeout=10) as c:
         for _ in range(100):

@@ -69,8 +69,8 @@ def test_lora_paths_option(tmp_path):
             parse_lora_paths(bad)
     f = tmp_path / "r.toml"
     f.write_text('[router.lora_paths]\nad1 = "/adapters/ad1"\n')
-    assert config_from_file(f).lora_paths == {"ad1": "/adapters/ad1"}
-    assert config_from_args(["--lora-paths", "x=/p/x", "y=/p/y"]).lora_paths == {
+    assert config_from_file(f).keying.lora_paths == {"ad1": "/adapters/ad1"}
+    assert config_from_args(["--lora-paths", "x=/p/x", "y=/p/y"]).keying.lora_paths == {
         "x": "/p/x", "y": "/p/y"}
     f.write_text('lora_paths = ["nopath"]\n')
     with pytest.raises(ConfigError, match="NAME=PATH"):

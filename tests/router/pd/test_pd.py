@@ -103,7 +103,7 @@ def test_ratio_config_and_suggestion() -> None:
 
 
 def test_utilization_report_counts_overlaps_once_and_idle_workers() -> None:
-    u = PdUtilization(PdConfig(prefill_workers=1, decode_workers=2), window_s=10.0)
+    u = PdUtilization(PdConfig(ratio="1:2"), window_s=10.0)
     u.known_workers([(WorkerId("d1"), Role.DECODE)])
     u.begin(WorkerId("p0"), Role.PREFILL, 0.0)
     u.begin(WorkerId("p0"), Role.PREFILL, 1.0)  # overlapping: busy once

@@ -178,9 +178,9 @@ def test_mixed_workers_take_the_ordinary_path(upstreams, router_factory):
 
 
 def test_pd_options_from_cli_and_checked():
-    assert RouterConfig().pd_mode == "native"
+    assert RouterConfig().pd.mode == "native"
     cfg = config_from_args(["--pd-mode", "pool", "--pd-ratio", "1:3", "--pd-tbt-slo-s", "0.05"])
-    assert (cfg.pd_mode, cfg.pd_ratio, cfg.pd_tbt_slo_s) == ("pool", "1:3", 0.05)
+    assert (cfg.pd.mode, cfg.pd.ratio, cfg.slo.tbt_slo_s) == ("pool", "1:3", 0.05)
     with pytest.raises(ConfigError, match="pd_mode"):
         RouterConfig().replace(pd_mode="tcp")
 

@@ -8,7 +8,7 @@ from radix_global.types import Namespace, Role, WorkerId
 from router.routing.admission import SloConfig, check_ttft
 from router.routing.contract import CandidateEstimate, RouteRequest, WorkerState
 from router.routing.cost import CostModel
-from router.routing.decode_select import DecodeConfig, DecodeSelector, TbtModel
+from router.routing.decode_select import DecodeConfig, DecodeSelector
 from router.routing.driver import PolicyDriver
 from router.routing.policies import get_policy
 
@@ -88,7 +88,7 @@ def test_no_decode_capacity_or_tbt_rejects_without_recording() -> None:
     dec = drv.route(req, pd_cluster(headroom=1000), 0.0)
     assert not dec.accepted and dec.reason == "decode_kv" and dec.retry_after_s is not None
     assert drv.in_flight() == 0
-    slow = DecodeSelector(DecodeConfig(tbt=TbtModel(base_s=0.01, per_request_s=0.01)))
+    slow = DecodeSelector(DecodeConfig(tbt_base_s=0.01, tbt_per_request_s=0.01))
     drv = PolicyDriver(get_policy("round_robin"), CostModel(), decode=slow)
     dec = drv.route(req._replace(tbt_slo_s=0.05), pd_cluster(running=10), 0.0)
     assert not dec.accepted and dec.reason == "tbt_slo"
@@ -107,9 +107,9 @@ def test_pd_tbt_slo_of_the_router_config_applies_to_native_pd_too() -> None:
     from router.config import RouterConfig
     from router.state import RouterState
 
-    state = RouterState(RouterConfig(policy="round_robin", pd_tbt_slo_s=0.05))  # pd_mode native
-    state.routing.decode = DecodeSelector(DecodeConfig(tbt=TbtModel(base_s=0.01,
-                                                                    per_request_s=0.01)))
+    # pd_mode native
+    state = RouterState(RouterConfig.from_options(policy="round_robin", pd_tbt_slo_s=0.05))
+    state.routing.decode = DecodeSelector(DecodeConfig(tbt_base_s=0.01, tbt_per_request_s=0.01))
     req = RouteRequest("r0", NS, 1000, [], 16, output_tokens_hint=500)
     dec = state.routing.route(req, pd_cluster(running=10), 0.0)
     assert not dec.accepted and dec.reason == "tbt_slo"

@@ -6,7 +6,7 @@ import pytest
 
 from radix_global.types import Namespace, Role, WorkerId
 from router.routing.contract import RouteRequest, WorkerState
-from router.routing.decode_select import DecodeConfig, DecodeSelector, TbtModel
+from router.routing.decode_select import DecodeConfig, DecodeSelector
 
 NS = Namespace("m@1")
 D0, D1 = WorkerId("d0"), WorkerId("d1")
@@ -35,7 +35,7 @@ def test_reservations_count_against_headroom_until_released() -> None:
 
 
 def test_lowest_predicted_tbt_then_most_headroom() -> None:
-    sel = DecodeSelector(DecodeConfig(tbt=TbtModel(0.01, 0.001)))
+    sel = DecodeSelector(DecodeConfig(tbt_base_s=0.01, tbt_per_request_s=0.001))
     ws = [dec(D0, running=5, kv_headroom_tokens=10**6), dec(D1, running=1, kv_headroom_tokens=1000)]
     c = sel.choose(req(0), ws, 0.1)
     assert c.worker_id == D1 and c.predicted_tbt_s == pytest.approx(0.012)
@@ -44,7 +44,8 @@ def test_lowest_predicted_tbt_then_most_headroom() -> None:
 
 
 def test_tbt_slo_and_default_output_length() -> None:
-    sel = DecodeSelector(DecodeConfig(tbt=TbtModel(0.02, 0.01), default_output_tokens=50))
+    sel = DecodeSelector(DecodeConfig(tbt_base_s=0.02, tbt_per_request_s=0.01,
+                                      default_output_tokens=50))
     busy = [dec(D0, running=9)]
     c = sel.choose(req(0), busy, 0.05)
     assert not c.accepted and c.reason == "tbt_slo" and c.predicted_tbt_s == pytest.approx(0.12)

@@ -62,8 +62,9 @@ def test_writes_of_one_step_go_out_once_and_close_flushes_first():
 def test_router_served_with_its_config(tokenizer_dir: str):
     peer = Upstream(model_path=tokenizer_dir)
     upstream = ServerThread(peer.app).start()
-    state = RouterState(RouterConfig(workers=(upstream.url,), policy="round_robin",
-                                     health_check_interval_s=0.2, profile_max_tokens=0))
+    state = RouterState(RouterConfig.from_options(workers=(upstream.url,), policy="round_robin",
+                                                  health_check_interval_s=0.2,
+                                                  profile_max_tokens=0))
     port = free_port()
     server = uvicorn.Server(server_config(build_app(state), "127.0.0.1", port, "warning"))
     thread = threading.Thread(target=server.run, daemon=True)
