@@ -143,8 +143,8 @@ def refuse_host_local(info: WorkerInfo) -> None:
         if value is not None and is_host_local(value):
             raise RegistrationError(
                 f"{name} {value!r} is reachable only on the worker's own host, and this "
-                "registration came from another host: start the worker with --advertise-host "
-                "<an address of its host that this one can reach>")
+                "registration came from another host: start the worker with "
+                "--radix-global-advertise-host <an address of its host that this one can reach>")
 
 
 def decode_worker_info(data: bytes | str) -> WorkerInfo:

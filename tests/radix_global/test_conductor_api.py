@@ -289,7 +289,7 @@ async def test_auth_token_and_loopback_rule() -> None:
         async with _client(api, peer="10.1.2.3", headers=auth) as remote:
             # from another host: an address only the worker's host reaches is refused (s. 12)
             r = await remote.post("/register", json=reg_body())
-            assert r.status_code == 400 and "--advertise-host" in r.json()["error"]
+            assert r.status_code == 400 and "--radix-global-advertise-host" in r.json()["error"]
             r = await remote.post("/register", json=reg_body(
                 endpoint="tcp://10.0.0.5:31000", url="http://10.0.0.5:30000"))
             assert r.status_code == 200, r.text

@@ -38,7 +38,8 @@ def test_a_remote_registration_names_the_field_and_the_fix():
                           kv_events_replay_endpoint=kw.get("replay"))
 
     refuse_host_local(info())
-    with pytest.raises(RegistrationError, match=r"kv_events_replay_endpoint.*--advertise-host"):
+    with pytest.raises(RegistrationError,
+                       match=r"kv_events_replay_endpoint.*--radix-global-advertise-host"):
         refuse_host_local(info(replay="tcp://127.0.0.1:5558"))
     with pytest.raises(RegistrationError, match="url"):
         refuse_host_local(info(url="http://0.0.0.0:1"))

@@ -64,9 +64,9 @@ class Site:
         self.state = RouterState(RouterConfig.from_options(profile_max_tokens=0,
                                                            health_check_interval_s=3600))
         self.router = ServerThread(build_app(self.state)).start()
-        args = ["--radix-global", self.router.url, "--pool-id", pool_id, "--pool-capacity-gb",
-                "0.2", "--worker-id", "W"]
-        self.worker: Worker = spawn("W", model, [*args, *(["--pool-disk", str(disk)]
+        args = ["--radix-global", self.router.url, "--radix-global-pool-id", pool_id,
+                "--radix-global-pool-capacity-gb", "0.2", "--radix-global-worker-id", "W"]
+        self.worker: Worker = spawn("W", model, [*args, *(["--radix-global-pool-disk", str(disk)]
                                                           if disk else [])])
         self.client = httpx.Client(base_url=self.router.url, timeout=300)
 

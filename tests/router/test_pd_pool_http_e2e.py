@@ -15,9 +15,9 @@ the router only. Checks:
    ``Retry-After`` and P receives nothing (its log shows no new prefill batch); the client closing
    the long stream releases the reservation, and the same request is then served.
 
-Negative control (run by hand: this file with ``"--pool-id", "negctl-other-pool"`` appended to
-the decode workers' arguments, so they do not share P's pool): check 1 fails at the ``storage``
-assertion, ``assert 0 >= (576 - (2 * 4))`` (the decode worker recomputed the whole prompt; the
+Negative control (run by hand: this file with ``"--radix-global-pool-id", "negctl-other-pool"``
+appended to the decode workers' arguments, so they do not share P's pool): check 1 fails at the
+``storage`` assertion, ``assert 0 >= (576 - (2 * 4))`` (the decode worker recomputed the whole prompt; the
 output still matched, since recomputing is never wrong).
 """
 
@@ -78,14 +78,15 @@ def test_pool_handoff_through_the_router(tiny_model_dir: Path) -> None:
                                        health_check_interval_s=3600,
                                        pd_pool_ready_timeout_s=20.0, pd_ratio="1:2")
     router = ServerThread(build_app(RouterState(config))).start()
-    common = ["--radix-global", router.url, "--pool-id", pool_id, "--pool-capacity-gb", "0.1",
-              "--namespace", NS]
+    common = ["--radix-global", router.url, "--radix-global-pool-id", pool_id,
+              "--radix-global-pool-capacity-gb", "0.1", "--radix-global-namespace", NS]
     decode_flags = [*ENGINE_FLAGS, "--max-total-tokens", str(DECODE_TOKENS)]
-    workers = {"P": spawn("P", tiny_model_dir, [*common, "--worker-id", "P", "--role", "prefill"],
-                          ENGINE_FLAGS)}
+    workers = {"P": spawn("P", tiny_model_dir, [*common, "--radix-global-worker-id", "P",
+                                                "--radix-global-role", "prefill"], ENGINE_FLAGS)}
     for name in ("D1", "D2"):
         workers[name] = spawn(name, tiny_model_dir,
-                              [*common, "--worker-id", name, "--role", "decode"], decode_flags)
+                              [*common, "--radix-global-worker-id", name,
+                               "--radix-global-role", "decode"], decode_flags)
     try:
         wait_healthy(list(workers.values()), 900)
         with httpx.Client(base_url=router.url, timeout=httpx.Timeout(300, connect=5)) as client:

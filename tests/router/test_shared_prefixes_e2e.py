@@ -88,9 +88,10 @@ def test_platform_prompt_shared_tenant_content_isolated(tiny_model_dir: Path,
                                        tenants_file=str(tenants))
     state = RouterState(config)
     router = ServerThread(build_app(state)).start()
-    worker = spawn("W", tiny_model_dir, ["--radix-global", router.url, "--pool-id", pool_id,
-                                         "--pool-capacity-gb", "0.2", "--namespace", NS,
-                                         "--worker-id", "W", "--pool-load-probe-tokens", "512"])
+    worker = spawn("W", tiny_model_dir, [
+        "--radix-global", router.url, "--radix-global-pool-id", pool_id,
+        "--radix-global-pool-capacity-gb", "0.2", "--radix-global-namespace", NS,
+        "--radix-global-worker-id", "W", "--radix-global-pool-load-probe-tokens", "512"])
     try:
         wait_healthy([worker], 900)
         with httpx.Client(base_url=router.url, timeout=httpx.Timeout(300, connect=5)) as c:

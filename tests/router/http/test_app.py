@@ -378,7 +378,8 @@ def test_registration_from_another_host_must_name_addresses_reachable_from_here(
                          (remote, "ipc:///tmp/ev"), (remote, "tcp://localhost:5557"),
                          ("127.1", f"tcp://{remote}:5557"), (remote, "tcp://0:5557")]:
         r = asyncio.run(post(remote, record(host, events)))
-        assert r.status_code == 400 and "--advertise-host" in r.text, (host, events, r.text)
+        assert r.status_code == 400 and "--radix-global-advertise-host" in r.text, \
+            (host, events, r.text)
     assert asyncio.run(post(remote, record(remote, f"tcp://{remote}:5557"))).status_code == 201
     # the single-host deployment: loopback addresses from a loopback peer (also IPv4-mapped,
     # a router listening on ::)
