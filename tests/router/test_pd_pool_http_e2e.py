@@ -17,8 +17,8 @@ the router only. Checks:
 
 Negative control (run by hand: this file with ``"--radix-global-pool-id", "negctl-other-pool"``
 appended to the decode workers' arguments, so they do not share P's pool): check 1 fails at the
-``storage`` assertion, ``assert 0 >= (576 - (2 * 4))`` (the decode worker recomputed the whole prompt; the
-output still matched, since recomputing is never wrong).
+``storage`` assertion, ``assert 0 >= (576 - (2 * 4))`` (the decode worker recomputed the whole
+prompt; the output still matched, since recomputing is never wrong).
 """
 
 from __future__ import annotations
