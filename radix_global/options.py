@@ -388,3 +388,17 @@ def load_config_file(path: str | Path, table: str, opts: Sequence[Option], what:
     if isinstance(data.get(table), Mapping):
         data = data[table]
     return check_names(opts, {str(k): v for k, v in data.items()}, what)
+
+
+def declaration_problems(options: Iterable[Option], unbounded: Iterable[str] = ()) -> list[str]:
+    """What is wrong with a process's declarations (its tests assert none): an option without
+    help, a number without bounds (``unbounded``: names that may take any value, each for a
+    reason its caller states)."""
+    free = set(unbounded)
+    bad = []
+    for o in options:
+        if not o.help.strip():
+            bad.append(f"{o.name}: no help")
+        if optional_inner(o.hint) in _NUMBER and not o.bounds() and o.name not in free:
+            bad.append(f"{o.name}: a number without bounds")
+    return bad

@@ -16,6 +16,7 @@ from radix_global.options import (
     all_options,
     build,
     check_names,
+    declaration_problems,
     env_values,
     example_toml,
     opt,
@@ -101,3 +102,20 @@ def test_the_example_toml_reads_back_as_the_defaults() -> None:
     assert build(SECTION, data) == Gate()
     assert "# requests per server (in [1, 64])" in text
     assert "# dispatch_slo_s = ..." in text  # unset by default: commented out
+
+
+def test_the_index_service_and_the_wrapper_declare_help_and_bounds_for_every_option() -> None:
+    """The router's own test does the same for its sections (tests/router/test_config.py)."""
+    from radix_global.service_config import SECTIONS as INDEX
+    from sglang_patch.launch_args import SECTION as WRAPPER
+
+    assert declaration_problems(all_options(INDEX)) == []
+    assert declaration_problems(all_options([WRAPPER])) == []
+    # negative control: the same check on a declaration without help and without bounds
+    @dataclass(frozen=True)
+    class Bad:
+        quiet: Annotated[int, opt("", ge=0)] = 1
+        free: Annotated[float, opt("a number")] = 1.0
+
+    assert declaration_problems(all_options([Section("b", Bad)])) == [
+        "quiet: no help", "free: a number without bounds"]

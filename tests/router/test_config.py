@@ -16,7 +16,13 @@ from typing import Annotated, Any
 import pytest
 
 import radix_global_cli
-from radix_global.options import Section, all_options, literal_choices, opt, optional_inner
+from radix_global.options import (
+    Section,
+    all_options,
+    declaration_problems,
+    literal_choices,
+    opt,
+)
 from router.cli.main import ENV_PREFIX, build_parser, config_from_args, main
 from router.config import (
     SECTIONS,
@@ -49,15 +55,7 @@ UNBOUNDED: dict[str, str] = {}
 
 
 def check_declarations(opts: Any) -> list[str]:
-    """What is wrong with the declarations: an option without help, a number without bounds."""
-    bad = []
-    for o in opts:
-        if not o.help.strip():
-            bad.append(f"{o.name}: no help")
-        number = optional_inner(o.hint) in (int, float)
-        if number and not o.bounds() and o.name not in UNBOUNDED:
-            bad.append(f"{o.name}: a number without bounds")
-    return bad
+    return declaration_problems(opts, UNBOUNDED)
 
 
 def test_every_option_has_help_and_every_number_bounds():
