@@ -2,7 +2,8 @@
 
 Python's ``multiprocessing`` names its semaphores ``/dev/shm/sem.mp-<random>`` and leaves their
 unlinking to its resource tracker, which a harness's SIGKILL of the process group ends first:
-every SGLang engine run left a few behind. The names carry no pid, so a harness snapshots the
+every SGLang engine run left a few behind, and the slot files of SGLang's load snapshots
+(``/dev/shm/sglang_loads_*.shm``) likewise. The names carry no pid, so a harness snapshots the
 names before it starts its engines (:func:`semaphores`) and, once it has stopped them,
 :func:`sweep_semaphores` removes the new ones, never one that a live process still maps (an
 engine of another session on this machine) nor one another user owns.
@@ -23,14 +24,16 @@ from collections.abc import Collection, Iterable
 from pathlib import Path
 
 SHM_DIR = Path("/dev/shm")
-PATTERN = "sem.mp-*"
+# multiprocessing's semaphores, and the slot files of SGLang's load snapshots
+# (sglang/srt/managers/load_snapshot.py), which a killed engine leaves too
+PATTERNS = ("sem.mp-*", "sglang_loads_*.shm")
 GROUP_WAIT_S = 10.0  # how long the sweep waits for the stopped groups' processes to be gone
 
 
 def semaphores(shm_dir: str | os.PathLike[str] = SHM_DIR) -> frozenset[str]:
-    """The names of the multiprocessing semaphore files in ``shm_dir`` now."""
+    """The names of the files in ``shm_dir`` now that an engine may leave (``PATTERNS``)."""
     with contextlib.suppress(OSError):
-        return frozenset(p.name for p in Path(shm_dir).glob(PATTERN))
+        return frozenset(p.name for pattern in PATTERNS for p in Path(shm_dir).glob(pattern))
     return frozenset()
 
 

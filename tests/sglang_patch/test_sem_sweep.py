@@ -69,3 +69,13 @@ def test_what_a_killed_process_group_left_in_dev_shm_is_removed():
     assert name in semaphores()  # the leak
     assert name in sweep_semaphores(before, groups=[proc.pid])
     assert name not in semaphores()
+
+
+def test_sglangs_load_snapshot_slots_are_swept_too(tmp_path):
+    """SGLang's load snapshot slot files (``sglang_loads_*.shm``) are left by a killed engine
+    like its semaphores (70 of them after one ``make test``)."""
+    before = semaphores(tmp_path)
+    (tmp_path / "sglang_loads_0a1b2c_d3e4f5.shm").write_bytes(bytes(64))
+    (tmp_path / "sglang_other.shm").write_bytes(b"x")  # not one of ours to judge
+    assert sweep_semaphores(before, shm_dir=tmp_path) == ["sglang_loads_0a1b2c_d3e4f5.shm"]
+    assert (tmp_path / "sglang_other.shm").exists()
