@@ -24,7 +24,10 @@ rates ``_per_s``; a 0 SLO or interval means "off". Exceptions are SGLang's own n
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,9 +45,11 @@ from radix_global.options import (
 )
 from radix_global.options import load_config_file as options_file
 from router.cluster.discovery import ModelOverrides
+from router.cluster.engine_loads import EngineLoadConfig
 from router.cluster.health import HealthConfig
 from router.cluster.replication import WarmConfig
 from router.cluster.warming import JoinWarmConfig
+from router.coordination.config import CoordinationConfig
 from router.keying.lora import parse_lora_paths
 from router.pd.protocol import PdConfig
 from router.routing.admission import SloConfig
@@ -194,7 +199,13 @@ SECTIONS: tuple[Section, ...] = (
     Section("pd", PdConfig, "pd_"),
     Section("warm", WarmConfig, "warm_"),
     Section("join_warm", JoinWarmConfig, "join_warm_"),
+    Section("coordination", CoordinationConfig, "coordination_"),
+    Section("engine_load", EngineLoadConfig, "engine_load_"),
 )
+# Options that may differ between routers sharing one view (where each listens, what it logs,
+# its own files and secrets); every other option must be equal (RouterConfig.digest).
+PER_ROUTER = frozenset({"host", "port", "log_level", "admin_token", "index_snapshot",
+                        "profiles_file", "workers", "coordination_url", "coordination_router_id"})
 
 
 @functools.cache
@@ -230,6 +241,8 @@ class RouterConfig:
     pd: PdConfig = field(default_factory=PdConfig)
     warm: WarmConfig = field(default_factory=WarmConfig)
     join_warm: JoinWarmConfig = field(default_factory=JoinWarmConfig)
+    coordination: CoordinationConfig = field(default_factory=CoordinationConfig)
+    engine_load: EngineLoadConfig = field(default_factory=EngineLoadConfig)
 
     @classmethod
     def from_options(cls, **values: Any) -> RouterConfig:
@@ -249,6 +262,17 @@ class RouterConfig:
     def to_options(self) -> dict[str, Any]:
         """Every option's value by its flat name (what :meth:`from_options` takes)."""
         return {o.name: getattr(getattr(self, o.section), o.field) for o in options()}
+
+    def digest(self) -> str:
+        """What routers sharing a view must agree on: a hash of every option but
+        :data:`PER_ROUTER` (the tenants file by its content, not its path)."""
+        shared = {k: v for k, v in self.to_options().items() if k not in PER_ROUTER}
+        if self.keying.tenants_file:
+            with contextlib.suppress(OSError):  # unreadable: the router fails on it at start
+                shared["tenants_file"] = hashlib.sha256(
+                    Path(self.keying.tenants_file).read_bytes()).hexdigest()
+        text = json.dumps(shared, sort_keys=True, default=repr)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def replace(self, **changes: Any) -> RouterConfig:
         """This config with the flat-named options ``changes`` changed, checked again."""

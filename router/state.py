@@ -9,20 +9,23 @@ import asyncio
 import collections
 import logging
 import os
+import socket
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from radix_global import __version__
 from radix_global.types import PoolId, WorkerId
 from router.cluster.dispatcher import Dispatcher
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.profile_store import ProfileStore
 from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
-from router.cluster.registry import WorkerEntry, WorkerRegistry
+from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
+from router.coordination.view import LoadView
 from router.keying.alias_book import AliasBook
 from router.keying.lora import configured_extra_keys
 from router.keying.prefix_specs import specs_from_mapping
@@ -96,7 +99,7 @@ class RouterState:
         self.health = HealthMonitor(self.registry, config.health, self.proxy.client,
                                     clock=clock, models=config.models,
                                     on_change=self.refresh_gauges,
-                                    on_alive=self.index.heartbeat, busy=self._busy,
+                                    on_alive=self.worker_alive, busy=self._busy,
                                     on_dead=self._worker_dead)
         self.health.bind_metrics(self.metrics.registry)
         self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
@@ -134,6 +137,32 @@ class RouterState:
         self.saved_profiles = (ProfileStore(config.profiling.file)
                                if config.profiling.file else None)
         self._profile_tasks: set[asyncio.Task[None]] = set()
+        # Beyond this router: the other routers' load and the engines' own reports; with a
+        # coordination service, membership and shared state too (router/coordination/).
+        self.view = LoadView(
+            config.coordination, config.engine_load, registry=self.registry,
+            driver=self.routing, client=self.proxy.client, prefixes=self.shared_prefixes,
+            aliases=self.aliases, profile=self._shared_profile,
+            heartbeat_ttl_s=config.health.heartbeat_timeout_s,
+            router_id=config.coordination.router_id
+            or f"{socket.gethostname()}:{config.listen.port}",
+            version=__version__, digest=config.digest(), clock=clock)
+        self.view.engines.bind_metrics(self.metrics.registry)
+        self.warmer.leads = self.view.leads
+
+    def worker_alive(self, worker_id: str) -> None:
+        """A heartbeat or a passed health check: the index and the shared record hear of it."""
+        self.index.heartbeat(worker_id)
+        if self.view.writes is not None:
+            self.view.writes.worker_alive(worker_id)
+
+    def _shared_profile(self, entry: WorkerEntry, coef: tuple[float, ...]) -> None:
+        """A prefill profile another router fitted (the leader profiles joining workers)."""
+        if self.profiles.get(entry.info.worker_id, {}).get("state") in ("done", "restored"):
+            return
+        self.profile_book.joined(entry.info.worker_id, entry.info.namespace)
+        self.apply_profile(entry, PrefillModel(prior=coef))
+        self.profiles[entry.info.worker_id] = {"state": "shared", "coef": list(coef)}
 
     def _busy(self, worker_id: str) -> bool:
         entry = self.registry.find(worker_id)
@@ -157,7 +186,10 @@ class RouterState:
                                                      entry.info.kv_bytes_per_token)
         if not self.restore_profile(entry):
             self.inherit_profile(entry)
-            self.start_profile(entry)
+            if self.view.leads():  # else the leader's profile comes through the service
+                self.start_profile(entry)
+        if entry.source is Source.CLI:
+            self.view.admitted(entry)
         self.warmer.joined(entry)
         self.refresh_gauges()
 
@@ -230,6 +262,8 @@ class RouterState:
                               "samples": [list(s) for s in samples]}
         if self.saved_profiles is not None:
             self.saved_profiles.put(wid, entry.info.namespace, model.coef)
+        if self.view.writes is not None:
+            self.view.writes.profile_fitted(wid, entry.info.namespace, model.coef)
         log.info("worker %s profiled: prefill coef %s", wid, model.coef)
 
     def profiling_pending(self) -> int:
@@ -256,6 +290,8 @@ class RouterState:
         when nothing was answered yet). Not while another entry serves the same URL."""
         if any(e.info.url == entry.info.url for e in self.registry.all()):
             return
+        if self.view.writes is not None:  # gone for every router
+            self.view.writes.worker_removed(entry.worker_id)
         broken = self.proxy.break_worker(entry.info.url, f"worker {entry.worker_id} left the "
                                          "cluster (no heartbeat, failed health checks or "
                                          "refused connections)")
@@ -278,6 +314,7 @@ class RouterState:
 
     async def start(self) -> None:
         await self.index.start()
+        await self.view.start()  # the shared membership first: workers others admitted
         for url in self.config.health.workers:
             await self.health.discover(url)
         self.health.start()
@@ -287,6 +324,7 @@ class RouterState:
         for task in list(self._profile_tasks):
             task.cancel()
         await self.warmer.stop()
+        await self.view.stop()
         await self.health.stop()
         await self.index.stop()
         await self.proxy.close()

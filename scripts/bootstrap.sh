@@ -21,8 +21,10 @@ mkdir -p "$VENV_ROOT"
 need_apt=()
 # gcc + libssl headers: SGLang builds its KV-event hash extension on first use;
 # libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware;
-# iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests.
-for pkg in gcc g++ libssl-dev libibverbs1 iproute2; do
+# iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests;
+# redis-server: the coordination service several routers share (docs/interfaces.md, "Several
+# routers, one view"), started by the tests that need it.
+for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
@@ -38,7 +40,7 @@ fi
 RECIPE=2
 hash_of() { { echo "recipe $RECIPE"; cat "$@"; } | sha256sum | cut -c1-12; }
 # pyproject.toml's dependencies and extras, normalised (its other sections do not touch the venv).
-MAIN_EXTRAS="router,mooncake,sglang-cpu,test,dev"
+MAIN_EXTRAS="router,tools,mooncake,sglang-cpu,test,dev"
 project_deps() {
   "$PY" -c 'import json, sys, tomllib
 p = tomllib.load(open("pyproject.toml", "rb"))["project"]

@@ -2,6 +2,7 @@
 
 Fixtures
 - ``tiny_model_dir`` (session): the make-model folder (built once, cached across sessions).
+- ``redis_server`` (function): a real Redis on a Unix socket (``tests/redis_server.py``).
 - ``sglang_server_factory`` (function): ``start(extra_args=(), env=None, port=None, **kw)`` ->
   ``RunningServer``; every server started through it is stopped after the test, and when the
   test failed the tail of each server's log is printed.
@@ -21,6 +22,7 @@ from typing import Any
 
 import pytest
 from hypothesis import settings
+from redis_server import RedisServer
 from servers import RunningServer, sglang_server
 
 # Timings on these shared machines are noisy: property tests check behaviour, never speed.
@@ -76,3 +78,12 @@ def sglang_server_factory(
                 for server in started:
                     print(f"\n===== {server.url} log {server.log_path} =====\n"
                           f"{server.log_tail()}")
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path) -> Iterator[RedisServer]:
+    """A real Redis (the coordination service of several routers) on a Unix socket of the
+    test's own, no persistence; ``kill()`` / ``start()`` for outages."""
+    server = RedisServer(tmp_path).start()
+    yield server
+    server.kill()

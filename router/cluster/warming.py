@@ -101,6 +101,9 @@ class HotPrefixWarmer:
         self._in_flight: set[asyncio.Task[Any]] = set()
         self._sent = 0
         self._rid_prefix = f"{id(self):x}"
+        # whether this router runs the cluster's warming (the leader, when several share a
+        # view: docs/interfaces.md, "Several routers, one view"); set by the router
+        self.leads: Callable[[], bool] = lambda: True
 
     @property
     def enabled(self) -> bool:
@@ -209,7 +212,7 @@ class HotPrefixWarmer:
     def joined(self, entry: WorkerEntry) -> None:
         """Pre-warm a worker that just joined, in the background (``join_pages`` > 0, SGLang
         engines, on the server loop)."""
-        if self.join_pages <= 0 or entry.info.engine != "sglang":
+        if self.join_pages <= 0 or entry.info.engine != "sglang" or not self.leads():
             return
         try:
             loop = asyncio.get_running_loop()
@@ -268,6 +271,8 @@ class HotPrefixWarmer:
     async def _loop(self) -> None:
         while True:
             await asyncio.sleep(self.interval_s)
+            if not self.leads():
+                continue
             try:
                 await self.run_once()
             except Exception:  # a bug in one round must not stop warming

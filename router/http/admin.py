@@ -96,6 +96,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "cost_model": state.routing.cost.stats(),
         "recent": list(state.recent)[-50:],
         "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None
+        "coordination": state.view.stats(),  # several routers, one view; None when alone
     }
 
 
@@ -144,19 +145,26 @@ def admin_routes(state: RouterState) -> list[Route]:
                                    model_path=model_path, context_length=context)
         if learned is not None:
             state.prewarm(entry)
+        state.view.admitted(entry)  # for the other routers (a coordination service)
         return JSONResponse({"worker_id": info.worker_id}, status_code=201)
 
     async def remove(request: Request) -> Response:
-        state.registry.remove(request.path_params["worker_id"])
-        return JSONResponse({"removed": request.path_params["worker_id"]})
+        wid = request.path_params["worker_id"]
+        state.registry.remove(wid)
+        if state.view.writes is not None:
+            state.view.writes.worker_removed(wid)
+        return JSONResponse({"removed": wid})
 
     async def drain(request: Request) -> Response:
-        state.registry.drain(request.path_params["worker_id"])
-        return JSONResponse({"draining": request.path_params["worker_id"]})
+        wid = request.path_params["worker_id"]
+        state.registry.drain(wid)
+        if state.view.writes is not None:
+            state.view.writes.worker_drained(wid)
+        return JSONResponse({"draining": wid})
 
     async def heartbeat(request: Request) -> Response:
         state.registry.heartbeat(request.path_params["worker_id"], state.clock())
-        state.index.heartbeat(request.path_params["worker_id"])
+        state.worker_alive(request.path_params["worker_id"])
         return JSONResponse({"ok": True})
 
     async def listing(request: Request) -> Response:

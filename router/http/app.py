@@ -56,6 +56,16 @@ def build_app(state: RouterState) -> ASGIApp:
         return JSONResponse({"status": "ok" if healthy else "no_workers",
                              "workers": len(state.registry)}, status_code=200 if healthy else 503)
 
+    async def ready(request: Request) -> Response:
+        """Readiness (``/health`` is liveness): the shared view read, when there is one, and a
+        worker to route to; a load balancer sends clients only to ready routers."""
+        waiting = [] if state.view.ready else ["coordination"]
+        if not any(e.accepting for e in state.registry.all()):
+            waiting.append("workers")
+        return JSONResponse({"ready": not waiting, "waiting_for": waiting,
+                             "workers": len(state.registry)},
+                            status_code=503 if waiting else 200)
+
     async def metrics(request: Request) -> Response:
         return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
 
@@ -70,6 +80,7 @@ def build_app(state: RouterState) -> ASGIApp:
     routes = [
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
+        Route("/ready", ready, methods=["GET"]),
         Route("/metrics", metrics, methods=["GET"]),
         *admin_routes(state),
         *shared_prefix_routes(state),
@@ -96,5 +107,8 @@ def serve(state: RouterState) -> None:
 
     config = state.config
     listen = config.listen
-    uvicorn.Server(server_config(build_app(state), listen.host, listen.port, listen.log_level,
-                                 config.client)).run()
+    server = uvicorn.Server(server_config(build_app(state), listen.host, listen.port,
+                                          listen.log_level, config.client))
+    server.run()
+    if not server.started:  # the start failed (logged): e.g. peers of another config
+        raise SystemExit(2)

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from radix_global.keys import storage_page_key
 from radix_global.types import Namespace, PoolPageKey
 from router.http.admin import guard
 from router.keying.prefix_specs import SharedPrefixError, SharedPrefixExists, parse_spec
@@ -48,6 +49,8 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
             return error_response(409, str(exc))
         except SharedPrefixError as exc:
             return error_response(400, str(exc))
+        if state.view.writes is not None:  # every router shares it
+            state.view.writes.prefix_added(spec)
         return JSONResponse(spec.to_json(), status_code=201)
 
     async def remove(request: Request) -> Response:
@@ -55,6 +58,8 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
         if not prefixes.remove(name):
             return error_response(404, f"no shared prefix {name!r}")
         state.aliases.forget(name)
+        if state.view.writes is not None:
+            state.view.writes.prefix_removed(name)
         return JSONResponse({"removed": name})
 
     async def aliases(request: Request) -> Response:
@@ -62,7 +67,13 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
         if not namespace or not head or len(head) != 64 or not set(head) <= _HEX:
             return error_response(400, "need ?namespace=<namespace>&head=<64 lowercase hex "
                                   "digits: the chain's first storage key>")
-        pairs = state.aliases.pairs(Namespace(namespace), PoolPageKey(head))
+        ns, key = Namespace(namespace), PoolPageKey(head)
+        pairs = state.aliases.pairs(ns, key)
+        writes = state.view.writes
+        # recorded by another router (the one that keyed the request): asked of the service
+        if not pairs and writes is not None and len(prefixes) and await writes.alias_lookup(
+                state.aliases, ns, storage_page_key(key)):
+            pairs = state.aliases.pairs(ns, key)
         # "prefixes": how many are registered at all; with none a backend stops asking a while
         return JSONResponse({"pairs": [list(p) for p in pairs], "prefixes": len(prefixes)})
 

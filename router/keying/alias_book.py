@@ -17,7 +17,7 @@ MAX_ALIAS_HEADS = 65536
 MAX_ENTRIES_PER_HEAD = 8
 
 
-class _Entry(NamedTuple):
+class AliasEntry(NamedTuple):
     name: str  # the registered prefix
     salt: str
     tokens: tuple[int, ...]  # the shared part's tokens: pairs cover its full pages
@@ -31,15 +31,21 @@ class AliasBook:
 
     def __init__(self, max_heads: int = MAX_ALIAS_HEADS) -> None:
         self.max_heads = max_heads
-        self._heads: collections.OrderedDict[tuple[Namespace, PageKey], list[_Entry]] = (
+        self._heads: collections.OrderedDict[tuple[Namespace, PageKey], list[AliasEntry]] = (
             collections.OrderedDict())
-        self._pairs: dict[_Entry, list[AliasPair]] = {}  # computed once per entry
+        self._pairs: dict[AliasEntry, list[AliasPair]] = {}  # computed once per entry
 
     def __len__(self) -> int:
         return len(self._heads)
 
     def record(self, namespace: Namespace, head: PageKey, salt: str, match: SharedMatch,
-               page_size: int) -> None:
+               page_size: int) -> bool:
+        """Remember one forwarded request's match; True when it was not known yet."""
+        return self.adopt(namespace, head, AliasEntry(match.name, salt, match.tokens, page_size))
+
+    def adopt(self, namespace: Namespace, head: PageKey, entry: AliasEntry) -> bool:
+        """Remember ``entry`` under ``head`` (one this or another router recorded); True when it
+        was not known yet."""
         key = (namespace, head)
         entries = self._heads.get(key)
         if entries is None:
@@ -49,12 +55,15 @@ class AliasBook:
                     self._pairs.pop(gone, None)
         else:
             self._heads.move_to_end(key)
-        entry = _Entry(match.name, salt, match.tokens, page_size)
         if entry in entries:
-            return
+            return False
         entries.append(entry)
         if len(entries) > MAX_ENTRIES_PER_HEAD:
             self._pairs.pop(entries.pop(0), None)
+        return True
+
+    def entries(self, namespace: Namespace, head: PageKey) -> list[AliasEntry]:
+        return list(self._heads.get((namespace, head), ()))
 
     def forget(self, name: str) -> None:
         """A prefix was unregistered: no worker is told its aliases any more (a backend keeps

@@ -229,7 +229,9 @@ async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namesp
     match = prefixes.match(model, ids, page_size, tok)
     if match is None:
         return []
-    state.aliases.record(namespace, first, salt, match, page_size)
+    if state.aliases.record(namespace, first, salt, match, page_size) \
+            and state.view.writes is not None:  # the worker may ask another router
+        state.view.writes.alias_recorded(state.aliases, namespace, first)
     state.totals["shared_prefix_requests"] += 1
     return prefixes.canonical_keys(match, page_size)
 

@@ -1,7 +1,7 @@
 """The routing contract: what a policy is given, what it answers, and how it learns.
 
 Everything here is pure (no I/O, no clock): the HTTP router (``router/http/app.py``) and the cluster
-simulator (``benchmarks/simulate/``) drive the same policies, passing the time as ``now``.
+simulator (``radix_global_tools/simulate/``) drive the same policies, passing the time as ``now``.
 
 Life of one request (the caller's side; :class:`router.routing.driver.PolicyDriver` does all of
 it in one place, use it rather than calling the pieces):
@@ -67,6 +67,11 @@ class WorkerState(NamedTuple):
     waiting: int | None = None  # engine-reported queued requests (this rank)
     waiting_tokens: int | None = None  # engine-reported prompt tokens queued, not yet prefilled
     kv_headroom_tokens: int | None = None  # free KV capacity in tokens (decode selection)
+    # What the other routers have in flight there (the shared load view, router/routing/
+    # load_view.py; 0 for a router alone)
+    peer_requests: int = 0  # routed, not finished
+    peer_prefill_tokens: int = 0  # prompt tokens of theirs still to prefill
+    peer_decode_tokens: int = 0  # decode KV they reserved
     pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
     pool_disk_id: PoolId | None = None  # its pool's persistent disk tier, a holder (s. 16)
     pool_fetch_min_tokens: int = 0  # its engine loads no shorter pool run (recomputes it)

@@ -44,7 +44,7 @@ class CostConfig:
     """Cost model (router/routing/cost.py): queue + prefill + KV transfer seconds."""
 
     engine_queue_weight: Annotated[float, opt(
-        "blend of the engine-reported queue vs the router's estimate", ge=0, le=1)] = 0.5
+        "how far a longer engine-reported queue corrects the routers' estimate", ge=0, le=1)] = 0.5
     # A namespace whose workers did not say (set_kv_bytes_per_token) is priced at this.
     kv_bytes_per_token: Annotated[int, opt(
         "KV bytes per token of a namespace whose workers report none (default: LLaMA3-70B)",
@@ -133,29 +133,32 @@ class CostModel:
 
     def queue_s(self, worker: WorkerState, now: float) -> float:
         """The wait before a request routed to ``worker`` now starts its prefill: the FIFO of
-        prefills (blended with the engine's report), plus the drag of the requests it has."""
-        return self._fifo_s(worker, now) + self.drag_s(worker.slot)
+        prefills (with the other routers' and corrected by the engine's report), plus the drag
+        of the requests it has."""
+        return self._fifo_s(worker, now) + self.drag_s(worker.slot, worker.peer_requests)
 
-    def drag_s(self, slot: Slot) -> float:
-        """What the requests ``slot`` has (queued or decoding) add to a new request's first
-        token, as learned from its worker's measured TTFTs (0 until it has enough, or when
-        off)."""
+    def drag_s(self, slot: Slot, elsewhere: int = 0) -> float:
+        """What the requests ``slot`` has (queued or decoding; ``elsewhere``: routed by other
+        routers) add to a new request's first token, as learned from its worker's measured
+        TTFTs (0 until it has enough, or when off)."""
         drag = self._drag.get(slot[0])
-        return drag.predict(self.queue.outstanding(slot)) if drag is not None else 0.0
+        return drag.predict(self.queue.outstanding(slot) + elsewhere) if drag is not None \
+            else 0.0
 
     def _fifo_s(self, worker: WorkerState, now: float) -> float:
-        router_side = self.queue.queue_s(worker.slot, now)
-        if worker.waiting_tokens is None:
-            return router_side
-        # Queued prompts are batched by the engine's scheduler: price them as one cold prefill
-        # of separate prompts (no attention across them; their lengths are not reported).
-        engine = (
-            self.prefill_model(worker.worker_id).predict_separate(worker.waiting_tokens)
-            if worker.waiting_tokens > 0
-            else 0.0
-        )
-        w = self.config.engine_queue_weight
-        return (1 - w) * router_side + w * engine
+        # Queued prompts are batched by the engine's scheduler: price other routers' and the
+        # engine's queued tokens as one cold prefill of separate prompts (no attention across
+        # them; their lengths are not known).
+        model = self.prefill_model(worker.worker_id)
+        routers = self.queue.queue_s(worker.slot, now)
+        if worker.peer_prefill_tokens > 0:
+            routers += model.predict_separate(worker.peer_prefill_tokens)
+        if not worker.waiting_tokens:  # unknown or none: the routers' view stands
+            return routers
+        engine = model.predict_separate(worker.waiting_tokens)
+        # Only upwards: the engine sees what bypassed every router, but not what is on its way
+        # to it (routed a moment ago), so a smaller report does not shorten the queue.
+        return routers + self.config.engine_queue_weight * max(0.0, engine - routers)
 
     def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int) -> float:
         if tokens <= 0:

@@ -89,7 +89,7 @@ class DecodeSelector:
             headroom = self.capacity.get(worker.worker_id)
         if headroom is None:
             return None
-        return headroom - self._reserved_tokens.get(worker.slot, 0)
+        return headroom - self._reserved_tokens.get(worker.slot, 0) - worker.peer_decode_tokens
 
     def choose(
         self, req: RouteRequest, workers: Sequence[WorkerState], tbt_slo_s: float | None
@@ -131,6 +131,10 @@ class DecodeSelector:
 
     def reserved_tokens(self, slot: Slot) -> int:
         return self._reserved_tokens.get(slot, 0)
+
+    def reserved(self) -> dict[Slot, int]:
+        """Decode KV this router reserved, per slot (for the shared load view)."""
+        return dict(self._reserved_tokens)
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         for request_id in [r for r, h in self._reservations.items() if h.slot[0] == worker_id]:

@@ -210,6 +210,9 @@ class DispatchGate:
         self._in_flight: Counter[Hashable] = Counter()
         self._may_retry: OrderedDict[str, None] = OrderedDict()
         self._seq = 0
+        # other routers' prefills without a first token on a server (the shared load view);
+        # they take room there as this gate's own do
+        self.elsewhere: Callable[[Hashable], int] | None = None
 
     def hold(self, request_id: str, group: str, cost_s: float, now: float,
              server: Hashable | None = None) -> None:
@@ -256,7 +259,9 @@ class DispatchGate:
         return out
 
     def _free(self, group: str, servers: set[Hashable]) -> dict[Hashable, int]:
-        free = {s: self.depth - self._in_flight[s] for s in servers}
+        elsewhere = self.elsewhere
+        free = {s: self.depth - self._in_flight[s] - (elsewhere(s) if elsewhere else 0)
+                for s in servers}
         for g, s in self._unplaced.values():
             if g == group and s in free:
                 free[s] -= 1
@@ -328,6 +333,10 @@ class DispatchGate:
 
     def held(self) -> int:
         return len(self._held)
+
+    def held_servers(self) -> list[Hashable]:
+        """The server each held request's policy placed it on (None: none), one per request."""
+        return [h.server for h in self._held.values()]
 
     def in_flight(self, server: Hashable) -> int:
         return self._in_flight[server]

@@ -129,6 +129,19 @@ class QueueModel:
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))
 
+    def slot_work(self) -> tuple[dict[Slot, int], dict[Slot, tuple[int, int]]]:
+        """This router's work per slot, for the shared load view: requests routed and not
+        finished, and (prefills without a first token, their prompt tokens beyond the prefix)."""
+        active = {slot: len(ids) for slot, ids in self._active.items() if ids}
+        prefills: dict[Slot, tuple[int, int]] = {}
+        for queue in self._pending.values():
+            for request_id, p in queue.items():
+                slot = self._slot_of.get(request_id)
+                if slot is not None:
+                    n, tokens = prefills.get(slot, (0, 0))
+                    prefills[slot] = (n + 1, tokens + max(0, p.input_tokens - p.prefix_tokens))
+        return active, prefills
+
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._active if s[0] == worker_id]:
             server = self.server(slot)

@@ -216,6 +216,18 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--warm-cooldown-s", ["7"], "warm.cooldown_s", 7.0),
     ("--join-warm-pages", ["256"], "join_warm.pages", 256),
     ("--join-warm-timeout-s", ["9"], "join_warm.timeout_s", 9.0),
+    ("--coordination-url", ["redis://127.0.0.1:6379/0"], "coordination.url",
+     "redis://127.0.0.1:6379/0"),
+    ("--coordination-cluster", ["c1"], "coordination.cluster", "c1"),
+    ("--coordination-router-id", ["r1"], "coordination.router_id", "r1"),
+    ("--coordination-load-publish-s", ["0.2"], "coordination.load_publish_s", 0.2),
+    ("--coordination-resync-s", ["3"], "coordination.resync_s", 3.0),
+    ("--coordination-lease-s", ["5"], "coordination.lease_s", 5.0),
+    ("--coordination-op-timeout-s", ["1"], "coordination.op_timeout_s", 1.0),
+    ("--engine-load-poll-s", ["0"], "engine_load.poll_s", 0.0),
+    ("--engine-load-timeout-s", ["2"], "engine_load.timeout_s", 2.0),
+    ("--engine-load-max-concurrency", ["4"], "engine_load.max_concurrency", 4),
+    ("--engine-load-stale-polls", ["5"], "engine_load.stale_polls", 5),
 ]
 
 

@@ -1,0 +1,212 @@
+"""What routers share through the coordination service: key names and records
+(``docs/interfaces.md``, "Several routers, one view"). Pure: no I/O.
+
+Every value is msgspec JSON carrying a schema version, read with a size bound; a value that does
+not decode, is oversized, has another schema version or names another key than the one it was
+read from is refused with :class:`RecordError` (the caller counts and logs it, and keeps what it
+had).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import TypeVar
+
+import msgspec
+
+from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
+from radix_global.types import WorkerId
+from router.routing.load_view import SlotLoad
+from router.routing.queue_model import Slot
+
+SCHEMA = 1
+MAX_RECORD_BYTES = 1 << 20  # a shared prefix of 65,536 token ids as JSON; everything else is less
+MAX_LOAD_SLOTS = 1 << 16  # slots one router may report load for
+
+
+class RecordError(ValueError):
+    """A record in the service the router refuses (malformed, oversized, another schema or key)."""
+
+
+class Kind(StrEnum):
+    """The kinds of record, each under ``rg:<cluster>:<kind>:``."""
+
+    WORKER = "worker"
+    ROUTER = "router"
+    LOAD = "load"
+    DRAIN = "drain"
+    PREFIX = "prefix"
+    ALIAS = "alias"
+    PROFILE = "profile"
+    LEASE = "lease"
+
+
+class Keys:
+    """Key names of one cluster. Names are ``rg:<cluster>:<kind>:<id>``; an id may contain ``:``
+    (an alias is ``<namespace>:<head>``), the cluster name may not."""
+
+    def __init__(self, cluster: str) -> None:
+        if not cluster or ":" in cluster or len(cluster) > 64 or not cluster.isprintable():
+            raise ValueError(f"cluster name must be 1-64 printable characters without ':', "
+                             f"got {cluster!r}")
+        self.prefix = f"rg:{cluster}:"
+        self.changes = f"{self.prefix}changes"
+
+    def key(self, kind: Kind, ident: str) -> str:
+        return f"{self.prefix}{kind}:{ident}"
+
+    def pattern(self, kind: Kind) -> str:
+        return f"{self.prefix}{kind}:*"
+
+    def split(self, key: str) -> tuple[Kind, str]:
+        """``(kind, id)`` of one of this cluster's keys; :class:`RecordError` otherwise."""
+        if not key.startswith(self.prefix):
+            raise RecordError(f"key {key[:120]!r} is not this cluster's ({self.prefix}*)")
+        kind, sep, ident = key[len(self.prefix):].partition(":")
+        if not sep or not ident:
+            raise RecordError(f"key {key[:120]!r} names no record")
+        try:
+            return Kind(kind), ident
+        except ValueError:
+            raise RecordError(f"key {key[:120]!r}: unknown kind {kind!r}") from None
+
+
+class WorkerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A worker as the router that admitted it knows it: its registration (``WorkerInfo`` JSON,
+    checked again by every reader) and what that router learned of its engine."""
+
+    v: int
+    registration: str
+    model_path: str | None = None
+    context_length: int | None = None
+    lora: dict[str, str] = {}
+
+
+class RouterRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A router that shares the view; routers of another version or config refuse to share."""
+
+    v: int
+    router_id: str
+    version: str
+    config_digest: str
+    url: str | None = None
+
+
+class SlotLoadRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """One slot's in-flight work routed by one router (``load_view.SlotLoad`` without the age)."""
+
+    worker_id: str
+    dp_rank: int
+    requests: int
+    prefilling: int
+    prefill_tokens: int
+    decode_tokens: int
+    held: int
+
+
+class LoadRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One router's in-flight work on every slot where it has some; ``seq`` grows with each
+    publication, so a reader knows a changed record from a refreshed one."""
+
+    v: int
+    router_id: str
+    seq: int
+    slots: list[SlotLoadRecord]
+
+
+class DrainRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    v: int
+    worker_id: str
+
+
+class PrefixRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A shared platform prefix as registered (``PrefixSpec.to_json``, parsed again by readers)."""
+
+    v: int
+    name: str
+    spec: dict[str, object]
+
+
+class AliasItem(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    name: str
+    salt: str
+    page_size: int
+    tokens: list[int]
+
+
+class AliasRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The recorded entries of one salted chain head (``router/keying/alias_book.py``)."""
+
+    v: int
+    entries: list[AliasItem]
+
+
+class ProfileRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A worker's fitted prefill profile (``router/cluster/profile_store.py``)."""
+
+    v: int
+    worker_id: str
+    namespace: str
+    coef: list[float]
+
+
+R = TypeVar("R", bound=msgspec.Struct)
+
+
+def load_record(router_id: str, seq: int, loads: Mapping[Slot, SlotLoad]) -> LoadRecord:
+    return LoadRecord(SCHEMA, router_id, seq, [
+        SlotLoadRecord(str(w), r, x.requests, x.prefilling, x.prefill_tokens, x.decode_tokens,
+                       x.held) for (w, r), x in sorted(loads.items())])
+
+
+def load_slots(record: LoadRecord) -> dict[Slot, SlotLoad]:
+    """A peer's publication per slot; negative numbers are refused (:class:`RecordError`)."""
+    out: dict[Slot, SlotLoad] = {}
+    for s in record.slots:
+        values = (s.requests, s.prefilling, s.prefill_tokens, s.decode_tokens, s.held)
+        if min(values) < 0 or s.dp_rank < 0:
+            raise RecordError(f"LoadRecord of {record.router_id!r}: negative load on "
+                              f"{s.worker_id[:120]!r}")
+        out[(WorkerId(s.worker_id), s.dp_rank)] = SlotLoad(*values)
+    return out
+
+
+def encode(record: msgspec.Struct) -> bytes:
+    return msgspec.json.encode(record)
+
+
+def decode(raw: bytes | str | None, kind: type[R], ident: str | None = None,
+           max_bytes: int = MAX_RECORD_BYTES) -> R:
+    """``raw`` as a ``kind`` record; :class:`RecordError` for anything the router must refuse.
+    ``ident``: the id the key named, which the record's own id field must equal."""
+    if raw is None:
+        raise RecordError(f"{kind.__name__}: no value")
+    if len(raw) > max_bytes:
+        raise RecordError(f"{kind.__name__}: {len(raw)} bytes, over {max_bytes}")
+    try:
+        record = msgspec.json.decode(raw, type=kind)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise RecordError(f"{kind.__name__}: {str(exc)[:200]}") from None
+    if getattr(record, "v", None) != SCHEMA:
+        raise RecordError(f"{kind.__name__}: schema {getattr(record, 'v', None)}, "
+                          f"this router reads {SCHEMA}")
+    own = next((getattr(record, f) for f in ("worker_id", "router_id", "name")
+                if hasattr(record, f)), None)
+    if ident is not None and own is not None and own != ident:
+        raise RecordError(f"{kind.__name__}: key names {ident[:120]!r}, record {str(own)[:120]!r}")
+    if isinstance(record, LoadRecord) and len(record.slots) > MAX_LOAD_SLOTS:
+        raise RecordError(f"LoadRecord: {len(record.slots)} slots, over {MAX_LOAD_SLOTS}")
+    return record
+
+
+def worker_info(record: WorkerRecord, ident: str) -> WorkerInfo:
+    """The registration inside ``record``, checked as a registration is."""
+    try:
+        info = decode_worker_info(record.registration)
+    except RegistrationError as exc:
+        raise RecordError(f"WorkerRecord {ident[:120]!r}: {exc}") from None
+    if info.worker_id != ident:
+        raise RecordError(f"WorkerRecord: key names {ident[:120]!r}, registration "
+                          f"{info.worker_id[:120]!r}")
+    return info

@@ -1,0 +1,113 @@
+"""One router's view beyond its own work: the load view (its own work, the other routers', the
+engines' reports; ``docs/interfaces.md``, "the load view"), and, with a coordination service,
+the link that shares membership and state with its peers.
+
+Without ``coordination_url`` there is no link: peers' load is zero, every job runs here
+(:meth:`leads`), and the view is ready at once, as a router alone always was.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Any, TypeGuard
+
+import httpx
+
+from router.cluster.engine_loads import EngineLoad, EngineLoadConfig, EngineLoadPoller
+from router.cluster.registry import WorkerEntry, WorkerRegistry
+from router.coordination.bridge import ProfileSink, SharedView, SharedWrites
+from router.coordination.config import CoordinationConfig
+from router.coordination.link import Coordinator
+from router.keying.alias_book import AliasBook
+from router.keying.shared_prefixes import SharedPrefixes
+from router.routing.driver import PolicyDriver
+from router.routing.load_view import NO_LOAD, SlotLoad, own_loads
+from router.routing.queue_model import Slot
+
+
+class LoadView:
+    """The slots' load beyond this router (:class:`router.cluster.slots.SlotView`), and the
+    coordination link when there is one (``link``, ``writes``: None when alone)."""
+
+    def __init__(self, coordination: CoordinationConfig, engines: EngineLoadConfig, *,
+                 registry: WorkerRegistry, driver: PolicyDriver, client: httpx.AsyncClient,
+                 prefixes: SharedPrefixes, aliases: AliasBook, profile: ProfileSink,
+                 heartbeat_ttl_s: float, router_id: str, version: str, digest: str,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry, self.driver, self.clock = registry, driver, clock
+        self.engines = EngineLoadPoller(client, engines, self._targets, clock)
+        self.link: Coordinator | None = None
+        self.writes: SharedWrites | None = None
+        self.shared: SharedView | None = None
+        if coordination.url is not None:
+            self.shared = SharedView(registry, prefixes, aliases.forget, profile, clock,
+                                     heartbeat_ttl_s)
+            self.link = Coordinator(coordination, router_id, version, digest, self.shared,
+                                    self.own, clock)
+            self.writes = SharedWrites(self.link, self.shared)
+            if driver.gate is not None:
+                driver.gate.elsewhere = self.prefilling_elsewhere
+
+    def _targets(self) -> list[tuple[str, str, str, int]]:
+        return [(e.info.worker_id, e.info.url, e.info.engine, e.info.dp_size)
+                for e in self.registry.all()]
+
+    # --- the slot view (router/cluster/slots.py) -------------------------------------------
+
+    def peer(self, slot: Slot) -> SlotLoad:
+        return self.link.peers.load(slot, self.clock()) if self.link is not None else NO_LOAD
+
+    def engine(self, slot: Slot) -> EngineLoad | None:
+        return self.engines.load(slot)
+
+    def prefilling_elsewhere(self, server: Hashable) -> int:
+        """Other routers' prefills without a first token on a FIFO server (a slot, or a
+        compute domain: all its slots), which the dispatch gate counts as taken room."""
+        if self.link is None:
+            return 0
+        queue, now = self.driver.cost.queue, self.clock()
+        if _is_slot(server):
+            return self.link.peers.load(server, now).prefilling
+        return sum(self.link.peers.load(s, now).prefilling for s in self.link.peers.slots()
+                   if queue.server(s) == server)
+
+    def own(self) -> dict[Slot, SlotLoad]:
+        """This router's in-flight work per slot (what it publishes)."""
+        active, prefills = self.driver.cost.queue.slot_work()
+        gate = self.driver.gate
+        held = [s for s in gate.held_servers() if _is_slot(s)] if gate is not None else []
+        return own_loads(active, prefills, self.driver.decode.reserved(), held)
+
+    # --- life cycle and jobs -----------------------------------------------------------------
+
+    def leads(self) -> bool:
+        """Whether this router runs the once-per-cluster jobs (alone: always)."""
+        return self.link is None or self.link.leads()
+
+    @property
+    def ready(self) -> bool:
+        """Membership and shared state read (alone: at once)."""
+        return self.link is None or self.link.synced
+
+    def admitted(self, entry: WorkerEntry) -> None:
+        if self.writes is not None and (self.shared is None or not self.shared.applying):
+            self.writes.worker_admitted(entry)
+
+    def stats(self) -> dict[str, Any] | None:
+        return self.link.stats() if self.link is not None else None
+
+    async def start(self) -> None:
+        self.engines.start()
+        if self.link is not None:
+            await self.link.start()
+
+    async def stop(self) -> None:
+        if self.link is not None:
+            await self.link.stop()
+        await self.engines.stop()
+
+
+def _is_slot(server: Hashable) -> TypeGuard[Slot]:
+    return (isinstance(server, tuple) and len(server) == 2 and isinstance(server[0], str)
+            and isinstance(server[1], int) and server[0] != "domain")

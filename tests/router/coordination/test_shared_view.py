@@ -1,0 +1,197 @@
+"""Two routers over one real Redis (``router/coordination/``): membership, drain, shared
+prefixes, the load view, the leader lease, a service outage and hostile records. The workers are
+the instant peers of ``tests/router/http_peer.py``; real engines are the end-to-end test's."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import pytest
+from redis_server import RedisServer
+
+from radix_global.types import WorkerId
+from router.cluster.slots import worker_states
+
+FAST = {"coordination_resync_s": 0.2, "coordination_load_publish_s": 0.05,
+        "coordination_lease_s": 1.0, "coordination_op_timeout_s": 0.3, "engine_load_poll_s": 0,
+        "policy": "least_load"}
+
+
+def wait_for(check: Callable[[], Any], timeout_s: float = 5.0, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        got = check()
+        if got:
+            return got
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what or check}")
+
+
+def register(router: Any, url: str, worker_id: str = "w1", **extra: Any) -> None:
+    body = {"worker_id": worker_id, "url": url, "model": "tiny", "namespace": "tiny@1",
+            "page_size": 4, **extra}
+    with router.client() as c:
+        r = c.post("/admin/workers", json=body)
+        assert r.status_code == 201, r.text
+
+
+def routers(router_factory: Callable[..., Any], redis: RedisServer, n: int = 2,
+            **options: Any) -> list[Any]:
+    return [router_factory(coordination_url=redis.url, coordination_router_id=f"r{i}",
+                           **{**FAST, **options}) for i in range(n)]
+
+
+def generate(router: Any, **body: Any) -> httpx.Response:
+    with router.client() as c:
+        return c.post("/generate", json={"model": "tiny", "text": "hello world", **body})
+
+
+def test_a_worker_registered_once_is_routed_to_by_both(router_factory, upstreams, redis_server):
+    peer, server = upstreams()
+    a, b = routers(router_factory, redis_server)
+    register(a, server.url)
+    wait_for(lambda: b.state.registry.find("w1"), what="the worker on router b")
+    assert generate(b).status_code == 200
+    assert len(peer.requests) == 1
+    # a router that starts later sees it at once (its first read), and is ready only then
+    c = router_factory(coordination_url=redis_server.url, coordination_router_id="late", **FAST)
+    with c.client() as client:
+        wait_for(lambda: client.get("/ready").status_code == 200, what="router c ready")
+    assert c.state.registry.find("w1") is not None
+
+
+def test_negative_control_a_router_alone_does_not_see_it(router_factory, upstreams,
+                                                         redis_server):
+    _, server = upstreams()
+    (a,) = routers(router_factory, redis_server, 1)
+    alone = router_factory(**{k: v for k, v in FAST.items() if not k.startswith("coord")})
+    register(a, server.url)
+    time.sleep(0.5)
+    assert alone.state.registry.find("w1") is None
+    assert generate(alone).status_code in (404, 503)
+
+
+def test_drain_and_removal_reach_every_router(router_factory, upstreams, redis_server):
+    _, server = upstreams()
+    a, b = routers(router_factory, redis_server)
+    register(a, server.url)
+    entry = wait_for(lambda: b.state.registry.find("w1"))
+    with a.client() as c:
+        assert c.post("/admin/workers/w1/drain").status_code == 200
+    wait_for(lambda: entry.draining, what="drained on b")
+    register(a, server.url)  # registering again ends the drain, everywhere
+    wait_for(lambda: not b.state.registry.get("w1").draining, what="undrained on b")
+    with a.client() as c:
+        assert c.delete("/admin/workers/w1").status_code == 200
+    wait_for(lambda: b.state.registry.find("w1") is None, what="removed on b")
+
+
+def test_a_dead_workers_record_expires_everywhere(router_factory, upstreams, redis_server):
+    _, server = upstreams()
+    a, b = routers(router_factory, redis_server, heartbeat_timeout_s=1.0)
+    register(a, server.url)
+    wait_for(lambda: b.state.registry.find("w1"))
+    with b.client() as c:  # heartbeats to either router keep it alive for both
+        for _ in range(6):
+            assert c.post("/admin/workers/w1/heartbeat").status_code == 200
+            time.sleep(0.25)
+    assert a.state.registry.find("w1") is not None
+    wait_for(lambda: a.state.registry.find("w1") is None and b.state.registry.find("w1") is None,
+             timeout_s=6, what="both routers dropping the silent worker")
+
+
+def test_a_shared_prefix_registered_on_one_router_reaches_the_other(router_factory, upstreams,
+                                                                    redis_server):
+    a, b = routers(router_factory, redis_server)
+    spec = {"name": "sys", "model": "tiny", "token_ids": list(range(1, 33))}
+    with a.client() as c:
+        assert c.post("/admin/shared-prefixes", json=spec).status_code == 201
+    wait_for(lambda: [s.name for s in b.state.shared_prefixes.specs()] == ["sys"])
+    with a.client() as c:
+        assert c.delete("/admin/shared-prefixes/sys").status_code == 200
+    wait_for(lambda: len(b.state.shared_prefixes) == 0, what="removed on b")
+
+
+def test_one_routers_in_flight_work_is_in_the_others_view(router_factory, upstreams,
+                                                          redis_server):
+    peer, server = upstreams()
+    a, b = routers(router_factory, redis_server)
+    register(a, server.url)
+    wait_for(lambda: b.state.registry.find("w1"))
+    peer.first_chunk = threading.Event()  # the engine is "prefilling" until set
+    slot = (WorkerId("w1"), 0)
+    sent = threading.Thread(target=generate, kwargs={"router": a, "stream": True})
+    sent.start()
+    try:
+        start = time.monotonic()
+        seen = wait_for(lambda: b.state.view.peer(slot).prefilling == 1, what="a's prefill")
+        delay = time.monotonic() - start
+        load = b.state.view.peer(slot)
+        assert seen and load.requests == 1 and load.prefill_tokens > 0
+        assert delay < 1.0  # publication every 0.05 s plus a notice and a read
+        (state,) = worker_states(b.state.registry.all(), view=b.state.view)
+        assert (state.peer_requests, state.peer_prefill_tokens) == (1, load.prefill_tokens)
+    finally:
+        peer.first_chunk.set()
+        sent.join(10)
+    wait_for(lambda: b.state.view.peer(slot).empty, what="a's work done in b's view")
+
+
+def test_exactly_one_router_leads(router_factory, redis_server):
+    a, b = routers(router_factory, redis_server)
+    wait_for(lambda: a.state.view.leads() or b.state.view.leads(), what="a leader")
+    time.sleep(0.5)
+    assert a.state.view.leads() != b.state.view.leads()
+    leader, other = (a, b) if a.state.view.leads() else (b, a)
+    leader.server.stop()  # gives the lease back as it stops
+    wait_for(other.state.view.leads, timeout_s=5, what="the other router taking over")
+
+
+def test_the_service_down_routers_keep_routing_and_rejoin(router_factory, upstreams,
+                                                          redis_server):
+    _, server = upstreams()
+    a, b = routers(router_factory, redis_server)
+    register(a, server.url)
+    wait_for(lambda: b.state.registry.find("w1"))
+    redis_server.kill()
+    for router in (a, b):
+        assert generate(router).status_code == 200
+    wait_for(lambda: a.state.view.link.degraded and b.state.view.link.degraded)
+    assert sum(a.state.view.link.errors.values()) > 0
+    with a.client() as c:  # heartbeats still answered: the worker stays
+        assert c.post("/admin/workers/w1/heartbeat").status_code == 200
+    redis_server.start()  # empty: the worker's record is written back by the router owning it
+    wait_for(lambda: not a.state.view.link.degraded, what="a rejoined")
+    wait_for(lambda: redis_server.client().get("rg:default:worker:w1") is not None,
+             what="w1 written back")
+    late = router_factory(coordination_url=redis_server.url, coordination_router_id="late",
+                          **FAST)
+    wait_for(lambda: late.state.registry.find("w1"), what="a router started after the outage")
+
+
+@pytest.mark.parametrize("key, value", [
+    ("rg:default:worker:evil", b"not json"),
+    ("rg:default:worker:evil", b"{" + b" " * (2 << 20) + b"}"),
+    ("rg:default:worker:evil", b'{"v": 1, "registration": "{}"}'),
+    ("rg:default:worker:evil", b'{"v": 2, "registration": ""}'),
+    ("rg:default:load:evil", b'{"v": 1, "router_id": "evil", "seq": 1, '
+                             b'"slots": [["w1", 0, -5, 0, 0, 0, 0]]}'),
+    ("rg:default:prefix:p", b'{"v": 1, "name": "q", "spec": {}}'),
+])
+def test_hostile_records_are_refused_and_counted(router_factory, upstreams, redis_server, key,
+                                                 value):
+    _, server = upstreams()
+    (a,) = routers(router_factory, redis_server, 1)
+    register(a, server.url)
+    client = redis_server.client()
+    client.set(key, value)
+    client.set("rg:other:worker:x", b"whatever")  # another cluster's: never read
+    wait_for(lambda: sum(a.state.view.link.refused.values()) > 0, what="a refusal")
+    assert [e.info.worker_id for e in a.state.registry.all()] == ["w1"]
+    assert a.state.view.peer((WorkerId("w1"), 0)).empty
+    assert len(a.state.shared_prefixes) == 0
+    assert generate(a).status_code == 200
