@@ -48,7 +48,9 @@ class OurFlags:
     """radix-global's flags of radix-global sglang (every other flag is SGLang's)."""
 
     radix_global: Annotated[str | None, opt(
-        "router (or index) URL to register with (omit: a standalone worker with the pool only)",
+        "router (or index) URL to register with; several routers sharing one view "
+        "comma-separated, the worker fails over between them (omit: a standalone worker with "
+        "the pool only)",
         name=URL, metavar="URL")] = None
     advertise_host: Annotated[str | None, opt(
         "address other hosts reach this worker at: the event endpoints bind it and the "

@@ -5,7 +5,10 @@
   it too, so both kinds of worker of one model share a namespace).
 - :class:`Registrar`: ``POST {url}/admin/workers`` (``WorkerInfo`` JSON, ``Authorization: Bearer``
   admin token), a heartbeat thread (``POST .../{id}/heartbeat`` every interval; a ``404`` means the
-  router forgot us: register again), and ``DELETE .../{id}`` on shutdown.
+  router forgot us: register again), and ``DELETE .../{id}`` on shutdown. Several routers that
+  share one view (a coordination service) are given comma-separated (:func:`router_urls`): the
+  worker talks to the first that answers and moves on when it does not, so a dead router does
+  not let the worker's registration expire.
 
 Failures are typed: a refusal (4xx other than 404 on heartbeat) is a :class:`RegistrationRefused`
 with the router's message; an unreachable router is retried until ``connect_timeout_s``.
@@ -27,7 +30,7 @@ from radix_global.namespaces import model_version, namespace_for
 from radix_global.registration import WorkerInfo, encode_worker_info
 
 __all__ = ["TOKEN_ENV", "Registrar", "RegistrationRefused", "kv_bytes_per_token",
-           "model_version", "namespace_for"]
+           "model_version", "namespace_for", "router_urls"]
 
 log = logging.getLogger(__name__)
 TOKEN_ENV = "RADIX_GLOBAL_ADMIN_TOKEN"
@@ -45,8 +48,17 @@ def kv_bytes_per_token(model_path: str, server: Mapping[str, Any]) -> int | None
     return kv_size.for_worker(model_path, server)
 
 
+def router_urls(value: str) -> list[str]:
+    """The routers a worker talks to: one URL, or several that share one view, comma-separated
+    (``http://r1:30080,http://r2:30080``)."""
+    urls = [u.strip().rstrip("/") for u in value.split(",") if u.strip()]
+    if not urls:
+        raise ValueError(f"no router URL in {value!r}")
+    return urls
+
+
 class Registrar:
-    """Keeps one worker registered with the router at ``base_url`` until :meth:`stop`."""
+    """Keeps one worker registered with the router(s) at ``base_url`` until :meth:`stop`."""
 
     def __init__(
         self,
@@ -57,7 +69,8 @@ class Registrar:
         connect_timeout_s: float = 60.0,
         client: httpx.Client | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/")
+        self.base_urls = router_urls(base_url)
+        self._current = 0  # the router that answered last
         self.info = info
         token = admin_token if admin_token is not None else os.environ.get(TOKEN_ENV)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -71,8 +84,29 @@ class Registrar:
         self.registrations = 0
         self.heartbeats = 0
 
-    def _url(self, suffix: str = "") -> str:
-        return f"{self.base_url}/admin/workers{suffix}"
+    @property
+    def base_url(self) -> str:
+        return self.base_urls[self._current]
+
+    def _send(self, method: str, suffix: str = "", **kw: Any) -> httpx.Response:
+        """``method`` on ``/admin/workers{suffix}`` of the first router that answers, from the
+        one that answered last; the last transport error when none does."""
+        error: httpx.TransportError | None = None
+        for step in range(len(self.base_urls)):
+            i = (self._current + step) % len(self.base_urls)
+            try:
+                resp = self._client.request(method, f"{self.base_urls[i]}/admin/workers{suffix}",
+                                            **kw)
+            except httpx.TransportError as exc:
+                error = exc
+                continue
+            if i != self._current:
+                log.warning("router %s does not answer: now talking to %s", self.base_url,
+                            self.base_urls[i])
+                self._current = i
+            return resp
+        assert error is not None
+        raise error
 
     def register(self) -> None:
         """POST the record, retrying while the router is unreachable; raise if it refuses."""
@@ -80,13 +114,13 @@ class Registrar:
         body = encode_worker_info(self.info)
         while True:
             try:
-                resp = self._client.post(self._url(), content=body,
-                                         headers={"Content-Type": "application/json"})
+                resp = self._send("POST", content=body,
+                                  headers={"Content-Type": "application/json"})
             except httpx.TransportError as exc:
                 if time.monotonic() > deadline:
                     raise RegistrationRefused(
-                        f"router {self.base_url} unreachable for {self.connect_timeout_s:.0f} s: "
-                        f"{exc}") from exc
+                        f"router {', '.join(self.base_urls)} unreachable for "
+                        f"{self.connect_timeout_s:.0f} s: {exc}") from exc
                 if self._stop.wait(1.0):
                     return
                 continue
@@ -100,7 +134,7 @@ class Registrar:
 
     def heartbeat(self) -> None:
         """One heartbeat; re-registers when the router does not know us (404)."""
-        resp = self._client.post(self._url(f"/{self.info.worker_id}/heartbeat"))
+        resp = self._send("POST", f"/{self.info.worker_id}/heartbeat")
         if resp.status_code == 404:
             log.warning("router forgot %s; registering again", self.info.worker_id)
             self.register()
@@ -128,7 +162,7 @@ class Registrar:
             self._thread.join(timeout=5.0)
         if deregister and self.registrations:
             try:
-                self._client.delete(self._url(f"/{self.info.worker_id}"))
+                self._send("DELETE", f"/{self.info.worker_id}")
             except httpx.HTTPError as exc:
                 log.warning("deregistration of %s failed: %s", self.info.worker_id, exc)
         self._client.close()

@@ -91,7 +91,7 @@ class PeerLoads:
         if old is not None and seq <= old.seq:
             return False
         kept = {slot: load for slot, load in slots.items()
-                if min(load) >= 0 and slot[1] >= 0}  # never a negative contribution
+                if min(load[:5]) >= 0 and slot[1] >= 0}  # never a negative contribution
         self._drop(router_id)
         self._peers[router_id] = _Peer(seq, now, kept)
         for slot, load in kept.items():

@@ -23,6 +23,7 @@ import httpx
 
 from radix_global.keys import storage_page_key
 from radix_global.types import PageKey
+from sglang_patch.register import router_urls
 
 log = logging.getLogger(__name__)
 
@@ -39,13 +40,20 @@ class AliasUnavailable(Exception):
 
 def http_fetch(router_url: str, namespace: str, token: str | None, timeout_s: float = 0.5,
                transport: httpx.BaseTransport | None = None) -> Fetch:
-    """The router's ``/admin/pool-aliases`` as a :data:`Fetch`."""
+    """The router's ``/admin/pool-aliases`` as a :data:`Fetch` (several routers sharing one
+    view, comma-separated: the first that answers)."""
     client = httpx.Client(timeout=timeout_s, transport=transport,
                           headers={"Authorization": f"Bearer {token}"} if token else {})
-    url = router_url.rstrip("/") + "/admin/pool-aliases"
+    urls = [u + "/admin/pool-aliases" for u in router_urls(router_url)]
 
     def fetch(head: str) -> Any:
-        resp = client.get(url, params={"namespace": namespace, "head": head})
+        for i, url in enumerate(urls):
+            try:
+                resp = client.get(url, params={"namespace": namespace, "head": head})
+                break
+            except httpx.TransportError:
+                if i == len(urls) - 1:
+                    raise
         if resp.status_code in (404, 405):
             raise AliasUnavailable(f"{router_url} has no /admin/pool-aliases")
         resp.raise_for_status()

@@ -66,6 +66,30 @@ def test_unreachable_router_times_out_with_message():
         reg.register()
 
 
+def test_several_routers_the_worker_fails_over_to_one_that_answers():
+    router, down_hosts = Router(), {"r1"}
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host in down_hosts:
+            raise httpx.ConnectError("refused")
+        return router(request)
+
+    client = httpx.Client(transport=httpx.MockTransport(handler))
+    reg = Registrar("http://r1, http://r2/", INFO, admin_token="t", client=client,
+                    connect_timeout_s=1)
+    reg.register()  # r1 is dead: registered through r2
+    assert reg.base_url == "http://r2" and "w1" in router.known
+    down_hosts.clear()
+    reg.heartbeat()  # r1 is back: the worker stays with the router that answered last
+    assert reg.base_url == "http://r2" and reg.heartbeats == 1
+    down_hosts.add("r2")
+    reg.heartbeat()
+    assert reg.base_url == "http://r1" and reg.heartbeats == 2
+    down_hosts.add("r1")
+    with pytest.raises(httpx.ConnectError):
+        reg.heartbeat()
+
+
 def test_namespace_version_is_config_hash(tmp_path):
     (tmp_path / "config.json").write_text('{"a": 1}')
     v1 = model_version(str(tmp_path))

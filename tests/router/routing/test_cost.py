@@ -130,6 +130,20 @@ def test_engine_reported_waiting_tokens_are_blended_in() -> None:
     assert cost.queue_s(ws(waiting_tokens=0), 0.0) == 0.0
 
 
+def test_other_routers_queued_prefill_counts_and_the_engine_corrects_only_upwards() -> None:
+    cost = CostModel(CostConfig(engine_queue_weight=0.5),
+                     prefill_prior=lambda: PrefillModel.calibrated(0.05, 2e-4, 4e-8))
+    peers = 0.05 + 2e-4 * 4_000  # their queued prompts, priced as separate ones
+    assert cost.queue_s(ws(peer_prefill_tokens=4_000), 0.0) == pytest.approx(peers)
+    # an engine reporting less than the routers' sum does not shorten it (what is on its way
+    # is not there yet); one reporting more moves it half way (engine_queue_weight)
+    assert cost.queue_s(ws(peer_prefill_tokens=4_000, waiting_tokens=1_000), 0.0) \
+        == pytest.approx(peers)
+    engine = 0.05 + 2e-4 * 10_000
+    assert cost.queue_s(ws(peer_prefill_tokens=4_000, waiting_tokens=10_000), 0.0) \
+        == pytest.approx(peers + 0.5 * (engine - peers))
+
+
 def test_routed_and_finished_requests_move_the_queue_and_train_the_model() -> None:
     cost = CostModel()
     req = RouteRequest("r", NS, 2000, [], 16)

@@ -34,6 +34,13 @@ def test_reservations_count_against_headroom_until_released() -> None:
     assert sel.choose(req(3), ws, None).accepted
 
 
+def test_other_routers_reservations_count_against_headroom() -> None:
+    sel = DecodeSelector()
+    assert sel.choose(req(0), [dec(D0, kv_headroom_tokens=450)], None).accepted
+    shared = dec(D0, kv_headroom_tokens=450, peer_decode_tokens=300)
+    assert sel.choose(req(0), [shared], None).reason == "decode_kv"  # 200 more do not fit
+
+
 def test_lowest_predicted_tbt_then_most_headroom() -> None:
     sel = DecodeSelector(DecodeConfig(tbt_base_s=0.01, tbt_per_request_s=0.001))
     ws = [dec(D0, running=5, kv_headroom_tokens=10**6), dec(D1, running=1, kv_headroom_tokens=1000)]

@@ -34,6 +34,17 @@ def test_depth_per_server_bounds_what_is_released():
     assert gate.held() == 1 and gate.in_flight("s1") == 1
 
 
+def test_other_routers_prefills_take_room_on_a_server():
+    gate, busy = DispatchGate(Fifo(), depth=2), {"s0": 2, "s1": 1}
+    gate.elsewhere = lambda server: busy.get(server, 0)  # type: ignore[arg-type]
+    for i in range(3):
+        gate.hold(f"r{i}", "m", 1.0, now=0.0)
+    assert not gate.has_room("m", {"s0"})
+    assert gate.release(SERVERS, now=0.0) == ["r0"]  # one free place, on s1
+    busy.clear()  # their first tokens came back
+    assert gate.release(SERVERS, now=0.0) == ["r1", "r2"]
+
+
 def test_shortest_first_and_the_overdue_go_first():
     gate = DispatchGate(ShortestFirst(max_hold_s=5.0), depth=1)
     gate.hold("long", "m", 3.0, now=0.0)

@@ -1,0 +1,74 @@
+"""Records in the coordination service (router/coordination/records.py): what a reader refuses."""
+
+from __future__ import annotations
+
+import pytest
+
+from radix_global.registration import WorkerInfo, encode_worker_info
+from radix_global.types import WorkerId
+from router.coordination import records as rec
+from router.coordination.records import Keys, Kind, RecordError
+from router.routing.load_view import SlotLoad
+
+INFO = WorkerInfo(worker_id="w1", url="http://127.0.0.1:1", model="m", namespace="m@1",
+                  page_size=4)
+
+
+def worker(registration: str | None = None, v: int = rec.SCHEMA) -> bytes:
+    return rec.encode(rec.WorkerRecord(v, registration or encode_worker_info(INFO).decode()))
+
+
+def test_keys_round_trip_and_refuse_other_clusters():
+    keys = Keys("c1")
+    assert keys.split(keys.key(Kind.ALIAS, "m@1:-42")) == (Kind.ALIAS, "m@1:-42")
+    for bad in ("rg:c2:worker:w1", "rg:c1:nokind:x", "rg:c1:worker:", "other"):
+        with pytest.raises(RecordError):
+            keys.split(bad)
+    for cluster in ("", "a:b", "x" * 65, "tab\there"):
+        with pytest.raises(ValueError):
+            Keys(cluster)
+
+
+def test_a_worker_record_round_trips():
+    record = rec.decode(worker(), rec.WorkerRecord, "w1")
+    assert rec.worker_info(record, "w1") == INFO
+
+
+@pytest.mark.parametrize("raw, ident, why", [
+    (b"not json", "w1", "WorkerRecord"),
+    (b"{" + b" " * rec.MAX_RECORD_BYTES + b"}", "w1", "over"),
+    (worker(v=2), "w1", "schema"),
+    (b'{"v": 1, "registration": "{}", "extra": 1}', "w1", "WorkerRecord"),
+    (None, "w1", "no value"),
+])
+def test_malformed_records_are_refused(raw, ident, why):
+    with pytest.raises(RecordError, match=why):
+        rec.decode(raw, rec.WorkerRecord, ident)
+
+
+def test_a_registration_that_does_not_check_or_names_another_worker_is_refused():
+    with pytest.raises(RecordError, match="registration"):
+        rec.worker_info(rec.decode(worker(), rec.WorkerRecord, "w2"), "w2")
+    bad = encode_worker_info(INFO).decode().replace("m@1", "no-version")
+    with pytest.raises(RecordError):
+        rec.worker_info(rec.decode(worker(bad), rec.WorkerRecord, "w1"), "w1")
+
+
+def test_a_record_naming_another_key_is_refused():
+    raw = rec.encode(rec.DrainRecord(rec.SCHEMA, "w1"))
+    with pytest.raises(RecordError, match="key names"):
+        rec.decode(raw, rec.DrainRecord, "w2")
+
+
+def test_load_records_round_trip_and_refuse_negative_load():
+    slot = (WorkerId("w1"), 0)
+    record = rec.decode(rec.encode(rec.load_record("r", 7, {slot: SlotLoad(1, 1, 30, 0, 0)})),
+                        rec.LoadRecord, "r")
+    assert rec.load_slots(record) == {slot: SlotLoad(1, 1, 30, 0, 0)}
+    bad = rec.LoadRecord(rec.SCHEMA, "r", 8, [rec.SlotLoadRecord("w1", 0, -1, 0, 0, 0, 0)])
+    with pytest.raises(RecordError, match="negative"):
+        rec.load_slots(bad)
+    many = rec.LoadRecord(rec.SCHEMA, "r", 9, [rec.SlotLoadRecord("w", 0, 1, 0, 0, 0, 0)]
+                          * (rec.MAX_LOAD_SLOTS + 1))
+    with pytest.raises(RecordError, match="slots"):
+        rec.decode(rec.encode(many), rec.LoadRecord, "r", max_bytes=1 << 30)

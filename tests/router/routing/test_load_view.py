@@ -1,0 +1,67 @@
+"""The load view's pure parts (router/routing/load_view.py): the peers' per-slot sum kept on
+update equals a brute-force sum over the publications counted; own work gathered per slot."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from radix_global.types import WorkerId
+from router.routing.load_view import NO_LOAD, PeerLoads, SlotLoad, own_loads
+
+SLOTS = [(WorkerId(w), r) for w in ("a", "b", "c") for r in (0, 1)]
+loads = st.builds(SlotLoad, *(st.integers(0, 50) for _ in range(5)), age_s=st.just(0.0))
+publication = st.dictionaries(st.sampled_from(SLOTS), loads, max_size=4)
+ops = st.lists(st.tuples(st.sampled_from(["update", "drop", "expire", "forget"]),
+                         st.sampled_from(["r1", "r2", "r3"]), publication,
+                         st.integers(0, 3)), max_size=40)
+
+
+@given(ops)
+def test_the_kept_sum_equals_a_brute_force_sum(steps):
+    view, model, now, seq = PeerLoads(expire_s=2.0), {}, 0.0, 0
+    for op, router, slots, dt in steps:
+        now += dt
+        if op == "update":
+            seq += 1
+            assert view.update(router, seq, slots, now)
+            model[router] = (now, {s: x for s, x in slots.items() if not x.empty})
+        elif op == "drop":
+            view.drop(router)
+            model.pop(router, None)
+        elif op == "forget":
+            view.forget_worker(WorkerId("a"))
+            model = {r: (t, {s: x for s, x in p.items() if s[0] != "a"})
+                     for r, (t, p) in model.items()}
+        else:
+            view.expire(now)
+            model = {r: v for r, v in model.items() if now - v[0] <= 2.0}
+        for slot in SLOTS:
+            want = NO_LOAD
+            for _, p in model.values():
+                want = want.plus(p.get(slot, NO_LOAD))
+            assert view.load(slot, now)[:5] == want[:5]
+        assert view.routers() == sorted(model)
+
+
+def test_an_older_publication_is_not_counted():
+    view, slot = PeerLoads(1.0), SLOTS[0]
+    assert view.update("r", 5, {slot: SlotLoad(requests=2)}, 0.0)
+    assert not view.update("r", 4, {slot: SlotLoad(requests=9)}, 0.1)
+    assert not view.update("r", 5, {slot: SlotLoad(requests=9)}, 0.1)  # a refreshed one
+    assert view.load(slot, 0.5) == SlotLoad(requests=2, age_s=0.5)
+    view.refreshed("r", 0.9)
+    assert view.expire(1.5) == [] and view.expire(2.0) == ["r"]
+    assert view.load(slot, 2.0) == NO_LOAD
+
+
+def test_negative_contributions_are_not_counted():
+    view, slot = PeerLoads(1.0), SLOTS[0]
+    view.update("r", 1, {slot: SlotLoad(requests=-3), SLOTS[1]: SlotLoad(held=1)}, 0.0)
+    assert view.load(slot, 0.0) == NO_LOAD and view.load(SLOTS[1], 0.0).held == 1
+
+
+def test_own_loads_gathers_each_part_per_slot():
+    a, b = SLOTS[0], SLOTS[1]
+    got = own_loads({a: 3}, {a: (2, 500)}, {b: 128}, [a, a, b])
+    assert got == {a: SlotLoad(3, 2, 500, 0, 2), b: SlotLoad(0, 0, 0, 128, 1)}
