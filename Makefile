@@ -15,7 +15,7 @@ model: bootstrap
 	$(PY) -m radix_global_cli make-model build/tiny-llama
 
 demo: bootstrap
-	$(PY) -m benchmarks.demo
+	$(PY) -m benchmarks.scenarios.demo
 
 # The vLLM venv is needed by the router's end-to-end test in front of real vLLM workers.
 test: bootstrap bootstrap-vllm lint
@@ -30,11 +30,11 @@ test-e2e: bootstrap bootstrap-vllm
 
 lint: bootstrap
 	$(PY) -m ruff check .
-	$(PY) -m mypy radix_global radix_global_cli router sglang_patch
+	$(PY) -m mypy radix_global radix_global_cli radix_global_tools router sglang_patch
 
 bench: bootstrap
-	$(PY) -m benchmarks.bench
+	$(PY) -m benchmarks.scenarios.bench
 
 # Issue 15's scenario: small local caches, two workloads over a load sweep (~35 minutes).
 bench-pressure: bootstrap
-	$(PY) -m benchmarks.pressure_bench
+	$(PY) -m benchmarks.scenarios.pressure_bench

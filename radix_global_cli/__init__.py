@@ -1,9 +1,10 @@
 """The ``radix-global`` command: one subcommand per process kind, each a module's ``main(argv)``.
 
 Subcommands are imported lazily so that the light router install never imports torch or sglang.
-Some still live in ``benchmarks/``, which the wheel does not carry (:data:`SOURCE_CHECKOUT_ONLY`):
-run from a source checkout (an editable install included) they import it from the checkout; from
-an installed wheel they say they need the source checkout and exit 2.
+``replay``, ``cluster`` and ``simulate`` are ``radix_global_tools`` (the ``[tools]`` extra).
+``bench`` lives in ``benchmarks/``, which the wheel does not carry (:data:`SOURCE_CHECKOUT_ONLY`):
+run from a source checkout (an editable install included) it imports it from the checkout; from an
+installed wheel it says it needs the source checkout and exits 2.
 """
 
 from __future__ import annotations
@@ -20,10 +21,12 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "index": ("radix_global.service", "the standalone index service (gRPC): `index serve`"),
     "router": ("router.cli.main", "start the Conductor router"),
     "status": ("router.cli.status", "print the cluster at a glance"),
-    "replay": ("benchmarks.replay", "replay a Mooncake-format trace against a router"),
-    "cluster": ("benchmarks.cluster_up", "a cluster over test hosts (netns): `cluster up`"),
-    "bench": ("benchmarks.bench", "side-by-side trace replay against peer routers"),
-    "simulate": ("benchmarks.simulate.main", "paper-scale discrete-event simulation"),
+    "replay": ("radix_global_tools.replay.client",
+               "replay a Mooncake-format trace against a router"),
+    "cluster": ("radix_global_tools.cluster.main",
+                "a cluster over test hosts (netns): `cluster up`"),
+    "bench": ("benchmarks.scenarios.bench", "side-by-side trace replay against peer routers"),
+    "simulate": ("radix_global_tools.simulate.main", "paper-scale discrete-event simulation"),
 }
 
 

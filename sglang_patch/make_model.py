@@ -214,6 +214,13 @@ def make_model(target: str | os.PathLike[str], recipe: ModelRecipe = DEFAULT_REC
     return dest
 
 
+def ensure_model(target: str | os.PathLike[str]) -> Path:
+    """``target`` left alone when it holds a model (a ``config.json``: ours or any other), else
+    the tiny model made there (:func:`make_model`); what the cluster harness and benchmarks run."""
+    dest = Path(target)
+    return dest if (dest / "config.json").exists() else make_model(dest)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="radix-global make-model", description=__doc__.split(
         "\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)

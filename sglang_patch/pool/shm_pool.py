@@ -209,7 +209,8 @@ class ShmPagePool(PagePool):
             src = self._slot_bytes(slot, length)
         # A scattered destination is filled through a private staging buffer: one big copy out
         # of shared memory then small private copies measured ~3x faster than many small reads
-        # of shared memory (benchmarks/pool_bench.py), and the engine never sees unverified bytes.
+        # of shared memory (benchmarks/micro/pool_bench.py), and the engine never sees unverified
+        # bytes.
         staged = [self._staging(length)] if len(arrays) > 1 else arrays
         self._copy_out(src, staged)
         del src

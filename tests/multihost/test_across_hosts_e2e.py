@@ -1,4 +1,5 @@
-"""radix-global across hosts, on real SGLang CPU workers (``benchmarks/hosts.py`` test hosts).
+"""radix-global across hosts, on real SGLang CPU workers (``radix_global_tools/cluster/hosts.py``
+test hosts).
 
 Hosts ``a`` and ``b`` (one worker each, each with its own shm pool), ``r`` (the router, and the
 client the test speaks from) and ``i`` (a standalone index service), joined by a bridge: every
@@ -37,9 +38,9 @@ from typing import Any, NamedTuple
 import httpx
 import pytest
 
-from benchmarks.host_cluster import HostCluster, HostProc
-from benchmarks.hosts import HostSet
 from radix_global.trace import synthetic_word
+from radix_global_tools.cluster.host_cluster import HostCluster, HostProc
+from radix_global_tools.cluster.hosts import HostSet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 PAGE = 16

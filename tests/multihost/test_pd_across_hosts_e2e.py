@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.host_cluster import HostCluster
-from benchmarks.hosts import HostSet
 from radix_global import kv_size, trace
+from radix_global_tools.cluster.host_cluster import HostCluster
+from radix_global_tools.cluster.hosts import HostSet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 PAGE = 4

@@ -1,4 +1,5 @@
-"""The subcommands that live in benchmarks/ (not in the wheel) degrade to one clear line."""
+"""The subcommand that lives in benchmarks/ (not in the wheel) degrades to one clear line; the
+tools (replay, cluster, simulate) are product modules."""
 
 from __future__ import annotations
 
@@ -11,10 +12,12 @@ import radix_global_cli
 
 
 def test_the_source_only_subcommands() -> None:
-    assert {"replay", "cluster", "bench", "simulate"} == radix_global_cli.SOURCE_CHECKOUT_ONLY
+    assert {"bench"} == radix_global_cli.SOURCE_CHECKOUT_ONLY
+    for name in ("replay", "cluster", "simulate"):
+        assert radix_global_cli.SUBCOMMANDS[name][0].startswith("radix_global_tools."), name
 
 
-@pytest.mark.parametrize("missing", ["benchmarks", "benchmarks.replay"])
+@pytest.mark.parametrize("missing", ["benchmarks", "benchmarks.scenarios.bench"])
 def test_without_benchmarks_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str],
                                                 missing: str) -> None:
@@ -26,10 +29,10 @@ def test_without_benchmarks_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch,
         return real(name, *args)
 
     monkeypatch.setattr(importlib, "import_module", import_module)
-    assert radix_global_cli.main(["replay", "--help"]) == 2
+    assert radix_global_cli.main(["bench", "--help"]) == 2
     out = capsys.readouterr()
     assert out.out == ""
-    assert out.err == ("radix-global replay: needs the source checkout (benchmarks/ is not in "
+    assert out.err == ("radix-global bench: needs the source checkout (benchmarks/ is not in "
                        "the wheel)\n")
 
 
@@ -43,4 +46,4 @@ def test_a_missing_dependency_inside_is_not_hidden(monkeypatch: pytest.MonkeyPat
 
     monkeypatch.setattr(importlib, "import_module", import_module)
     with pytest.raises(ModuleNotFoundError, match="tqdm"):
-        radix_global_cli.main(["replay", "--help"])
+        radix_global_cli.main(["bench", "--help"])

@@ -2,13 +2,16 @@
 
 One module-scoped build of the wheel from a copy of the source tree, then:
 
-- its contents: the four product packages (``py.typed`` in each, the CPU engine's
-  ``child_site``), the licence, the version of ``pyproject.toml``; no ``benchmarks`` or ``tests``;
+- its contents: the five product packages (``py.typed`` in each, the CPU engine's
+  ``child_site``, the simulator's calibrations), the licence, the version of ``pyproject.toml``;
+  no ``benchmarks`` or ``tests``;
 - ``[router]`` into a clean venv with ``constraints/lock-main.txt`` as constraints: ``pip check``,
   an import walk of every module of ``radix_global``, ``router`` and ``radix_global_cli`` (the
   venv holds only the core and ``[router]`` dependencies), ``radix-global router`` serving
-  ``/health`` and a routed ``/generate`` in front of an instant upstream, the benchmark commands
-  saying they need the source checkout;
+  ``/health`` and a routed ``/generate`` in front of an instant upstream, the benchmark command
+  saying it needs the source checkout;
+- ``[tools]`` into another clean venv the same way: ``pip check``, an import walk of every module
+  of ``radix_global_tools``, and ``replay``, ``cluster`` and ``simulate`` answering ``--help``;
 - the core alone at the lowest declared ``grpcio``/``protobuf``: the generated gRPC code imports,
   and so does every module of ``radix_global`` and ``radix_global_cli``;
 - ``[sglang]`` (a CUDA host's install) resolves: ``pip install --dry-run`` only.
@@ -33,21 +36,23 @@ import urllib.error
 import urllib.request
 import zipfile
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import pytest
+from stdlib_upstream import Upstream, free_port, http_call
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 LOCK = REPO / "constraints" / "lock-main.txt"
-PRODUCT = ("radix_global", "radix_global_cli", "router", "sglang_patch")
+PRODUCT = ("radix_global", "radix_global_cli", "radix_global_tools", "router", "sglang_patch")
 # What the build reads, plus benchmarks/ and tests/ so that leaving them out is tested for real.
 SOURCE = ("pyproject.toml", "README.md", "LICENSE", *PRODUCT, "benchmarks", "tests")
 INSTALL_TIMEOUT_S = 900
-SOURCE_ONLY_COMMANDS = ("replay", "cluster", "bench", "simulate")
+SOURCE_ONLY_COMMANDS = ("bench",)
+TOOL_COMMANDS = ("replay", "cluster", "simulate")
 
 
 def _project() -> dict[str, Any]:
@@ -141,6 +146,15 @@ def router_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
 
 
 @pytest.fixture(scope="module")
+def tools_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
+    """A clean venv holding the wheel with ``[tools]`` (which brings ``[router]``), the lock as
+    constraints."""
+    py = _venv(work / "venv-tools")
+    _run([str(py), "-m", "pip", "install", "-q", "-c", str(LOCK), f"{wheel}[tools]"], cwd=work)
+    return py
+
+
+@pytest.fixture(scope="module")
 def lowest_grpc_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
     """A clean venv holding the wheel's core only, at the lowest declared grpcio and protobuf."""
     py = _venv(work / "venv-lowest")
@@ -186,6 +200,8 @@ def test_wheel_contents(wheel: Path) -> None:
     for package in PRODUCT:
         assert f"{package}/py.typed" in names
     assert "sglang_patch/child_site/sitecustomize.py" in names  # the CPU engine's patch hook
+    for calibration in ("paper_config.toml", "cpu_config.toml"):  # radix-global simulate's
+        assert f"radix_global_tools/simulate/{calibration}" in names
     assert "radix_global/proto/index_pb2_grpc.py" in names
     assert f"{dist_info}/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
@@ -226,48 +242,30 @@ def test_benchmark_commands_need_the_checkout(router_venv: Path, work: Path,
                                    "(benchmarks/ is not in the wheel)")
 
 
-class _Upstream(BaseHTTPRequestHandler):
-    """An instant worker speaking the engine protocol the router needs: /health, /server_info,
-    /generate (as tests/router/http_peer.py's Upstream, on the standard library)."""
+def test_tools_install_pip_check(tools_venv: Path, work: Path) -> None:
+    done = _run([str(tools_venv), "-m", "pip", "check"], cwd=work, timeout=120)
+    print(done.stdout)
+    assert "No broken requirements found" in done.stdout
 
-    generated: list[dict[str, Any]] = []
 
-    def _send(self, status: int, body: dict[str, Any] | None = None) -> None:
-        data = json.dumps(body).encode() if body is not None else b""
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
+def test_tools_install_imports_every_module(tools_venv: Path, work: Path) -> None:
+    walked = _import_walk(tools_venv, work, "radix_global_tools")
+    print(f"{len(walked['seen'])} modules imported")
+    assert not walked["failed"], json.dumps(walked["failed"], indent=1)
+    assert len(walked["seen"]) > 15
 
-    def do_GET(self) -> None:
-        if self.path == "/health":
-            self._send(200)
-        elif self.path == "/server_info":
-            self._send(200, {"served_model_name": "tiny", "model_path": None,
-                             "tokenizer_path": None, "page_size": 4, "context_length": 512,
-                             "dp_size": 1, "kv_events_config": None,
-                             "disaggregation_mode": "null"})
-        else:
-            self._send(404, {"error": self.path})
 
-    def do_POST(self) -> None:
-        body = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))) or b"{}")
-        if self.path == "/generate":
-            self.generated.append(body)
-            self._send(200, {"text": "hello from upstream",
-                             "meta_info": {"cached_tokens": 0, "prompt_tokens": 3,
-                                           "id": body.get("rid")}})
-        else:
-            self._send(200, {})
-
-    def log_message(self, *args: Any) -> None:
-        pass
+@pytest.mark.parametrize("command", TOOL_COMMANDS)
+def test_tool_commands_run_from_the_wheel(tools_venv: Path, work: Path, command: str) -> None:
+    done = _run([str(tools_venv.parent / "radix-global"), command, "--help"], cwd=work,
+                timeout=60, check=False)
+    assert done.returncode == 0, (done.stdout, done.stderr)
+    assert "usage:" in done.stdout
 
 
 @pytest.fixture
 def upstream() -> Iterator[str]:
-    server = ThreadingHTTPServer(("127.0.0.1", 0), _Upstream)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Upstream)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -275,27 +273,8 @@ def upstream() -> Iterator[str]:
     thread.join(timeout=10)
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _http(method: str, url: str, body: dict[str, Any] | None = None) -> tuple[int, bytes]:
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(request, timeout=10) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as exc:
-        return exc.code, exc.read()
-
-
 def test_router_serves_from_the_wheel(router_venv: Path, work: Path, upstream: str) -> None:
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = (work / "router.log").open("w+")
     proc = subprocess.Popen([str(router_venv.parent / "radix-global"), "router", "--host",
@@ -307,9 +286,9 @@ def test_router_serves_from_the_wheel(router_venv: Path, work: Path, upstream: s
         health = generate = (0, b"")
         while time.monotonic() < deadline and proc.poll() is None:
             try:
-                health = _http("GET", f"{base}/health")
+                health = http_call("GET", f"{base}/health")
                 if health[0] == 200:
-                    generate = _http("POST", f"{base}/generate",
+                    generate = http_call("POST", f"{base}/generate",
                                      {"text": "hello world", "rid": "packaging-1",
                                       "sampling_params": {"max_new_tokens": 2}})
                     if generate[0] == 200:
@@ -322,7 +301,7 @@ def test_router_serves_from_the_wheel(router_venv: Path, work: Path, upstream: s
         assert health[0] == 200, f"/health {health}; router log:\n{tail}"
         assert generate[0] == 200, f"/generate {generate}; router log:\n{tail}"
         assert json.loads(generate[1])["text"] == "hello from upstream"
-        assert any(b.get("text") == "hello world" for b in _Upstream.generated)
+        assert any(b.get("text") == "hello world" for b in Upstream.generated)
     finally:
         proc.terminate()
         try:

@@ -111,3 +111,15 @@ def test_fresh_build_is_bitwise_deterministic() -> None:
     a = mm.build_model(recipe, 8192).state_dict()
     b = mm.build_model(recipe, 8192).state_dict()
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ensure_model_leaves_any_model_alone(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")  # some other model: not ours, not replaced
+    assert mm.ensure_model(tmp_path) == tmp_path
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]
+
+
+def test_ensure_model_makes_the_tiny_one_where_none_is(model_dir: Path, tmp_path: Path) -> None:
+    made = mm.ensure_model(tmp_path / "m")
+    assert json.loads((made / mm.STAMP_FILE).read_text()) == json.loads(
+        (model_dir / mm.STAMP_FILE).read_text())

@@ -1,5 +1,6 @@
-"""``MooncakePagePool`` on a real Mooncake Store across test hosts (``benchmarks/hosts.py``):
-the master on host ``m``, a writer client on host ``a``, readers on host ``b``. No engines.
+"""``MooncakePagePool`` on a real Mooncake Store across test hosts
+(``radix_global_tools/cluster/hosts.py``): the master on host ``m``, a writer client on host ``a``,
+readers on host ``b``. No engines.
 
 - Pages put on A are read intact on B, and B's link carried them (veth counters). Half of them
   move one call each, packed through the staging slots, half zero-copy in one multi-buffer call.
@@ -23,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from benchmarks.hosts import HostSet
+from radix_global_tools.cluster.hosts import HostSet
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRIVER = Path(__file__).with_name("mooncake_driver.py")

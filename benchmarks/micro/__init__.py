@@ -1,0 +1,1 @@
+"""Micro-benchmarks: one part alone (index, page keys, pool, policies, router overhead)."""

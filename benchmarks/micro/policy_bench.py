@@ -1,0 +1,84 @@
+"""Micro-benchmark: cost of one routing decision (choose + bookkeeping) per policy, pure core.
+
+A GlobalIndex holds ``--prompts`` prompts of 24 pages (first 16 on one worker's GPU, all 24 in the
+pool); requests cycle through them; each request's prefill completes 8 requests later, so queues
+stay short and the regression keeps learning. ``conductor_all`` is the Conductor pricing every
+slot (``price_top_k=None``), side by side with the default shortlist. Prints a table and writes
+JSON.
+
+    python -m benchmarks.micro.policy_bench [--requests 2000] [--out benchmarks/results/...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import statistics
+import time
+from pathlib import Path
+
+from radix_global.index import GlobalIndex
+from radix_global.ops import StorePages
+from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
+from router.routing.contract import RouteRequest, WorkerState
+from router.routing.cost import CostModel
+from router.routing.driver import PolicyDriver
+from router.routing.policies import get_policy
+from router.routing.prefill_model import PrefillModel
+
+NS = Namespace("bench@1")
+PAGE = 512
+
+
+def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int) -> float:
+    """Mean microseconds per ``route`` + ``prefill_done`` + ``finished``."""
+    rng = random.Random(seed)
+    index = GlobalIndex()
+    index.register_namespace(NS, PAGE)
+    keysets = [[PageKey(rng.getrandbits(62)) for _ in range(24)] for _ in range(prompts)]
+    for j, keys in enumerate(keysets):
+        index.apply(StorePages(NS, Location(WorkerId(f"w{j % workers}"), 0, Tier.GPU), None,
+                               keys[:16]))
+        index.apply(StorePages(NS, Location(PoolId("pool"), 0, Tier.POOL), None, keys))
+    cost = CostModel(prefill_prior=PrefillModel.llama3_70b_8xa800)
+    options = {"price_top_k": None} if policy == "conductor_all" else {}
+    driver = PolicyDriver(get_policy(policy.removesuffix("_all"), **options), cost, index)
+    ws = [WorkerState(WorkerId(f"w{i}"), NS, pool_id=PoolId("pool")) for i in range(workers)]
+    start = time.perf_counter()
+    for r in range(requests):
+        now = r * 0.01
+        driver.route(RouteRequest(f"r{r}", NS, 24 * PAGE, keysets[r % prompts], PAGE), ws, now)
+        if r >= 8:
+            driver.prefill_done(f"r{r - 8}", now, 0.5)
+            driver.finished(f"r{r - 8}", True, now)
+    return 1e6 * (time.perf_counter() - start) / requests
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--requests", type=int, default=2000)
+    ap.add_argument("--prompts", type=int, default=50)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--workers", type=int, nargs="+", default=[4, 16, 64])
+    ap.add_argument("--out", default="benchmarks/results/policy_bench.json")
+    args = ap.parse_args()
+    rows = []
+    print(f"{'policy':14s} {'workers':>7s} {'median us/req':>14s} {'min':>8s} {'max':>8s}")
+    for workers in args.workers:
+        for policy in ("round_robin", "least_load", "approx_cache", "conductor_all", "conductor"):
+            runs = [one_run(policy, workers, args.requests, args.prompts, seed)
+                    for seed in range(args.repeats)]
+            row = {"policy": policy, "workers": workers, "median_us": statistics.median(runs),
+                   "min_us": min(runs), "max_us": max(runs), "requests": args.requests}
+            rows.append(row)
+            print(f"{policy:14s} {workers:7d} {row['median_us']:14.1f} {row['min_us']:8.1f} "
+                  f"{row['max_us']:8.1f}")
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"benchmark": "policy_bench", "rows": rows}, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""Whole-cluster scenarios against peer set-ups (bench, cache pressure, PD, recovery)."""

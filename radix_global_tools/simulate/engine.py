@@ -1,0 +1,219 @@
+"""The discrete-event engine: arrivals and prefill completions on a simulated clock.
+
+Per arrival the real policy chooses a prefill instance through the real cost model, reading the
+real global index; the simulated instance then serves the request FIFO with the calibrated prefill
+time and, when the prefill completes, stores the prompt's pages in its local cache (and writes
+them through to the pool), feeding the resulting ``StorePages``/``RemovePages`` to the index.
+
+Modelling choices (also in docs/benchmarks.md):
+- The engine always reuses its own local cache; it fetches from the pool only the pages the
+  decision asked to fetch (Mooncake: the Conductor decides fetch vs recompute).
+- Hits are taken at dispatch (the pages are touched then, so queueing cannot evict them).
+- Pages become visible (local, pool, index) when the prefill that computed them completes.
+- The prefill instance is released at prefill end (decode runs elsewhere), so the router's
+  ``on_prefill_done`` and ``on_finished`` are both called then.
+- Engine-reported ``waiting_tokens`` is left unknown: the router-side FIFO queue model is exact
+  for a one-at-a-time server.
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+from radix_global.index import GlobalIndex
+from radix_global.ops import IndexOp, IndexRefusal
+from radix_global.types import Location, Namespace, PoolId, Tier, WorkerId
+from radix_global_tools.simulate.config import Calibration
+from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
+from radix_global_tools.simulate.workload import SimRequest, full_page_keys
+from router.routing.contract import (
+    ClusterView,
+    Decision,
+    RouteRequest,
+    RoutingPolicy,
+    WorkerState,
+)
+from router.routing.cost import CostModel
+from router.routing.driver import PolicyDriver
+
+NAMESPACE = Namespace("llama3-70b@sim")
+POOL_ID = PoolId("pool-global")
+
+# At equal times a completion is handled before an arrival, so the arrival sees its pages.
+_DONE, _ARRIVAL = 0, 1
+
+
+class RequestRecord(NamedTuple):
+    request_id: str
+    arrival_s: float
+    accepted: bool
+    worker_id: str | None
+    input_tokens: int
+    local_tokens: int  # reused from the chosen instance's own cache
+    fetched_tokens: int  # pulled from the pool
+    queue_s: float
+    fetch_s: float
+    prefill_s: float
+    ttft_s: float | None  # None when rejected
+    decision_s: float  # wall clock of policy.choose
+    reason: str = ""
+
+
+class _InFlight(NamedTuple):
+    req: SimRequest
+    keys: tuple[Any, ...]
+    instance: PrefillInstance
+    prefill_s: float
+    record: RequestRecord
+
+
+@dataclass
+class ClusterSpec:
+    """What one simulated run looks like (the policy object is built by the caller)."""
+
+    instances: int
+    calibration: Calibration
+    local_tokens_per_instance: int
+    with_pool: bool  # a global pool every instance can fetch from
+    ttft_slo_s: float | None = None  # passed on each RouteRequest (None: policy default)
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class TimedPolicy(RoutingPolicy):
+    """Delegates to a policy, recording the wall clock of its last ``choose``."""
+
+    name = "timed"
+
+    def __init__(self, inner: RoutingPolicy) -> None:
+        self.inner = inner
+        self.last_choose_s = 0.0
+
+    def choose(
+        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
+    ) -> Decision:
+        t0 = time.perf_counter()
+        decision = self.inner.choose(req, workers, view, now)
+        self.last_choose_s = time.perf_counter() - t0
+        return decision
+
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
+        self.inner.on_routed(req, decision, now)
+
+    def on_finished(self, request_id: str, ok: bool, now: float) -> None:
+        self.inner.on_finished(request_id, ok, now)
+
+
+class Simulation:
+    """One run: build with a spec, a policy and the router's cost model; ``run(requests)`` once.
+    The router side is the production :class:`PolicyDriver` (policy + cost model + index)."""
+
+    def __init__(self, spec: ClusterSpec, policy: RoutingPolicy, cost: CostModel) -> None:
+        cal = spec.calibration
+        self.spec, self.cal = spec, cal
+        self.policy = TimedPolicy(policy)
+        self.index = GlobalIndex()
+        self.index.register_namespace(NAMESPACE, cal.page_tokens)
+        pages = max(1, spec.local_tokens_per_instance // cal.page_tokens)
+        self.instances = [
+            PrefillInstance(
+                WorkerId(f"p{i}"), PageCache(NAMESPACE, local_location(WorkerId(f"p{i}")), pages)
+            )
+            for i in range(spec.instances)
+        ]
+        self._by_id = {inst.worker_id: inst for inst in self.instances}
+        self.pool: PageCache | None = None
+        if spec.with_pool:
+            pool_pages = max(1, spec.instances * cal.pool_tokens_per_instance // cal.page_tokens)
+            self.pool = PageCache(NAMESPACE, Location(POOL_ID, 0, Tier.POOL), pool_pages)
+        self.driver = PolicyDriver(self.policy, cost, index=self.index)
+        self.records: list[RequestRecord] = []
+        self.index_refusals: dict[str, int] = {}
+        self.now = 0.0
+
+    def _worker_states(self, now: float) -> list[WorkerState]:
+        pool_id = POOL_ID if self.pool is not None else None
+        return [
+            WorkerState(
+                worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id,
+                running=inst.running(now), waiting=inst.waiting(now),
+            )
+            for inst in self.instances
+        ]
+
+    def _apply(self, ops: Sequence[IndexOp]) -> None:
+        for op in ops:
+            try:
+                self.index.apply(op)
+            except IndexRefusal as exc:  # counted, never fatal: the run goes on
+                self.index_refusals[exc.reason] = self.index_refusals.get(exc.reason, 0) + 1
+
+    def run(self, requests: Sequence[SimRequest]) -> list[RequestRecord]:
+        heap: list[tuple[float, int, int, Any]] = []
+        for seq, req in enumerate(requests):
+            heap.append((req.arrival_s, _ARRIVAL, seq, req))
+        heapq.heapify(heap)
+        seq = len(requests)
+        while heap:
+            now, kind, _, payload = heapq.heappop(heap)
+            self.now = now
+            if kind == _ARRIVAL:
+                flight = self._arrive(payload, now)
+                if flight is not None:
+                    seq += 1
+                    done_at = now + flight.record.queue_s + flight.record.fetch_s + flight.prefill_s
+                    heapq.heappush(heap, (done_at, _DONE, seq, flight))
+            else:
+                self._complete(payload, now)
+        return self.records
+
+    def _arrive(self, req: SimRequest, now: float) -> _InFlight | None:
+        cal = self.cal
+        keys = full_page_keys(req, cal.page_tokens)
+        route = RouteRequest(
+            request_id=req.request_id, namespace=NAMESPACE, input_tokens=req.input_tokens,
+            page_keys=keys, page_size=cal.page_tokens, ttft_slo_s=self.spec.ttft_slo_s,
+            output_tokens_hint=req.output_tokens,
+        )
+        workers = self._worker_states(now)
+        decision = self.driver.route(route, workers, now)
+        decision_s = self.policy.last_choose_s
+        if not decision.accepted or decision.worker_id not in self._by_id:
+            self.records.append(RequestRecord(
+                req.request_id, now, False, None, req.input_tokens, 0, 0, 0.0, 0.0, 0.0, None,
+                decision_s, decision.reason or "unknown_worker",
+            ))
+            return None
+        inst = self._by_id[WorkerId(decision.worker_id)]
+        local = inst.cache.prefix_pages(keys)
+        inst.cache.touch(keys[:local])
+        fetched = 0
+        if self.pool is not None and decision.fetch_tokens > 0:
+            in_pool = self.pool.prefix_pages(keys)
+            self.pool.touch(keys[:in_pool])
+            wanted = max(local, decision.prefix_tokens // cal.page_tokens)
+            fetched = max(0, min(in_pool, wanted) - local)
+        # The last prompt token is always computed (its logits give the first output token).
+        reused = min((local + fetched) * cal.page_tokens, max(0, req.input_tokens - 1))
+        fetch_s = cal.fetch_s(fetched * cal.page_tokens)
+        prefill_s = cal.prefill_s(req.input_tokens, reused)
+        start, finish = inst.enqueue(now, fetch_s + prefill_s, req.input_tokens)
+        record = RequestRecord(
+            req.request_id, now, True, inst.worker_id, req.input_tokens,
+            min(local * cal.page_tokens, reused), fetched * cal.page_tokens,
+            start - now, fetch_s, prefill_s, finish + cal.first_token_s - now, decision_s,
+        )
+        return _InFlight(req, keys, inst, prefill_s, record)
+
+    def _complete(self, flight: _InFlight, now: float) -> None:
+        ops = flight.instance.cache.insert(flight.keys)
+        if self.pool is not None:
+            ops += self.pool.insert(flight.keys)
+        self._apply(ops)
+        rid = flight.req.request_id
+        self.driver.prefill_done(rid, now, prefill_s=flight.prefill_s)
+        self.driver.finished(rid, True, now)
+        self.records.append(flight.record)

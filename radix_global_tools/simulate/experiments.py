@@ -1,0 +1,185 @@
+"""The four paper experiments, each a function of the config returning plain data.
+
+Policy setups (the paper's names -> our policies):
+- ``random``: ``random``; ``load_balancing``: ``least_load`` (cache-blind), no pool;
+- ``local_cache_aware``: ``conductor`` over the exact index of each instance's own cache, no pool
+  (it balances cache reuse against queueing but can never fetch);
+- ``local_cache_aware_approx``: ``approx_cache`` (SGLang-router-like: the router's own memory of
+  what it sent where, LRU-bounded at the instance's cache size; no KV events);
+- ``global_cache_aware``: ``conductor`` with the global pool (fetch from the pool + local reuse).
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+import tracemalloc
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
+
+from radix_global.index import GlobalIndex
+from radix_global_tools.simulate.config import Calibration, SimConfig
+from radix_global_tools.simulate.engine import ClusterSpec, Simulation
+from radix_global_tools.simulate.metrics import RunSummary, summarize
+from radix_global_tools.simulate.workload import SimRequest, replicate, scale_load
+from router.routing.contract import RoutingPolicy
+from router.routing.cost import CostConfig, CostModel
+from router.routing.policies import get_policy
+from router.routing.prefill_model import PrefillModel
+
+
+class PolicySetup(NamedTuple):
+    policy: str
+    with_pool: bool
+    options: dict[str, Any]
+
+
+FIG5_SETUPS: dict[str, PolicySetup] = {
+    "random": PolicySetup("random", False, {"seed": 0}),
+    "load_balancing": PolicySetup("least_load", False, {}),
+    "local_cache_aware": PolicySetup("conductor", False, {}),
+    "local_cache_aware_approx": PolicySetup("approx_cache", False, {}),
+    "global_cache_aware": PolicySetup("conductor", True, {}),
+}
+
+
+def make_cost(cal: Calibration) -> CostModel:
+    """The router's cost model, its prefill regression seeded with the calibrated curve (what a
+    worker's registration profile would measure) and learning online from simulated prefills."""
+    config = CostConfig(
+        kv_bytes_per_token=cal.kv_bytes_per_token,
+        default_bandwidth_Bps=cal.bandwidth_bytes_per_s,
+        transfer_overhead_s=cal.fetch_latency_s,
+        # A simulated instance runs nothing beside its FIFO of prefills (decode is elsewhere,
+        # engine.py): there is no drag of decoding requests to learn.
+        drag_half_life=0.0,
+    )
+    prior = cal.prior_coefficients()
+    return CostModel(config, prefill_prior=lambda: PrefillModel(prior=prior))
+
+
+def make_policy(setup: PolicySetup, cal: Calibration, local_tokens: int) -> RoutingPolicy:
+    options = dict(setup.options)
+    if setup.policy == "approx_cache":
+        options.setdefault("max_pages_per_slot", max(1, local_tokens // cal.page_tokens))
+    if setup.policy == "conductor":
+        # The simulated engine publishes its cache the moment a prefill completes and grants reuse
+        # at arrival, so there is no event lag for the conductor's routed-prefix memory to bridge
+        # (and reuse from a still-queued earlier turn is not modelled): keep it off here.
+        options.setdefault("routed_ttl_s", 0)
+    return get_policy(setup.policy, **options)
+
+
+def run_one(
+    cal: Calibration,
+    requests: Sequence[SimRequest],
+    instances: int,
+    setup: PolicySetup,
+    local_tokens: int,
+    ttft_slo_s: float | None = None,
+) -> tuple[RunSummary, Simulation]:
+    spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s)
+    sim = Simulation(spec, make_policy(setup, cal, local_tokens), make_cost(cal))
+    records = sim.run(requests)
+    return summarize(records, cal.ttft_slo_s), sim
+
+
+Progress = Callable[[str], None]
+
+
+def fig5(cfg: SimConfig, trace: Sequence[SimRequest], loads: Sequence[float], instances: int,
+         progress: Progress) -> dict[str, list[dict[str, Any]]]:
+    """Mean TTFT (and more) of every setup at every load (rate multiplier)."""
+    cal = cfg.calibration
+    out: dict[str, list[dict[str, Any]]] = {label: [] for label in FIG5_SETUPS}
+    for load in loads:
+        reqs = scale_load(trace, load)
+        for label, setup in FIG5_SETUPS.items():
+            t0 = time.perf_counter()
+            summary, _ = run_one(cal, reqs, instances, setup, cal.local_tokens_per_instance)
+            progress(f"fig5 load={load:g} {label}: mean TTFT {summary.mean_ttft_s:.2f} s "
+                     f"({time.perf_counter() - t0:.1f} s wall)")
+            out[label].append({"load": load, **summary._asdict()})
+    return out
+
+
+def fig10(cfg: SimConfig, trace: Sequence[SimRequest], progress: Progress) -> dict[str, Any]:
+    """Global pool vs local caches: 10 instances of 3M tokens each. The global pool is routed by
+    the conductor with pool fetch; the local caches are shown routed two ways: by the conductor
+    over each instance's own cache (cache + load aware) and cache-blind (least_load)."""
+    cal = cfg.calibration
+    reqs = scale_load(trace, cfg.fig10_load)
+    res: dict[str, Any] = {}
+    for label in ("local_cache_aware", "load_balancing", "global_cache_aware"):
+        summary, _ = run_one(cal, reqs, cfg.fig10_instances, FIG5_SETUPS[label],
+                             cfg.fig10_local_tokens)
+        res[label] = summary._asdict()
+        progress(f"fig10 {label}: hit rate {summary.hit_rate:.3f}, "
+                 f"prefill {summary.prefill_compute_s:.0f} s")
+    glo = res["global_cache_aware"]
+    for local in ("local_cache_aware", "load_balancing"):
+        loc = res[local]
+        res[f"hit_rate_ratio_vs_{local}"] = (
+            glo["hit_rate"] / loc["hit_rate"] if loc["hit_rate"] else float("inf")
+        )
+        res[f"prefill_time_ratio_vs_{local}"] = glo["prefill_compute_s"] / loc["prefill_compute_s"]
+    return res
+
+
+def admission(cfg: SimConfig, trace: Sequence[SimRequest], progress: Progress) -> dict[str, Any]:
+    """Global cache-aware conductor under overload, with and without TTFT-SLO early rejection."""
+    cal = cfg.calibration
+    reqs = scale_load(trace, cfg.admission_load)
+    setup = FIG5_SETUPS["global_cache_aware"]
+    res: dict[str, Any] = {}
+    for label, slo in (("without_admission", None), ("with_admission", cal.ttft_slo_s)):
+        summary, _ = run_one(cal, reqs, cfg.admission_instances, setup,
+                             cal.local_tokens_per_instance, ttft_slo_s=slo)
+        res[label] = summary._asdict()
+        progress(f"admission {label}: goodput {summary.goodput_rps:.2f} req/s, "
+                 f"SLO attainment {summary.slo_attainment:.3f}")
+    return res
+
+
+def index_memory_bytes(index: GlobalIndex) -> int:
+    """Heap bytes of a copy of ``index`` rebuilt from its snapshot (traced allocations only,
+    so the measurement does not slow the simulated run itself)."""
+    data = index.snapshot()
+    gc.collect()
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        copy = GlobalIndex.restore(data)
+        after = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del copy
+    return after - before
+
+
+def scale(cfg: SimConfig, trace: Sequence[SimRequest], instance_counts: Sequence[int],
+          progress: Progress) -> list[dict[str, Any]]:
+    """16..N instances, one copy of the (truncated) trace per 16 instances in disjoint key
+    ranges: policy decision time and index memory."""
+    cal = cfg.calibration
+    base = scale_load(trace[: cfg.scale_requests_per_copy], cfg.scale_load)
+    rows: list[dict[str, Any]] = []
+    for n in instance_counts:
+        copies = max(1, n // 16)
+        reqs = replicate(base, copies)
+        t0 = time.perf_counter()
+        summary, sim = run_one(cal, reqs, n, FIG5_SETUPS["global_cache_aware"],
+                               cal.local_tokens_per_instance)
+        wall = time.perf_counter() - t0
+        stats = sim.index.stats()
+        mem = index_memory_bytes(sim.index)
+        rows.append({
+            "instances": n, "copies": copies, "requests": len(reqs),
+            "mean_decision_us": summary.mean_decision_us,
+            "p99_decision_us": summary.p99_decision_us,
+            "index_pages": stats.pages, "index_nodes": stats.nodes,
+            "index_memory_bytes": mem, "mean_ttft_s": summary.mean_ttft_s, "wall_s": wall,
+        })
+        progress(f"scale n={n}: decision {summary.mean_decision_us:.0f} us mean, "
+                 f"index {mem / 2**20:.1f} MiB ({wall:.1f} s wall)")
+    return rows
