@@ -198,6 +198,9 @@ class RouterState:
         info = entry.info
         coef = self.saved_profiles.get(info.worker_id, info.namespace) \
             if self.saved_profiles is not None else None
+        shared = self.view.shared
+        if coef is None and shared is not None:  # fitted by the leader, read from the service
+            coef = shared.profiles.get((info.worker_id, info.namespace))
         if coef is None:
             return False
         self.profile_book.joined(info.worker_id, info.namespace)

@@ -52,6 +52,8 @@ class SharedView:
         self.admitted: dict[str, bytes] = {}  # worker id -> its record, admitted here
         self.registered: dict[str, PrefixSpec] = {}  # prefixes registered through this router
         self.applying = False  # adding a worker a peer admitted: not this router's to write
+        # fitted profiles read from the service, for workers that join later
+        self.profiles: dict[tuple[str, str], tuple[float, ...]] = {}
 
     def worker_seen(self, record: rec.WorkerRecord, ident: str) -> None:
         info = rec.worker_info(record, ident)
@@ -107,9 +109,14 @@ class SharedView:
         self.registered.pop(name, None)
 
     def profile_seen(self, record: rec.ProfileRecord) -> None:
+        coef = tuple(record.coef)
+        if self.profiles.get((record.worker_id, record.namespace)) == coef:
+            return
+        if len(self.profiles) < 65536:
+            self.profiles[(record.worker_id, record.namespace)] = coef
         entry = self.registry.find(record.worker_id)
         if entry is not None and entry.info.namespace == record.namespace:
-            self.profile(entry, tuple(record.coef))
+            self.profile(entry, coef)
 
     def owned(self) -> list[tuple[Kind, str, bytes, float | None]]:
         out: list[tuple[Kind, str, bytes, float | None]] = [

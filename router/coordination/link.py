@@ -111,11 +111,11 @@ class Coordinator:
                        loop.create_task(self._follow())]
 
     async def stop(self) -> None:
-        for task in [*self._tasks, *self._spawned]:
+        tasks = [*self._tasks, *self._spawned]
+        for task in tasks:
             task.cancel()
-        for task in [*self._tasks, *self._spawned]:
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await task
+        if tasks:  # bounded: a connection that hangs in its close must not hold the shutdown
+            await asyncio.wait(tasks, timeout=self.config.op_timeout_s * 4)
         self._tasks = []
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
@@ -125,7 +125,8 @@ class Coordinator:
                     await self.redis.delete(self.keys.key(Kind.LEASE, LEADER))
                 await self._notify(Kind.LOAD, self.router_id)
         with contextlib.suppress(Exception):
-            await self.redis.aclose()
+            async with asyncio.timeout(self.config.op_timeout_s * 2):
+                await self.redis.aclose()
 
     def leads(self) -> bool:
         """Whether this router holds the leader lease now (runs the once-per-cluster jobs)."""
@@ -180,9 +181,8 @@ class Coordinator:
     async def resync(self) -> None:
         """Read every record; raises the service's error (the callers count it)."""
         await self._check_peers(at_start=False)
-        for kind, ident, raw in await self._scan(Kind.WORKER):
-            self._apply(kind, ident, raw)
-        for kind in (Kind.DRAIN, Kind.PREFIX, Kind.PROFILE, Kind.LOAD):
+        # profiles before workers: a worker joining here is priced with its fitted profile
+        for kind in (Kind.PROFILE, Kind.WORKER, Kind.DRAIN, Kind.PREFIX, Kind.LOAD):
             for _, ident, raw in await self._scan(kind):
                 self._apply(kind, ident, raw)
         live = {i for _, i, _ in await self._scan(Kind.LOAD)}

@@ -107,8 +107,5 @@ def serve(state: RouterState) -> None:
 
     config = state.config
     listen = config.listen
-    server = uvicorn.Server(server_config(build_app(state), listen.host, listen.port,
-                                          listen.log_level, config.client))
-    server.run()
-    if not server.started:  # the start failed (logged): e.g. peers of another config
-        raise SystemExit(2)
+    uvicorn.Server(server_config(build_app(state), listen.host, listen.port, listen.log_level,
+                                 config.client)).run()

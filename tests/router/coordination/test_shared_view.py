@@ -4,6 +4,9 @@ the instant peers of ``tests/router/http_peer.py``; real engines are the end-to-
 
 from __future__ import annotations
 
+import asyncio
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -15,6 +18,8 @@ from redis_server import RedisServer
 
 from radix_global.types import WorkerId
 from router.cluster.slots import worker_states
+from router.coordination.config import CoordinationConfig
+from router.coordination.link import Coordinator
 
 FAST = {"coordination_resync_s": 0.2, "coordination_load_publish_s": 0.05,
         "coordination_lease_s": 1.0, "coordination_op_timeout_s": 0.3, "engine_load_poll_s": 0,
@@ -141,14 +146,37 @@ def test_one_routers_in_flight_work_is_in_the_others_view(router_factory, upstre
     wait_for(lambda: b.state.view.peer(slot).empty, what="a's work done in b's view")
 
 
-def test_exactly_one_router_leads(router_factory, redis_server):
-    a, b = routers(router_factory, redis_server)
-    wait_for(lambda: a.state.view.leads() or b.state.view.leads(), what="a leader")
-    time.sleep(0.5)
-    assert a.state.view.leads() != b.state.view.leads()
-    leader, other = (a, b) if a.state.view.leads() else (b, a)
-    leader.server.stop()  # gives the lease back as it stops
-    wait_for(other.state.view.leads, timeout_s=5, what="the other router taking over")
+class _Nothing:
+    """A router with no state (the lease alone is under test)."""
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *a, **k: [] if name == "owned" else None
+
+
+def test_exactly_one_router_leads_and_another_takes_over(redis_server):
+    config = CoordinationConfig(url=redis_server.url, lease_s=0.6, resync_s=0.2,
+                                op_timeout_s=0.3)
+
+    async def run() -> None:
+        links = [Coordinator(config, f"r{i}", "v", "d", _Nothing(), dict) for i in range(3)]
+        for link in links:
+            await link.start()
+        await asyncio.sleep(1.0)
+        assert sum(link.leads() for link in links) == 1
+        (leader,) = [link for link in links if link.leads()]
+        for task in leader._tasks:  # dies without a goodbye: the lease expires
+            task.cancel()
+        await asyncio.sleep(1.2)
+        assert not leader.leads()
+        (second,) = [link for link in links if link.leads()]
+        await second.stop()  # a clean stop gives the lease back at once
+        await asyncio.sleep(0.5)
+        assert [link for link in links if link.leads()] == [
+            link for link in links if link not in (leader, second)]
+        for link in links:
+            await link.stop()
+
+    asyncio.run(run())
 
 
 def test_the_service_down_routers_keep_routing_and_rejoin(router_factory, upstreams,
@@ -195,3 +223,12 @@ def test_hostile_records_are_refused_and_counted(router_factory, upstreams, redi
     assert a.state.view.peer((WorkerId("w1"), 0)).empty
     assert len(a.state.shared_prefixes) == 0
     assert generate(a).status_code == 200
+
+
+def test_routers_of_another_config_refuse_to_share(router_factory, redis_server):
+    routers(router_factory, redis_server, 1)  # policy least_load
+    argv = [sys.executable, "-m", "radix_global_cli", "router", "--port", "0",
+            "--coordination", redis_server.url, "--policy", "round_robin"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 3, done.stderr[-2000:]  # uvicorn's failed start
+    assert "config digest" in done.stderr and "'r0'" in done.stderr
