@@ -1,0 +1,332 @@
+"""Several routers, one view, on real SGLang CPU workers (``docs/interfaces.md``, "Several
+routers, one view"; ``radix_global_tools/cluster/hosts.py`` test hosts).
+
+Hosts ``a`` and ``b`` (one worker each), ``p`` and ``q`` (a router each), ``k`` (the Redis
+both routers share, started here; the client speaks from ``k`` too). The workers are given both
+routers (``--radix-global http://p,http://q``): they register once, with ``p``.
+
+1. Both routers route to the workers registered once; a router not sharing the view (another
+   cluster name on the same Redis: the negative control) has no worker at all.
+2. A conversation whose turns alternate between the routers lands where its history is cached
+   (the engine's cached tokens and the routers' predictions agree).
+3. A burst of long streaming prompts split across both routers: with the shared load view each
+   engine has at most the dispatch depth (plus one publication's worth) of prefills at once,
+   as one router alone would allow; both routers restarted with the load view effectively off
+   (the negative control) book the engines twice over. The restarted routers know the workers
+   at once, from the service.
+4. A router killed -9 during a replay: requests retried on the other router by the client all
+   succeed; restarted, the router is ready at once and routes a conversation to its holder.
+5. The coordination service killed -9 and restarted (empty) during a replay: no request fails,
+   and the routers write their records back.
+One engine start-up per worker host for the module.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any, NamedTuple
+
+import httpx
+import pytest
+import redis
+
+from radix_global.trace import synthetic_word
+from radix_global_tools.cluster.host_cluster import HostCluster, HostProc
+from radix_global_tools.cluster.hosts import HostSet
+from radix_global_tools.cluster.netns import netns_executor
+
+pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
+PAGE = 16
+REDIS_PORT = 6379
+DEPTH = 2  # the dispatch gate's depth (its default)
+
+
+class Up(NamedTuple):
+    hosts: HostSet
+    c: HostCluster
+    redis_url: str
+    redis: list[subprocess.Popen[bytes]]  # the service's process (replaced when restarted)
+
+
+def text(seed: int, words: int) -> str:
+    return " ".join(synthetic_word((seed * 7919 + i) % 4000) for i in range(words))
+
+
+def router_options(redis_url: str, name: str, *extra: str) -> list[str]:
+    return ["--coordination", redis_url, "--coordination-router-id", name,
+            "--coordination-resync-s", "0.5", "--heartbeat-timeout-s", "8",
+            "--health-check-interval-s", "0.5", "--connect-timeout-s", "2", *extra]
+
+
+def chat(c: HostCluster, router: HostProc, messages: list[dict[str, str]],
+         **extra: Any) -> httpx.Response:
+    return c.request("POST", router.url + "/v1/chat/completions", timeout=240.0, json={
+        "model": "tiny", "messages": messages, "max_tokens": 4, "temperature": 0, **extra})
+
+
+def cached_tokens(r: httpx.Response) -> int:
+    return int(r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] or 0)
+
+
+def routers(c: HostCluster) -> dict[str, HostProc]:
+    return {p.host: p for p in c.procs if p.name.startswith("router")}
+
+
+def start_routers(c: HostCluster, redis_url: str, *extra: str) -> dict[str, HostProc]:
+    for host in "pq":
+        c.start_router(host, options=router_options(redis_url, host, *extra))
+    return routers(c)
+
+
+def ready(c: HostCluster, router: HostProc) -> bool:
+    with contextlib.suppress(httpx.HTTPError):
+        return c.request("GET", router.url + "/ready", timeout=5).status_code == 200
+    return False
+
+
+@pytest.fixture(scope="module")
+def up(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Up]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is missing: scripts/bootstrap.sh installs it")
+    with HostSet(["a", "b", "p", "q", "k"], tmp_path_factory.mktemp("hosts")) as hosts:
+        c = HostCluster(hosts, tiny_model_dir, client_host="k", page_size=PAGE)
+        address = hosts["k"].address
+        try:
+            service = [start_redis(hosts)]
+            c.call(wait_redis, address)
+            url = f"redis://{address}:{REDIS_PORT}/0"
+            r = start_routers(c, url)
+            both = SimpleNamespace(url=f"{r['p'].url},{r['q'].url}")
+            workers = [c.start_worker(h, both, cores={n}) for n, h in enumerate("ab")]
+            c.wait_http(workers)
+            c.wait_workers(r["p"], {"w-a", "w-b"})
+            yield Up(hosts, c, url, service)
+        finally:
+            c.close()
+
+
+def start_redis(hosts: HostSet) -> subprocess.Popen[bytes]:
+    """Redis on ``k``, no persistence (a restart comes back empty)."""
+    return hosts.spawn("k", "redis", [
+        "redis-server", "--bind", hosts["k"].address, "--port", str(REDIS_PORT), "--save", "",
+        "--appendonly", "no", "--protected-mode", "no"])
+
+
+def wait_redis(host: str, timeout_s: float = 20.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            redis.Redis(host=host, port=REDIS_PORT, socket_timeout=1).ping()
+            return
+        except redis.RedisError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
+
+
+def test_both_routers_route_to_workers_registered_once(up: Up) -> None:
+    c, r = up.c, routers(up.c)
+    c.wait_workers(r["q"], {"w-a", "w-b"}, timeout_s=30)  # registered with p only
+    for name in "pq":
+        assert ready(c, r[name])
+        got = chat(c, r[name], [{"role": "user", "content": text(900 + ord(name), 20)}])
+        assert got.status_code == 200, got.text
+    # negative control: a router of another cluster on the same service sees no worker
+    alone = c.start_router("k", port=30090, options=router_options(
+        up.redis_url, "alone", "--coordination-cluster", "elsewhere"))
+    try:
+        assert not ready(c, alone)
+        assert chat(c, alone, [{"role": "user", "content": "hi"}]).status_code == 503
+    finally:
+        c.stop(alone)
+
+
+def test_a_conversation_alternating_between_routers_finds_its_history(up: Up) -> None:
+    c, r = up.c, routers(up.c)
+    messages = [{"role": "user", "content": text(1, 120)}]
+    holder = None
+    for turn, name in enumerate("pqpq"):
+        got = chat(c, r[name], messages)
+        assert got.status_code == 200, got.text
+        worker = got.headers["x-radix-worker"]
+        if turn == 0:
+            holder = worker
+        else:  # the other router knew where the history is, and the engine agrees
+            assert worker == holder, (turn, name)
+            predicted = int(got.headers["x-radix-prefix-tokens"])
+            assert predicted > 0 and cached_tokens(got) >= predicted - PAGE, \
+                (turn, predicted, cached_tokens(got))
+        messages += [{"role": "assistant", "content": got.json()["choices"][0]["message"]
+                      ["content"]}, {"role": "user", "content": text(100 + turn, 30)}]
+
+
+def burst_peak(c: HostCluster, r: dict[str, HostProc], seed: int, n: int = 16
+               ) -> dict[str, int]:
+    """Send ``n`` long streaming prompts, half through each router, at once; the peak of each
+    engine's requests in its scheduler (``/v1/loads``: running + waiting; a prompt asks one
+    token, so that is its prefill), sampled from a thread of its own in the client host (the
+    client's threads are all busy sending)."""
+    engines = {h: c.hosts.url(h, 30000) + "/v1/loads?include=core" for h in "ab"}
+    peak, stop = dict.fromkeys(engines, 0), threading.Event()
+
+    def sample() -> int:
+        polls = 0
+        with httpx.Client(timeout=2.0) as http:
+            while not stop.is_set():
+                for h, url in engines.items():
+                    with contextlib.suppress(httpx.HTTPError, KeyError, ValueError):
+                        (load,) = http.get(url).json()["loads"]
+                        peak[h] = max(peak[h], load["num_running_reqs"]
+                                      + load["num_waiting_reqs"])
+                        polls += 1
+                time.sleep(0.005)
+        return polls
+
+    def one(i: int) -> int:
+        body = {"model": "tiny", "messages": [{"role": "user", "content": text(seed + i, 900)}],
+                "max_tokens": 1, "temperature": 0, "stream": True}
+        with httpx.Client(timeout=240.0) as http:
+            return http.post(r["pq"[i % 2]].url + "/v1/chat/completions", json=body).status_code
+
+    sampler = netns_executor(c.hosts["k"].netns, workers=1)
+    clients = netns_executor(c.hosts["k"].netns, workers=n)  # every request in flight at once
+    polls = sampler.submit(sample)
+    try:
+        codes = [f.result(300) for f in [clients.submit(one, i) for i in range(n)]]
+    finally:
+        stop.set()
+        assert polls.result(30) > 20  # the engines were watched throughout
+        sampler.shutdown()
+        clients.shutdown()
+    assert codes == [200] * n, codes
+    return peak
+
+
+def test_a_burst_across_both_routers_books_each_engine_once(up: Up) -> None:
+    c = up.c
+    shared = burst_peak(c, routers(c), seed=5000)
+    # negative control: the same routers restarted with the load view off (a publication once
+    # an hour): each books the engines as if it were alone
+    for proc in routers(c).values():
+        c.stop(proc)
+    r = start_routers(c, up.redis_url, "--coordination-load-publish-s", "3600")
+    try:
+        for name in "pq":  # warm at once: the workers from the service, no re-registration
+            c.wait_workers(r[name], {"w-a", "w-b"}, timeout_s=20)
+        alone = burst_peak(c, r, seed=6000)
+    finally:
+        for proc in routers(c).values():
+            c.stop(proc)
+        start_routers(c, up.redis_url)
+    print(f"peak prefills per engine: shared view {shared}, load view off {alone}")
+    # one router alone lets DEPTH prefills into an engine; shared, the two together do (one
+    # more at most, from a publication in flight); unshared, each books DEPTH there
+    assert max(shared.values()) <= DEPTH + 1, shared
+    assert max(alone.values()) > DEPTH + 1, alone
+
+
+class Replay:
+    """Conversations' turns from the client host, each sent to one router and retried on the
+    other when that one does not answer (what a load balancer does); bounded in count."""
+
+    def __init__(self, c: HostCluster, first: str = "p") -> None:
+        self.c, self.first = c, first
+        self.ok = self.failed = self.retried = 0
+        self.stop = threading.Event()
+        self.errors: list[str] = []
+
+    def send(self, i: int) -> None:
+        r = routers(self.c)
+        order = ["p", "q"] if i % 2 == 0 else ["q", "p"]
+        for attempt, name in enumerate(order):
+            if name not in r:
+                continue
+            try:
+                got = chat(self.c, r[name], [{"role": "user", "content": text(7000 + i, 40)}])
+            except httpx.TransportError as exc:
+                self.retried += 1
+                self.errors.append(f"{name}: {exc!r}")
+                continue
+            if got.status_code == 200:
+                self.ok += 1
+                return
+            self.errors.append(f"{name}: HTTP {got.status_code} {got.text[:200]}")
+            if attempt == 0 and got.status_code in (502, 503):
+                continue
+            break
+        self.failed += 1
+
+    def run(self, max_requests: int = 400) -> threading.Thread:
+        def loop() -> None:
+            for i in range(max_requests):
+                if self.stop.is_set():
+                    return
+                self.send(i)
+
+        thread = threading.Thread(target=loop)
+        thread.start()
+        return thread
+
+
+def test_a_router_killed_during_a_replay_loses_nothing_retried(up: Up) -> None:
+    c = up.c
+    replay = Replay(c)
+    thread = replay.run()
+    try:
+        time.sleep(3)
+        q = routers(c)["q"]
+        q.popen.kill()  # -9: no goodbye to the service or the clients
+        q.popen.wait(10)
+        c.procs.remove(q)
+        time.sleep(3)
+        restarted = c.start_router("q", options=router_options(up.redis_url, "q"))
+        deadline = time.monotonic() + 10
+        while not ready(c, restarted):  # ready from the service's view, at once
+            assert time.monotonic() < deadline, restarted.log_tail()
+            time.sleep(0.1)
+        time.sleep(2)
+    finally:
+        replay.stop.set()
+        thread.join(120)
+    assert replay.failed == 0 and replay.ok > 10, replay.errors[-5:]
+    # restarted, it routes to a conversation's history holder (from its engines' events)
+    messages = [{"role": "user", "content": text(31, 120)}]
+    first = chat(c, routers(c)["p"], messages)
+    messages += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "more"}]
+    second = chat(c, routers(c)["q"], messages)
+    assert second.headers["x-radix-worker"] == first.headers["x-radix-worker"]
+    assert cached_tokens(second) > 0
+
+
+def test_the_coordination_service_down_and_back_fails_no_request(up: Up) -> None:
+    c, address = up.c, up.hosts["k"].address
+    server = up.redis[0]
+    replay = Replay(c)
+    thread = replay.run()
+    try:
+        time.sleep(2)
+        server.kill()
+        server.wait(10)
+        time.sleep(4)  # routers degraded, routing on their last view
+        stats = c.request("GET", routers(c)["p"].url + "/admin/stats", admin=True).json()
+        assert stats["coordination"]["degraded"], stats["coordination"]
+        up.redis[0] = start_redis(up.hosts)
+        c.call(wait_redis, address)
+        time.sleep(4)
+    finally:
+        replay.stop.set()
+        thread.join(120)
+    assert replay.failed == 0 and replay.ok > 10, replay.errors[-5:]
+    client = c.call(lambda: redis.Redis(host=address, port=REDIS_PORT, socket_timeout=2))
+    keys = c.call(lambda: sorted(k.decode() for k in client.keys("rg:default:worker:*")))
+    assert keys == ["rg:default:worker:w-a", "rg:default:worker:w-b"]  # written back
+    for proc in routers(c).values():
+        stats = c.request("GET", proc.url + "/admin/stats", admin=True).json()
+        assert not stats["coordination"]["degraded"]
