@@ -96,8 +96,24 @@ def stats(state: RouterState) -> dict[str, Any]:
         "cost_model": state.routing.cost.stats(),
         "recent": list(state.recent)[-50:],
         "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None
-        "coordination": state.view.stats(),  # several routers, one view; None when alone
+        "coordination": _coordination(state),  # several routers, one view; None when alone
     }
+
+
+PEER_LOAD_MAX_SLOTS = 256  # bounded: a stats answer must stay small at any cluster size
+
+
+def _coordination(state: RouterState) -> dict[str, Any] | None:
+    """The link's stats, with ``peer_load``: the slots some peer has work on (at most
+    :data:`PEER_LOAD_MAX_SLOTS`), each ``[worker, rank, requests, prefilling, prefill_tokens,
+    decode_tokens, held]`` as this router counts them now."""
+    out, link = state.view.stats(), state.view.link
+    if out is None or link is None:
+        return out
+    now = link.clock()
+    out["peer_load"] = [[worker, rank, *link.peers.load((worker, rank), now)[:5]]
+                        for worker, rank in sorted(link.peers.slots())[:PEER_LOAD_MAX_SLOTS]]
+    return out
 
 
 def guard(state: RouterState, fn: Any) -> Any:
