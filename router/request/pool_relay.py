@@ -74,7 +74,8 @@ class PoolForward:
                 await proxy.abort(self.run.decode.url, engine_rid)
 
     def _slots(self) -> tuple[WorkerState, list[WorkerState]]:
-        slots = worker_states(self.state.registry.for_model(self.inbound.model))
+        slots = worker_states(self.state.registry.for_model(self.inbound.model),
+                              view=self.state.view)
         d = self.routed.decision
         prefill = next((s for s in slots if s.slot == (d.worker_id, d.dp_rank)), None)
         if prefill is None:

@@ -109,7 +109,7 @@ async def prefetch_matches(state: RouterState, req: RouteRequest) -> None:
 def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:
     clock = state.clock
     t = clock()
-    slots = worker_states(state.registry.for_model(inbound.model), excluded)
+    slots = worker_states(state.registry.for_model(inbound.model), excluded, state.view)
     decision = state.routing.route(inbound.req, slots, clock())
     state.metrics.stage("policy").observe(clock() - t)
     return _answer(state, inbound, decision)
@@ -146,7 +146,8 @@ def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, Priced] |
     not place it."""
     req = inbound.req
     estimate = state.routing.estimate(
-        req, worker_states(state.registry.for_model(inbound.model)), state.clock())
+        req, worker_states(state.registry.for_model(inbound.model), view=state.view),
+        state.clock())
     if not estimate.accepted or estimate.worker_id is None:
         return None
     prefill_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None

@@ -232,3 +232,28 @@ def test_routers_of_another_config_refuse_to_share(router_factory, redis_server)
     done = subprocess.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 3, done.stderr[-2000:]  # uvicorn's failed start
     assert "config digest" in done.stderr and "'r0'" in done.stderr
+
+
+def test_a_router_prices_the_others_work_when_it_places_a_request(router_factory, upstreams,
+                                                                  redis_server):
+    (busy, busy_server), (idle, idle_server) = upstreams(), upstreams()
+    a, b = routers(router_factory, redis_server, policy="conductor")
+    register(a, busy_server.url, "w1")
+    register(a, idle_server.url, "w2")
+    wait_for(lambda: len(b.state.registry) == 2, what="both workers on b")
+    busy.first_chunk = threading.Event()
+    sent = threading.Thread(target=generate, kwargs={"router": a, "stream": True})
+    sent.start()
+    try:
+        wait_for(lambda: busy.requests, what="a's request on w1 (the tie goes to the first)")
+        wait_for(lambda: b.state.view.peer((WorkerId("w1"), 0)).prefilling == 1)
+        assert generate(b).status_code == 200
+        assert len(idle.requests) == 1  # b saw w1 busy with a's prefill
+        # what it saw: a's prefill priced into w1's queue; without the view w1 looks idle
+        cost, now = b.state.routing.cost, b.state.clock()
+        entries = [b.state.registry.get("w1")]
+        (shared,), (alone,) = worker_states(entries, view=b.state.view), worker_states(entries)
+        assert cost.queue_s(shared, now) > 0 == cost.queue_s(alone, now)
+    finally:
+        busy.first_chunk.set()
+        sent.join(10)
