@@ -100,7 +100,8 @@ class RouterState:
                                     clock=clock, models=config.models,
                                     on_change=self.refresh_gauges,
                                     on_alive=self.worker_alive, busy=self._busy,
-                                    on_dead=self._worker_dead)
+                                    on_dead=self._worker_dead,
+                                    may_expire=lambda: not self.view.degraded)
         self.health.bind_metrics(self.metrics.registry)
         self.warmer = HotPrefixWarmer(self.index, self.registry, self.proxy.client,
                                       self.routing.cost.outstanding, config.warm,
@@ -284,6 +285,7 @@ class RouterState:
         self.profile_book.left(entry.info.worker_id)
         self.index.worker_removed(entry)
         self.routing.worker_removed(entry.worker_id)
+        self.view.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
         self.refresh_gauges()
 
@@ -293,8 +295,9 @@ class RouterState:
         when nothing was answered yet). Not while another entry serves the same URL."""
         if any(e.info.url == entry.info.url for e in self.registry.all()):
             return
-        if self.view.writes is not None:  # gone for every router
-            self.view.writes.worker_removed(entry.worker_id)
+        writes = self.view.writes
+        if writes is not None and writes.owns(entry.info.worker_id):  # gone for every router
+            writes.worker_removed(entry.info.worker_id)
         broken = self.proxy.break_worker(entry.info.url, f"worker {entry.worker_id} left the "
                                          "cluster (no heartbeat, failed health checks or "
                                          "refused connections)")

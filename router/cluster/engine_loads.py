@@ -24,6 +24,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated, Any, NamedTuple
 
 import httpx
@@ -97,7 +98,10 @@ def _text(payload: bytes | str, what: str) -> str:
 
 def parse_sglang_loads(payload: bytes | str | Mapping[str, Any],
                        at: float = 0.0) -> dict[int, EngineLoad]:
-    """SGLang's ``/v1/loads`` answer (body or decoded JSON) -> dp rank -> its load."""
+    """SGLang's ``/v1/loads`` answer (body or decoded JSON) -> dp rank -> its load. A rank's
+    ``at`` is ``at`` less its snapshot's age (the answer's time less the rank's ``timestamp``,
+    both the engine's clock): the scheduler writes a snapshot every few iterations and none
+    while idle, so an idle engine keeps serving the one taken in its last busy moment."""
     doc: object = payload
     if isinstance(payload, bytes | str):
         try:
@@ -107,10 +111,15 @@ def parse_sglang_loads(payload: bytes | str | Mapping[str, Any],
     loads = doc.get("loads") if isinstance(doc, Mapping) else None
     if not isinstance(loads, list) or not 0 < len(loads) <= MAX_DP_RANKS:
         raise EngineLoadError(f"/v1/loads: no 'loads' list of 1 to {MAX_DP_RANKS} ranks")
+    answered = _epoch(doc.get("timestamp")) if isinstance(doc, Mapping) else None
     out: dict[int, EngineLoad] = {}
     for item in loads:
         if not isinstance(item, Mapping):
             raise EngineLoadError(f"/v1/loads: a rank is not an object ({item!r:.40})")
+        taken = item.get("timestamp")
+        age = (max(0.0, answered - taken) if answered is not None
+               and isinstance(taken, int | float) and not isinstance(taken, bool)
+               and math.isfinite(taken) else 0.0)
         rank = _whole(item.get("dp_rank"), "/v1/loads dp_rank", MAX_DP_RANKS - 1)
         if rank in out:
             raise EngineLoadError(f"/v1/loads: dp_rank {rank} twice")
@@ -123,8 +132,18 @@ def parse_sglang_loads(payload: bytes | str | Mapping[str, Any],
         waiting = _whole(item.get("num_waiting_reqs"), "/v1/loads num_waiting_reqs", MAX_REQUESTS)
         out[rank] = EngineLoad(running, waiting,
                                _optional(item, "num_waiting_uncached_tokens"),
-                               headroom, at)
+                               headroom, at - age)
     return out
+
+
+def _epoch(value: object) -> float | None:
+    """An ISO 8601 time (``/v1/loads``'s ``timestamp``) as seconds since the epoch."""
+    if not isinstance(value, str) or len(value) > 64:
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()
+    except ValueError:
+        return None
 
 
 def _label_tokens(labels: Mapping[str, str], key: str) -> int | None:

@@ -99,7 +99,8 @@ class HealthMonitor:
                  on_change: Callable[[], None] | None = None,
                  on_alive: Callable[[str], None] | None = None,
                  busy: Callable[[str], bool] | None = None,
-                 on_dead: Callable[[WorkerEntry], None] | None = None) -> None:
+                 on_dead: Callable[[WorkerEntry], None] | None = None,
+                 may_expire: Callable[[], bool] | None = None) -> None:
         self.registry = registry
         self.config = config
         self.models = models or ModelOverrides()  # what command-line workers' models are
@@ -110,6 +111,9 @@ class HealthMonitor:
         self.busy = busy  # worker id -> has requests of ours in flight
         # a worker removed as dead (silent, failed checks, refused): end what it still carries
         self.on_dead = on_dead
+        # False while heartbeats may be going to another router that cannot tell this one
+        # (the shared view's service is down): silence is no evidence then
+        self.may_expire = may_expire
         self._failures: dict[str, int] = {}
         self._task: asyncio.Task[None] | None = None
         self.connect_failures = ConnectFailures(config.connect_timeouts_to_remove,
@@ -148,7 +152,8 @@ class HealthMonitor:
 
     async def check_once(self) -> None:
         now = self.clock()
-        expired = self.registry.expire(now, self.config.heartbeat_timeout_s)
+        expired = (self.registry.expire(now, self.config.heartbeat_timeout_s)
+                   if self.may_expire is None or self.may_expire() else [])
         for entry in expired:
             log.warning("worker %s sent no heartbeat for %.0f s: removed", entry.worker_id,
                         self.config.heartbeat_timeout_s)

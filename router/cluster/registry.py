@@ -42,6 +42,9 @@ class UnknownWorkerError(RegistryError):
 class Source(StrEnum):
     CLI = "cli"  # given on the router's command line: health-checked over HTTP
     REGISTERED = "registered"  # joined through POST /admin/workers: must heartbeat
+    # admitted by another router sharing this one's view (router/coordination/): present while
+    # its record is, which heartbeats anywhere keep alive; never expired here
+    SHARED = "shared"
 
 
 @dataclass

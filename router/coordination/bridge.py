@@ -1,12 +1,15 @@
 """Between the coordination link and one router's state: what peers wrote is applied to this
 router's registry, shared prefixes and prefill profiles (:class:`SharedView`, the link's
-:class:`~router.coordination.link.SharedState`), and what this router admits is written for its
-peers (:class:`SharedWrites`).
+:class:`~router.coordination.reader.SharedState`), and what this router admits is written for
+its peers (:class:`SharedWrites`).
 
-Liveness of a worker another router admitted: its record lives while whoever receives its
-heartbeat (or passes its health check) refreshes the record's time to live; every router that
-reads the record counts that as a heartbeat, and a record that expired stops refreshing it, so the
-worker leaves every registry ``heartbeat_timeout_s`` after its last heartbeat anywhere.
+Liveness, with a service: a worker (but a router's own command-line ones, health-checked) is
+in a router's registry while its record is in the service. Whoever receives its heartbeat (or
+passes its health check) extends the record's time to live; a record that expired is missing
+from the next complete read, and the worker leaves every router (``heartbeat_timeout_s`` + one
+resync after its last heartbeat anywhere). Only the router that admitted a worker writes its
+record again; the others let it go, and the worker, answered 404 on its next heartbeat,
+registers again.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import logging
 from collections.abc import Callable
 
 from radix_global.registration import encode_worker_info
-from radix_global.types import Namespace, PageKey, WorkerId
+from radix_global.types import Namespace, PageKey
 from router.cluster.registry import RegistryError, Source, WorkerEntry, WorkerRegistry
 from router.coordination import records as rec
 from router.coordination.link import Coordinator
@@ -28,6 +31,8 @@ log = logging.getLogger("radix_global.router.coordination")
 
 ProfileSink = Callable[[WorkerEntry, tuple[float, ...]], None]
 ALIAS_TTL_S = 24 * 3600.0  # a recorded chain head is asked again within a day or forgotten
+ALIAS_LOOKUP_S = 0.3  # below the 0.5 s a worker's pool backend waits for the answer
+MAX_PROFILES = 65536
 
 
 def alias_id(namespace: Namespace, head: PageKey) -> str:
@@ -40,6 +45,14 @@ def worker_record(entry: WorkerEntry) -> bytes:
         entry.context_length, dict(entry.lora)))
 
 
+def prefix_record(spec: PrefixSpec) -> bytes:
+    return rec.encode(rec.PrefixRecord(rec.SCHEMA, spec.name, spec.to_json()))
+
+
+def drain_record(worker_id: str) -> bytes:
+    return rec.encode(rec.DrainRecord(rec.SCHEMA, worker_id))
+
+
 class SharedView:
     """Applies peers' records to this router (see the module docstring)."""
 
@@ -50,8 +63,11 @@ class SharedView:
         self.forget_aliases, self.profile, self.clock = forget_aliases, profile, clock
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.admitted: dict[str, bytes] = {}  # worker id -> its record, admitted here
+        self.admitted_at: dict[str, float] = {}  # when (its record's write may be under way)
         self.registered: dict[str, PrefixSpec] = {}  # prefixes registered through this router
-        self.applying = False  # adding a worker a peer admitted: not this router's to write
+        self.drains: set[str] = set()  # drains issued here
+        self.taken_prefixes: set[str] = set()  # prefixes taken from the service
+        self.taken_drains: set[str] = set()  # drains taken from the service
         # fitted profiles read from the service, for workers that join later
         self.profiles: dict[tuple[str, str], tuple[float, ...]] = {}
 
@@ -61,32 +77,35 @@ class SharedView:
         if entry is not None and entry.info == info:
             self.registry.heartbeat(ident, self.clock())
             return
-        self.applying = True
+        if entry is not None and entry.source is Source.CLI:  # this router's own, checked here
+            raise RecordError(f"worker {ident!r} is on this router's command line with "
+                              "another record")
         try:
-            self.registry.add(info, Source.REGISTERED, self.clock(),
-                              model_path=record.model_path,
+            self.registry.add(info, Source.SHARED, self.clock(), model_path=record.model_path,
                               context_length=record.context_length, lora=record.lora)
         except RegistryError as exc:  # contradicts what this router knows (page size, ids)
             raise RecordError(f"worker {ident!r}: {exc}") from None
-        finally:
-            self.applying = False
         log.info("worker %s joined through the coordination service", ident)
 
     def worker_gone(self, worker_id: str) -> None:
-        if self.registry.find(worker_id) is not None:
+        entry = self.registry.find(worker_id)
+        if entry is not None and entry.source is not Source.CLI:
             self.registry.remove(worker_id)
             log.info("worker %s removed through the coordination service", worker_id)
         self.admitted.pop(worker_id, None)
+        self.admitted_at.pop(worker_id, None)
 
     def drained(self, worker_id: str) -> None:
         entry = self.registry.find(worker_id)
         if entry is not None:
             entry.draining = True
+            self.taken_drains.add(worker_id)
 
     def undrained(self, worker_id: str) -> None:
         entry = self.registry.find(worker_id)
         if entry is not None:
             entry.draining = False
+        self.taken_drains.discard(worker_id)
 
     def prefix_seen(self, record: rec.PrefixRecord) -> None:
         try:
@@ -102,28 +121,48 @@ class SharedView:
             self.prefixes.add(spec)  # tokenized when the first request of its model comes
         except SharedPrefixError as exc:
             raise RecordError(f"prefix {spec.name!r}: {exc}") from None
+        self.taken_prefixes.add(spec.name)
 
     def prefix_gone(self, name: str) -> None:
         if self.prefixes.remove(name):
             self.forget_aliases(name)
         self.registered.pop(name, None)
+        self.taken_prefixes.discard(name)
 
     def profile_seen(self, record: rec.ProfileRecord) -> None:
-        coef = tuple(record.coef)
-        if self.profiles.get((record.worker_id, record.namespace)) == coef:
+        key, coef = (record.worker_id, record.namespace), tuple(record.coef)
+        if self.profiles.get(key) == coef:
             return
-        if len(self.profiles) < 65536:
-            self.profiles[(record.worker_id, record.namespace)] = coef
+        if key in self.profiles or len(self.profiles) < MAX_PROFILES:
+            self.profiles[key] = coef
         entry = self.registry.find(record.worker_id)
         if entry is not None and entry.info.namespace == record.namespace:
             self.profile(entry, coef)
+
+    def present(self, kind: Kind, ids: set[str]) -> None:
+        if kind is Kind.WORKER:
+            # every worker but this router's command-line ones lives by its record: one whose
+            # record expired had no heartbeat anywhere for heartbeat_timeout_s
+            grace = self.clock() - self.heartbeat_ttl_s / 2
+            for entry in self.registry.all():
+                wid = entry.info.worker_id
+                if (entry.source is not Source.CLI and wid not in ids
+                        and self.admitted_at.get(wid, grace) <= grace):
+                    self.worker_gone(wid)
+        elif kind is Kind.DRAIN:
+            for worker_id in self.taken_drains - ids:
+                self.undrained(worker_id)
+        elif kind is Kind.PREFIX:
+            for name in self.taken_prefixes - ids:
+                self.prefix_gone(name)
 
     def owned(self) -> list[tuple[Kind, str, bytes, float | None]]:
         out: list[tuple[Kind, str, bytes, float | None]] = [
             (Kind.WORKER, wid, value, self.heartbeat_ttl_s)
             for wid, value in self.admitted.items() if self.registry.find(wid) is not None]
-        out += [(Kind.PREFIX, name, rec.encode(rec.PrefixRecord(rec.SCHEMA, name, spec.to_json())),
-                 None) for name, spec in self.registered.items()]
+        out += [(Kind.PREFIX, name, prefix_record(spec), None)
+                for name, spec in self.registered.items()]
+        out += [(Kind.DRAIN, wid, drain_record(wid), None) for wid in self.drains]
         return out
 
 
@@ -136,41 +175,52 @@ class SharedWrites:
         self.link, self.view = link, view
 
     def worker_admitted(self, entry: WorkerEntry) -> None:
-        value = self.view.admitted[entry.info.worker_id] = worker_record(entry)
-        self.link.spawn(self.link.put(Kind.WORKER, entry.info.worker_id, value,
-                                      self.view.heartbeat_ttl_s))
-        self.link.spawn(self.link.delete(Kind.DRAIN, entry.info.worker_id))
+        wid = entry.info.worker_id
+        value = self.view.admitted[wid] = worker_record(entry)
+        self.view.admitted_at[wid] = self.view.clock()
+        self.view.drains.discard(wid)
+        self.link.spawn(self._admitted(wid, value))
+
+    async def _admitted(self, worker_id: str, value: bytes) -> None:
+        # in this order: a drain that follows the registration must not be undone by it
+        await self.link.put(Kind.WORKER, worker_id, value, self.view.heartbeat_ttl_s)
+        await self.link.delete(Kind.DRAIN, worker_id)
 
     def worker_alive(self, worker_id: str) -> None:
-        """A heartbeat or a passed health check here: the record lives on (written again when
-        it expired meanwhile, e.g. the service restarted empty)."""
+        """A heartbeat or a passed health check here: the record lives on (written again by the
+        router that admitted it, when it expired meanwhile or the service restarted empty)."""
         self.link.spawn(self._alive(worker_id))
 
     async def _alive(self, worker_id: str) -> None:
         touched = await self.link.touch(Kind.WORKER, worker_id, self.view.heartbeat_ttl_s)
         value = self.view.admitted.get(worker_id)
-        if touched is False and value is None:
-            entry = self.view.registry.find(worker_id)
-            value = worker_record(entry) if entry is not None else None
         if touched is False and value is not None:
             await self.link.put(Kind.WORKER, worker_id, value, self.view.heartbeat_ttl_s)
 
-    def worker_removed(self, worker_id: WorkerId | str) -> None:
+    def worker_removed(self, worker_id: str) -> None:
         self.view.admitted.pop(worker_id, None)
-        self.link.spawn(self.link.delete(Kind.WORKER, worker_id))
+        self.view.admitted_at.pop(worker_id, None)
+        self.view.drains.discard(worker_id)
+        self.link.spawn(self._removed(worker_id))
+
+    async def _removed(self, worker_id: str) -> None:
+        await self.link.delete(Kind.WORKER, worker_id)
+        await self.link.delete(Kind.DRAIN, worker_id)
+
+    def owns(self, worker_id: str) -> bool:
+        return worker_id in self.view.admitted
 
     def worker_drained(self, worker_id: str) -> None:
-        self.link.spawn(self.link.put(Kind.DRAIN, worker_id,
-                                      rec.encode(rec.DrainRecord(rec.SCHEMA, worker_id)),
-                                      None))
+        self.view.drains.add(worker_id)
+        self.link.spawn(self.link.put(Kind.DRAIN, worker_id, drain_record(worker_id)))
 
     def prefix_added(self, spec: PrefixSpec) -> None:
         self.view.registered[spec.name] = spec
-        self.link.spawn(self.link.put(Kind.PREFIX, spec.name, rec.encode(
-            rec.PrefixRecord(rec.SCHEMA, spec.name, spec.to_json()))))
+        self.link.spawn(self.link.put(Kind.PREFIX, spec.name, prefix_record(spec)))
 
     def prefix_removed(self, name: str) -> None:
         self.view.registered.pop(name, None)
+        self.view.taken_prefixes.discard(name)
         self.link.spawn(self.link.delete(Kind.PREFIX, name))
 
     def profile_fitted(self, worker_id: str, namespace: str, coef: tuple[float, ...]) -> None:
@@ -184,13 +234,21 @@ class SharedWrites:
             rec.AliasRecord(rec.SCHEMA, entries)), ALIAS_TTL_S))
 
     async def alias_lookup(self, aliases: AliasBook, namespace: Namespace, head: PageKey) -> bool:
-        """Adopt what another router recorded under ``head``; True when something was."""
-        record = await self.link.get(Kind.ALIAS, alias_id(namespace, head), rec.AliasRecord)
+        """Adopt what another router recorded under ``head``; True when something was. Bounded
+        below the asking worker's own timeout, and skipped while the service is down."""
+        record = await self.link.get(Kind.ALIAS, alias_id(namespace, head), rec.AliasRecord,
+                                     ALIAS_LOOKUP_S)
         if record is None:
             return False
-        known = {s.name for s in self.view.prefixes.specs()}
+        known = {s.name: s for s in self.view.prefixes.specs()}
         for e in record.entries:
-            if e.name in known and e.page_size > 0:  # a prefix since removed gives no aliases
-                aliases.adopt(namespace, head, AliasEntry(e.name, e.salt, tuple(e.tokens),
-                                                          e.page_size))
+            spec = known.get(e.name)
+            # a prefix since removed gives no aliases; one registered as token ids gives only
+            # its own tokens (a record cannot make other pages shareable)
+            if spec is None or e.page_size <= 0 or (
+                    spec.token_ids is not None
+                    and tuple(e.tokens) != spec.token_ids[:len(e.tokens)]):
+                continue
+            aliases.adopt(namespace, head, AliasEntry(e.name, e.salt, tuple(e.tokens),
+                                                      e.page_size))
         return bool(aliases.entries(namespace, head))

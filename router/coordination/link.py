@@ -1,19 +1,21 @@
 """The coordination link: one router's connection to the service its peers share (Redis).
 
 Writes what this router admits (workers, drains, shared prefixes, aliases, profiles, its load),
-reads what its peers wrote (a change notice per write on ``rg:<cluster>:changes``, and everything
-again every ``resync_s``), and holds the leader lease of once-per-cluster jobs. What is read is
-handed to a :class:`SharedState` (the router). Contract (``docs/interfaces.md``, "Several
-routers, one view"):
+reads what its peers wrote (a change notice per write on ``rg:<cluster>:changes``, and every
+record again every ``resync_s``: what a complete read no longer finds is gone), and holds the
+leader lease. Every record but an alias is listed in its kind's index set
+(``rg:<cluster>:ids:<kind>``), so a resync reads ids and values, never the keyspace. Contract
+(``docs/interfaces.md``, "Several routers, one view"):
 
-* the service down or slow: every call gives up after ``op_timeout_s``; the router keeps
-  routing on its last view, ``degraded`` is set, failures are counted per operation and logged
-  once per outage; when the service answers again the router writes back what it owns (its
-  workers' records, its prefixes) and re-reads everything;
-* a record that does not decode, is oversized or names another key is refused (counted per
-  kind, logged once per key) and never reaches the router's state;
+* the service down or slow: a call gives up after 4 x ``op_timeout_s`` (each socket operation
+  after ``op_timeout_s``); the router keeps routing on its last view, ``degraded`` is set,
+  failures are counted per operation and logged once per outage; when the service answers
+  again the router writes back what it owns, and the first complete read after that removes
+  nothing (the other routers may not have written theirs back yet);
+* a record that does not decode, is oversized, names another key or contradicts this router's
+  state is refused (``reader.py``) and never reaches the router's state;
 * a peer of another version or config digest: :class:`CoordinationConflict` at start (the
-  router exits), a counted error while running.
+  router does not start), a counted error (logged once per peer) while running.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
@@ -32,36 +34,22 @@ from redis.exceptions import RedisError
 
 from router.coordination import records as rec
 from router.coordination.config import CoordinationConfig
-from router.coordination.records import Keys, Kind, RecordError
+from router.coordination.lease import Lease
+from router.coordination.reader import Reader, SharedState
+from router.coordination.records import Keys, Kind
 from router.routing.load_view import PeerLoads, SlotLoad
 from router.routing.queue_model import Slot
 
 log = logging.getLogger("radix_global.router.coordination")
 T = TypeVar("T")
 R = TypeVar("R", bound=msgspec.Struct)
-LEADER = "leader"
-# renew the lease only while this router still holds it
-_RENEW = "if redis.call('get', KEYS[1]) == ARGV[1] then " \
-         "return redis.call('pexpire', KEYS[1], ARGV[2]) else return 0 end"
+RESYNCED = (Kind.PROFILE, Kind.WORKER, Kind.DRAIN, Kind.PREFIX, Kind.LOAD)  # profiles first:
+# a worker joining here is priced with its fitted profile
+_ABSENT = object()
 
 
 class CoordinationConflict(RuntimeError):
     """Another router of this cluster runs another version or config: they must not share."""
-
-
-class SharedState(Protocol):
-    """What the link hands to the router. Each call is one record read from the service."""
-
-    def worker_seen(self, record: rec.WorkerRecord, ident: str) -> None: ...
-    def worker_gone(self, worker_id: str) -> None: ...
-    def drained(self, worker_id: str) -> None: ...
-    def undrained(self, worker_id: str) -> None: ...
-    def prefix_seen(self, record: rec.PrefixRecord) -> None: ...
-    def prefix_gone(self, name: str) -> None: ...
-    def profile_seen(self, record: rec.ProfileRecord) -> None: ...
-    def owned(self) -> list[tuple[Kind, str, bytes, float | None]]:
-        """Records this router owns, rewritten after an outage: (kind, id, value, ttl_s)."""
-        ...
 
 
 class Coordinator:
@@ -74,17 +62,18 @@ class Coordinator:
         self.shared, self.own_load, self.clock = shared, own_load, clock
         self.keys = Keys(config.cluster)
         self.peers = PeerLoads(config.load_expire_s)
+        self.reader = Reader(router_id, shared, self.peers, clock)
         self.redis = aioredis.Redis.from_url(
             config.url, socket_timeout=config.op_timeout_s,
             socket_connect_timeout=config.op_timeout_s)
-        self.synced = False  # the first full read is done
+        self.lease = Lease(self.redis, self.keys.key(Kind.LEASE, "leader"), router_id,
+                           config.lease_s, clock)
+        self.synced = False  # a first complete read is done
         self.degraded = False
         self._rejoin = False  # an outage happened: write back what this router owns
+        self._keep = False  # the first read after a rejoin removes nothing
         self.errors: collections.Counter[str] = collections.Counter()  # per operation
-        self.refused: collections.Counter[str] = collections.Counter()  # per record kind
-        self.conflicts = 0
-        self._refused_keys: set[str] = set()
-        self._lease_until = 0.0
+        self.conflicts: set[str] = set()
         # publications are numbered from the wall clock: a restarted router's are newer
         self._seq = time.time_ns() // 1_000_000
         self._published: Mapping[Slot, SlotLoad] | None = None
@@ -92,22 +81,28 @@ class Coordinator:
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
 
+    @property
+    def refused(self) -> collections.Counter[str]:
+        return self.reader.refused
+
     # --- life cycle --------------------------------------------------------------------------
 
     async def start(self) -> None:
-        """Refuse to share with a router of another version or config, announce this one, read
-        everything, then follow changes. An unreachable service is not fatal: the router starts
-        degraded and joins when the service answers."""
+        """Refuse to share with a router of another version or config, announce this one, take
+        the lease if it is free, read everything, then follow changes. An unreachable service
+        is not fatal: the router starts degraded, checks its peers and joins when the service
+        answers."""
         try:
             await self._check_peers(at_start=True)
             await self._announce()
+            await self.lease.renew()
             await self.resync()
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed("start", exc)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(self.config.resync_s, self._resync_round)),
                        loop.create_task(self._every(self.config.load_publish_s, self._publish)),
-                       loop.create_task(self._every(self.config.lease_s / 3, self._lease)),
+                       loop.create_task(self._every(self.config.lease_s / 3, self._renew)),
                        loop.create_task(self._follow())]
 
     async def stop(self) -> None:
@@ -119,10 +114,9 @@ class Coordinator:
         self._tasks = []
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
-                await self.redis.delete(self.keys.key(Kind.ROUTER, self.router_id),
-                                        self.keys.key(Kind.LOAD, self.router_id))
-                if self.leads():
-                    await self.redis.delete(self.keys.key(Kind.LEASE, LEADER))
+                for kind in (Kind.ROUTER, Kind.LOAD):
+                    await self._delete(kind, self.router_id)
+                await self.lease.release()
                 await self._notify(Kind.LOAD, self.router_id)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
@@ -130,42 +124,64 @@ class Coordinator:
 
     def leads(self) -> bool:
         """Whether this router holds the leader lease now (runs the once-per-cluster jobs)."""
-        return self.clock() < self._lease_until
+        return self.lease.held()
 
     def stats(self) -> dict[str, Any]:
         return {"router_id": self.router_id, "synced": self.synced, "degraded": self.degraded,
                 "leader": self.leads(), "peers": self.peers.routers(),
                 "errors": dict(self.errors), "refused": dict(self.refused),
-                "conflicts": self.conflicts}
+                "conflicts": sorted(self.conflicts)}
 
-    # --- writes ------------------------------------------------------------------------------
+    # --- writes and reads ----------------------------------------------------------------------
 
     async def put(self, kind: Kind, ident: str, value: bytes, ttl_s: float | None = None) -> bool:
-        key = self.keys.key(kind, ident)
-        ok = await self._call(f"put_{kind}", self._put(key, value, ttl_s))
+        ok = await self._call(f"put_{kind}", self._put(kind, ident, value, ttl_s))
         if ok:
             await self._call("notify", self._notify(kind, ident))
         return bool(ok)
 
-    async def _put(self, key: str, value: bytes, ttl_s: float | None) -> bool:
+    async def _put(self, kind: Kind, ident: str, value: bytes, ttl_s: float | None) -> bool:
         px = max(1, int(ttl_s * 1000)) if ttl_s is not None else None
-        await self.redis.set(key, value, px=px)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.key(kind, ident), value, px=px)
+            if kind is not Kind.ALIAS:  # aliases are read on demand, never listed
+                pipe.sadd(self.keys.index(kind), ident)
+            await pipe.execute()
         return True
 
     async def touch(self, kind: Kind, ident: str, ttl_s: float) -> bool | None:
-        """Extend a record's time to live: False when it is gone (the caller writes it again),
-        None when the service did not answer."""
+        """Extend a record's time to live: False when it is gone, None when the service did
+        not answer."""
         return await self._call(f"touch_{kind}", self.redis.pexpire(
             self.keys.key(kind, ident), max(1, int(ttl_s * 1000))))
 
     async def delete(self, kind: Kind, ident: str) -> None:
-        if await self._call(f"delete_{kind}", self.redis.delete(self.keys.key(kind, ident))):
+        if await self._call(f"delete_{kind}", self._delete(kind, ident)):
             await self._call("notify", self._notify(kind, ident))
 
-    async def get(self, kind: Kind, ident: str, record: type[R]) -> R | None:
-        """One record read now (None: absent, refused or no answer)."""
-        raw = await self._call(f"get_{kind}", self.redis.get(self.keys.key(kind, ident)))
-        return self._decode(kind, ident, raw, record) if raw is not None else None
+    async def _delete(self, kind: Kind, ident: str) -> bool:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.delete(self.keys.key(kind, ident))
+            pipe.srem(self.keys.index(kind), ident)
+            await pipe.execute()
+        return True
+
+    async def get(self, kind: Kind, ident: str, record: type[R],
+                  timeout_s: float | None = None) -> R | None:
+        """One record read now (None: absent, refused, no answer within ``timeout_s``, or the
+        service known down: a caller waiting on it must not wait for an outage)."""
+        if self.degraded:
+            return None
+        raw = await self._get(kind, ident, timeout_s)
+        if raw is _ABSENT or raw is None:
+            return None
+        return self.reader.decode(kind, ident, raw, record)
+
+    async def _get(self, kind: Kind, ident: str, timeout_s: float | None = None) -> Any:
+        """The raw value; :data:`_ABSENT` when there is none, None when the service failed."""
+        raw = await self._call(f"get_{kind}", self.redis.get(self.keys.key(kind, ident)),
+                               timeout_s)
+        return _ABSENT if raw is None and not self.degraded else raw
 
     def spawn(self, write: Awaitable[Any]) -> None:
         """Run a write without waiting for it (the request path never waits for the service)."""
@@ -176,36 +192,34 @@ class Coordinator:
     async def _notify(self, kind: Kind, ident: str) -> None:
         await self.redis.publish(self.keys.changes, f"{self.router_id} {kind}:{ident}")
 
-    # --- reads -------------------------------------------------------------------------------
-
     async def resync(self) -> None:
-        """Read every record; raises the service's error (the callers count it)."""
+        """Read every listed record and apply it; after a complete read of a kind, what is no
+        longer there is gone. Raises the service's error (the callers count it)."""
         await self._check_peers(at_start=False)
-        # profiles before workers: a worker joining here is priced with its fitted profile
-        for kind in (Kind.PROFILE, Kind.WORKER, Kind.DRAIN, Kind.PREFIX, Kind.LOAD):
-            for _, ident, raw in await self._scan(kind):
-                self._apply(kind, ident, raw)
-        live = {i for _, i, _ in await self._scan(Kind.LOAD)}
-        for rid in self.peers.routers():
-            if rid not in live:
-                self.peers.drop(rid)
-        self.peers.expire(self.clock())
+        for kind in RESYNCED:
+            found = await self._read_all(kind)
+            for ident, raw in found.items():
+                self.reader.apply(kind, ident, raw)
+            if not self._keep:
+                self.reader.present(kind, set(found))
+        self._keep = False
         self.synced = True
 
-    async def _scan(self, kind: Kind) -> list[tuple[Kind, str, bytes | str]]:
-        keys = [k async for k in self.redis.scan_iter(match=self.keys.pattern(kind), count=500)]
-        out: list[tuple[Kind, str, bytes | str]] = []
-        for i in range(0, len(keys), 500):
-            chunk = keys[i:i + 500]
-            for key, raw in zip(chunk, await self.redis.mget(chunk), strict=True):
+    async def _read_all(self, kind: Kind) -> dict[str, bytes | str]:
+        members: set[bytes | str] = await self.redis.smembers(self.keys.index(kind))
+        ids = sorted(i.decode(errors="replace") if isinstance(i, bytes) else i for i in members)
+        out: dict[str, bytes | str] = {}
+        stale: list[str] = []
+        for i in range(0, len(ids), 500):
+            chunk = ids[i:i + 500]
+            values = await self.redis.mget([self.keys.key(kind, x) for x in chunk])
+            for ident, raw in zip(chunk, values, strict=True):
                 if raw is None:
-                    continue  # expired between the scan and the read
-                try:
-                    _, ident = self.keys.split(key.decode(errors="replace"))
-                except RecordError as exc:
-                    self._refuse(kind, str(key), exc)
-                    continue
-                out.append((kind, ident, raw))
+                    stale.append(ident)  # expired: its id leaves the index too
+                else:
+                    out[ident] = raw
+        if stale:
+            await self.redis.srem(self.keys.index(kind), *stale)
         return out
 
     async def _follow(self) -> None:
@@ -226,116 +240,57 @@ class Coordinator:
     async def _notice(self, data: Any) -> None:
         text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
         writer, _, name = text.partition(" ")
-        if writer == self.router_id:
-            return
         kind_text, _, ident = name.partition(":")
+        if writer == self.router_id or not ident:
+            return
         try:
             kind = Kind(kind_text)
         except ValueError:
-            self._refuse(Kind.ROUTER, text[:120], RecordError(f"unknown notice {text[:120]!r}"))
+            self.reader.refuse("notice", text[:120], ValueError(f"unknown kind {kind_text!r}"))
             return
-        if kind in (Kind.ROUTER, Kind.LEASE, Kind.ALIAS) or not ident:
+        if kind not in RESYNCED:
             return  # read on demand (aliases) or at the next resync (routers)
-        raw = await self._call(f"get_{kind}", self.redis.get(self.keys.key(kind, ident)))
-        if raw is None and not self.degraded:
-            self._gone(kind, ident)
+        raw = await self._get(kind, ident)
+        if raw is _ABSENT:
+            self.reader.gone(kind, ident)
         elif raw is not None:
-            self._apply(kind, ident, raw)
-
-    def _apply(self, kind: Kind, ident: str, raw: bytes | str) -> None:
-        try:
-            self._apply_record(kind, ident, raw)
-        except RecordError as exc:  # decoded, but contradicts this router's state
-            self._refuse(kind, ident, exc)
-
-    def _apply_record(self, kind: Kind, ident: str, raw: bytes | str) -> None:
-        if kind is Kind.WORKER:
-            worker = self._decode(kind, ident, raw, rec.WorkerRecord)
-            if worker is not None:
-                self.shared.worker_seen(worker, ident)
-        elif kind is Kind.DRAIN:
-            if self._decode(kind, ident, raw, rec.DrainRecord) is not None:
-                self.shared.drained(ident)
-        elif kind is Kind.PREFIX:
-            prefix = self._decode(kind, ident, raw, rec.PrefixRecord)
-            if prefix is not None:
-                self.shared.prefix_seen(prefix)
-        elif kind is Kind.PROFILE:
-            profile = self._decode(kind, ident, raw, rec.ProfileRecord, check_id=False)
-            if profile is not None:
-                self.shared.profile_seen(profile)
-        elif kind is Kind.LOAD and ident != self.router_id:
-            load = self._decode(kind, ident, raw, rec.LoadRecord)
-            try:
-                slots = rec.load_slots(load) if load is not None else None
-            except RecordError as exc:
-                self._refuse(kind, ident, exc)
-                slots = None
-            if load is not None and slots is not None and not self.peers.update(
-                    ident, load.seq, slots, self.clock()):
-                self.peers.refreshed(ident, self.clock())
-
-    def _gone(self, kind: Kind, ident: str) -> None:
-        if kind is Kind.WORKER:
-            self.shared.worker_gone(ident)
-        elif kind is Kind.DRAIN:
-            self.shared.undrained(ident)
-        elif kind is Kind.PREFIX:
-            self.shared.prefix_gone(ident)
-        elif kind is Kind.LOAD:
-            self.peers.drop(ident)
-
-    def _decode(self, kind: Kind, ident: str, raw: bytes | str, record: type[R],
-                check_id: bool = True) -> R | None:
-        try:
-            out = rec.decode(raw, record, ident if check_id else None)
-            if isinstance(out, rec.WorkerRecord):
-                rec.worker_info(out, ident)
-            return out
-        except RecordError as exc:
-            self._refuse(kind, ident, exc)
-            return None
-
-    def _refuse(self, kind: Kind, ident: str, exc: Exception) -> None:
-        self.refused[str(kind)] += 1
-        key = f"{kind}:{ident[:120]}"
-        if key not in self._refused_keys and len(self._refused_keys) < 4096:
-            self._refused_keys.add(key)
-            log.error("coordination: refused record %s: %s", key, exc)
+            self.reader.apply(kind, ident, raw)
 
     async def _check_peers(self, at_start: bool) -> None:
-        for _, ident, raw in await self._scan(Kind.ROUTER):
-            peer = self._decode(Kind.ROUTER, ident, raw, rec.RouterRecord)
+        for ident, raw in (await self._read_all(Kind.ROUTER)).items():
+            peer = self.reader.decode(Kind.ROUTER, ident, raw, rec.RouterRecord)
             if peer is None or ident == self.router_id:
                 continue
-            if (peer.version, peer.config_digest) != (self.version, self.digest):
-                self.conflicts += 1
-                msg = (f"router {ident!r} of cluster {self.config.cluster!r} runs version "
-                       f"{peer.version} with config digest {peer.config_digest}; this router "
-                       f"runs {self.version} with {self.digest}: routers that decide "
-                       "differently must not share a view (use another coordination_cluster)")
-                if at_start:
-                    raise CoordinationConflict(msg)
+            if (peer.version, peer.config_digest) == (self.version, self.digest):
+                self.conflicts.discard(ident)
+                continue
+            msg = (f"router {ident!r} of cluster {self.config.cluster!r} runs version "
+                   f"{peer.version} with config digest {peer.config_digest}; this router runs "
+                   f"{self.version} with {self.digest}: routers that decide differently must "
+                   "not share a view (use another coordination_cluster)")
+            if at_start:
+                raise CoordinationConflict(msg)
+            if ident not in self.conflicts:
+                self.conflicts.add(ident)
                 log.error("coordination: %s", msg)
 
     # --- periodic ----------------------------------------------------------------------------
 
     async def _announce(self) -> bool:
         record = rec.RouterRecord(rec.SCHEMA, self.router_id, self.version, self.digest)
-        await self.redis.set(self.keys.key(Kind.ROUTER, self.router_id), rec.encode(record),
-                             px=int(self.config.resync_s * 3000))
-        return True
+        return await self._put(Kind.ROUTER, self.router_id, rec.encode(record),
+                               self.config.resync_s * 3)
 
     async def _resync_round(self) -> None:
         if not await self._call("announce", self._announce()):
             return
         if self._rejoin:  # the service is back, maybe empty: write back what this router owns
-            self._rejoin = False
+            self._rejoin, self._keep = False, True
             for kind, ident, value, ttl in self.shared.owned():
-                await self._call(f"put_{kind}", self._put(self.keys.key(kind, ident), value,
-                                                          ttl))
+                await self._call(f"put_{kind}", self._put(kind, ident, value, ttl))
             log.warning("coordination service answers again: rejoined")
-        await self._call("resync", self.resync())
+        await self._call("resync", self.resync(),
+                         max(self.config.resync_s, self.config.op_timeout_s * 4))
 
     async def _publish(self) -> None:
         now = self.clock()
@@ -350,22 +305,12 @@ class Coordinator:
             return
         self._seq += 1
         value = rec.encode(rec.load_record(self.router_id, self._seq, loads))
-        if await self._call("put_load", self._put(key, value, ttl)):
+        if await self._call("put_load", self._put(Kind.LOAD, self.router_id, value, ttl)):
             self._published, self._published_at = loads, now
             await self._call("notify", self._notify(Kind.LOAD, self.router_id))
 
-    async def _lease(self) -> None:
-        key, ms = self.keys.key(Kind.LEASE, LEADER), int(self.config.lease_s * 1000)
-        start = self.clock()
-        held = await self._call("lease", self.redis.eval(_RENEW, 1, key, self.router_id, ms)) \
-            if self.leads() else None
-        if not held:
-            held = await self._call("lease", self.redis.set(key, self.router_id, nx=True, px=ms))
-            if held:
-                log.info("coordination: router %s leads cluster %s", self.router_id,
-                         self.config.cluster)
-        # counted from before the call: the lease may have been granted at its start
-        self._lease_until = start + self.config.lease_s * 0.9 if held else 0.0
+    async def _renew(self) -> None:
+        await self._call("lease", self.lease.renew())
 
     async def _every(self, period_s: float, fn: Callable[[], Awaitable[None]]) -> None:
         while True:
@@ -377,16 +322,17 @@ class Coordinator:
             except Exception:  # one bad round must not stop the link
                 log.exception("coordination round %s failed", getattr(fn, "__name__", fn))
 
-    async def _call(self, op: str, aw: Awaitable[T]) -> T | None:
-        """``aw`` within ``op_timeout_s``; None (counted, degraded) when the service fails."""
+    async def _call(self, op: str, aw: Awaitable[T], timeout_s: float | None = None
+                    ) -> T | None:
+        """``aw`` within ``timeout_s`` (default 4 x ``op_timeout_s``); None (counted, degraded)
+        when the service fails."""
         try:
-            async with asyncio.timeout(self.config.op_timeout_s * 4):
+            async with asyncio.timeout(timeout_s or self.config.op_timeout_s * 4):
                 out = await aw
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed(op, exc)
             return None
-        if self.degraded:
-            self.degraded = False
+        self.degraded = False
         return out
 
     def _failed(self, op: str, exc: BaseException) -> None:

@@ -9,6 +9,7 @@ had).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from enum import StrEnum
 from typing import TypeVar
@@ -23,6 +24,7 @@ from router.routing.queue_model import Slot
 SCHEMA = 1
 MAX_RECORD_BYTES = 1 << 20  # a shared prefix of 65,536 token ids as JSON; everything else is less
 MAX_LOAD_SLOTS = 1 << 16  # slots one router may report load for
+PROFILE_COEFS = 4  # router/routing/prefill_model.py's prior
 
 
 class RecordError(ValueError):
@@ -56,8 +58,9 @@ class Keys:
     def key(self, kind: Kind, ident: str) -> str:
         return f"{self.prefix}{kind}:{ident}"
 
-    def pattern(self, kind: Kind) -> str:
-        return f"{self.prefix}{kind}:*"
+    def index(self, kind: Kind) -> str:
+        """The set listing the ids of ``kind`` (a resync reads it, never the keyspace)."""
+        return f"{self.prefix}ids:{kind}"
 
     def split(self, key: str) -> tuple[Kind, str]:
         """``(kind, id)`` of one of this cluster's keys; :class:`RecordError` otherwise."""
@@ -143,12 +146,17 @@ class AliasRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 class ProfileRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """A worker's fitted prefill profile (``router/cluster/profile_store.py``)."""
+    """A worker's fitted prefill profile (``router/cluster/profile_store.py``): the prefill
+    model's four finite coefficients."""
 
     v: int
     worker_id: str
     namespace: str
     coef: list[float]
+
+    def __post_init__(self) -> None:
+        if len(self.coef) != PROFILE_COEFS or not all(map(math.isfinite, self.coef)):
+            raise ValueError(f"coef must be {PROFILE_COEFS} finite numbers")
 
 
 R = TypeVar("R", bound=msgspec.Struct)

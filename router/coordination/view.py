@@ -14,6 +14,7 @@ from typing import Any, TypeGuard
 
 import httpx
 
+from radix_global.types import WorkerId
 from router.cluster.engine_loads import EngineLoad, EngineLoadConfig, EngineLoadPoller
 from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.coordination.bridge import ProfileSink, SharedView, SharedWrites
@@ -91,8 +92,18 @@ class LoadView:
         return self.link is None or self.link.synced
 
     def admitted(self, entry: WorkerEntry) -> None:
-        if self.writes is not None and (self.shared is None or not self.shared.applying):
+        if self.writes is not None:
             self.writes.worker_admitted(entry)
+
+    def worker_removed(self, worker_id: WorkerId) -> None:
+        """Its slots stop counting in the peers' load until a peer publishes them again."""
+        if self.link is not None:
+            self.link.peers.forget_worker(worker_id)
+
+    @property
+    def degraded(self) -> bool:
+        """The service is not answering: this router routes on its last view."""
+        return self.link is not None and self.link.degraded
 
     def stats(self) -> dict[str, Any] | None:
         return self.link.stats() if self.link is not None else None

@@ -142,10 +142,6 @@ class PeerLoads:
     def routers(self) -> list[str]:
         return sorted(self._peers)
 
-    def seq(self, router_id: str) -> int | None:
-        peer = self._peers.get(router_id)
-        return peer.seq if peer is not None else None
-
     def forget_worker(self, worker_id: WorkerId) -> None:
         """A worker left: its slots stop counting until a peer publishes them again."""
         for slot in [s for s in self._total if s[0] == worker_id]:

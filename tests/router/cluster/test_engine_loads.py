@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -36,9 +37,14 @@ SGLANG = json.loads((DATA / "sglang_0.5.23_v1_loads.json").read_text())
 VLLM = (DATA / "vllm_0.32.0_metrics.txt").read_text()
 
 
+ANSWERED = datetime.fromisoformat(SGLANG["timestamp"]).timestamp()
+AGE = ANSWERED - SGLANG["loads"][0]["timestamp"]  # the captured snapshot's age when served
+
+
 def rank(**over: Any) -> dict[str, Any]:
-    """One dp rank as SGLang 0.5.23 writes it (``LoadSnapshot.to_dict``, core keys)."""
-    base = dict(SGLANG["loads"][0])
+    """One dp rank as SGLang 0.5.23 writes it (``LoadSnapshot.to_dict``, core keys), its
+    snapshot taken as the answer was (age 0)."""
+    base = {**SGLANG["loads"][0], "timestamp": ANSWERED}
     base.update(over)
     return base
 
@@ -49,8 +55,17 @@ def loads_doc(*ranks: dict[str, Any]) -> dict[str, Any]:
 
 def test_sglang_captured_answer() -> None:
     got = parse_sglang_loads(json.dumps(SGLANG).encode(), at=5.0)
-    # captured busy: 1 running, 2020 of 8192 KV tokens in use
-    assert got == {0: EngineLoad(1, 0, 0, 8192 - 2020, 5.0)}
+    # captured busy: 1 running, 2020 of 8192 KV tokens in use; read at 5.0, its snapshot AGE
+    # (0.15 s) older
+    assert got == {0: EngineLoad(1, 0, 0, 8192 - 2020, pytest.approx(5.0 - AGE))}
+    assert 0 < AGE < 1
+
+
+def test_an_idle_engines_old_snapshot_is_dated_by_its_own_timestamp() -> None:
+    doc = loads_doc(rank(timestamp=ANSWERED - 30.0))  # the last busy moment, 30 s ago
+    assert parse_sglang_loads(doc, at=100.0)[0].at == pytest.approx(70.0)
+    for bad in ("yesterday", None, float("nan"), True):  # undatable: as of the read
+        assert parse_sglang_loads(loads_doc(rank(timestamp=bad)), at=100.0)[0].at == 100.0
 
 
 def test_sglang_dp_ranks_queued_tokens_and_headroom() -> None:
