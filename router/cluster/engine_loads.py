@@ -200,9 +200,13 @@ def parse_vllm_metrics(payload: bytes | str, at: float = 0.0) -> EngineLoad:
 class EngineLoadConfig:
     """The engines' own load reports (router/cluster/engine_loads.py)."""
 
+    # Off by default: SGLang 0.5.23 writes its load snapshot every 15 scheduler iterations and
+    # none while idle, so a report can describe a queue that drained a moment ago (seen: a
+    # conversation's next turn sent away from its history by a snapshot of the last turn's
+    # prefill). On for clusters with traffic that bypasses every router.
     poll_s: Annotated[float, opt(
         "seconds between reads of each engine's own load (/v1/loads, vLLM /metrics); 0: off",
-        ge=0)] = 1.0
+        ge=0)] = 0.0
     timeout_s: Annotated[float, opt("a load read's timeout", gt=0)] = 0.5
     max_concurrency: Annotated[int, opt("load reads in flight at once", ge=1)] = 32
     stale_polls: Annotated[int, opt(

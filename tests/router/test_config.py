@@ -224,7 +224,7 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--coordination-resync-s", ["3"], "coordination.resync_s", 3.0),
     ("--coordination-lease-s", ["5"], "coordination.lease_s", 5.0),
     ("--coordination-op-timeout-s", ["1"], "coordination.op_timeout_s", 1.0),
-    ("--engine-load-poll-s", ["0"], "engine_load.poll_s", 0.0),
+    ("--engine-load-poll-s", ["2"], "engine_load.poll_s", 2.0),
     ("--engine-load-timeout-s", ["2"], "engine_load.timeout_s", 2.0),
     ("--engine-load-max-concurrency", ["4"], "engine_load.max_concurrency", 4),
     ("--engine-load-stale-polls", ["5"], "engine_load.stale_polls", 5),
