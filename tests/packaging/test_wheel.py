@@ -12,6 +12,8 @@ One module-scoped build of the wheel from a copy of the source tree, then:
   saying it needs the source checkout;
 - ``[tools]`` into another clean venv the same way: ``pip check``, an import walk of every module
   of ``radix_global_tools``, and ``replay``, ``cluster`` and ``simulate`` answering ``--help``;
+- ``[mooncake]`` into a clean venv: ``pip check``, the store client and our pool import, the
+  master's command is there;
 - the core alone at the lowest declared ``grpcio``/``protobuf``: the generated gRPC code imports,
   and so does every module of ``radix_global`` and ``radix_global_cli``;
 - ``[sglang]`` (a CUDA host's install) resolves: ``pip install --dry-run`` only.
@@ -155,6 +157,16 @@ def tools_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
 
 
 @pytest.fixture(scope="module")
+def mooncake_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
+    """A clean venv holding the wheel with ``[mooncake]`` (the CPU/TCP Mooncake Store client and
+    master), the lock as constraints."""
+    py = _venv(work / "venv-mooncake")
+    _run([str(py), "-m", "pip", "install", "-q", "-c", str(LOCK), f"{wheel}[mooncake]"],
+         cwd=work)
+    return py
+
+
+@pytest.fixture(scope="module")
 def lowest_grpc_venv(work: Path, wheel: Path, index_reachable: None) -> Path:
     """A clean venv holding the wheel's core only, at the lowest declared grpcio and protobuf."""
     py = _venv(work / "venv-lowest")
@@ -253,6 +265,20 @@ def test_tools_install_imports_every_module(tools_venv: Path, work: Path) -> Non
     print(f"{len(walked['seen'])} modules imported")
     assert not walked["failed"], json.dumps(walked["failed"], indent=1)
     assert len(walked["seen"]) > 15
+
+
+def test_mooncake_install_pip_check_and_the_pool_imports(mooncake_venv: Path,
+                                                         work: Path) -> None:
+    """``[mooncake]`` resolves and brings the store client our pool drives and its master (the
+    master serving, and the pool across hosts, are the Mooncake end-to-end tests': its
+    listeners bind every interface, so they run only inside test hosts)."""
+    done = _run([str(mooncake_venv), "-m", "pip", "check"], cwd=work, timeout=120)
+    assert "No broken requirements found" in done.stdout
+    probe = "import mooncake.store, sglang_patch.pool.mooncake_pool as p; print(p.__file__)"
+    done = _run([str(mooncake_venv), "-c", probe], cwd=work, timeout=120)
+    module = done.stdout.split()[-1]
+    assert Path(module).is_relative_to(mooncake_venv.parent.parent), module
+    assert (mooncake_venv.parent / "mooncake_master").is_file()
 
 
 @pytest.mark.parametrize("command", TOOL_COMMANDS)
