@@ -24,7 +24,8 @@ class CoordinationConfig:
     router_id: Annotated[str | None, opt(
         "this router's id among its peers (default: its host name and port)")] = None
     load_publish_s: Annotated[float, opt(
-        "publish this router's in-flight work per slot at most this often", gt=0)] = 0.1
+        "publish this router's in-flight work per slot when it changes, at most this often",
+        gt=0)] = 0.02
     resync_s: Annotated[float, opt(
         "re-read every shared record this often (a lost change notice costs at most this)",
         gt=0)] = 2.0

@@ -80,6 +80,7 @@ class Coordinator:
         self._published_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
+        self._changed = asyncio.Event()
 
     @property
     def refused(self) -> collections.Counter[str]:
@@ -101,7 +102,7 @@ class Coordinator:
             self._failed("start", exc)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(self.config.resync_s, self._resync_round)),
-                       loop.create_task(self._every(self.config.load_publish_s, self._publish)),
+                       loop.create_task(self._publishing()),
                        loop.create_task(self._every(self.config.lease_s / 3, self._renew)),
                        loop.create_task(self._follow())]
 
@@ -121,6 +122,11 @@ class Coordinator:
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
                 await self.redis.aclose()
+
+    def changed(self) -> None:
+        """This router's in-flight work changed: published at once, or when the rate bound
+        (``load_publish_s``) lets it."""
+        self._changed.set()
 
     def leads(self) -> bool:
         """Whether this router holds the leader lease now (runs the once-per-cluster jobs)."""
@@ -308,6 +314,20 @@ class Coordinator:
         if await self._call("put_load", self._put(Kind.LOAD, self.router_id, value, ttl)):
             self._published, self._published_at = loads, now
             await self._call("notify", self._notify(Kind.LOAD, self.router_id))
+
+    async def _publishing(self) -> None:
+        """Publish on change, at most every ``load_publish_s``; refresh the record's time to
+        live while nothing changes."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self.config.load_expire_s / 4):
+                    await self._changed.wait()
+            self._changed.clear()
+            try:
+                await self._publish()
+            except Exception:  # one bad round must not stop the link
+                log.exception("coordination: publishing the load failed")
+            await asyncio.sleep(self.config.load_publish_s)
 
     async def _renew(self) -> None:
         await self._call("lease", self.lease.renew())

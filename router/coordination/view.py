@@ -47,6 +47,7 @@ class LoadView:
             self.link = Coordinator(coordination, router_id, version, digest, self.shared,
                                     self.own, clock)
             self.writes = SharedWrites(self.link, self.shared)
+            driver.on_change = self.link.changed
             if driver.gate is not None:
                 driver.gate.elsewhere = self.prefilling_elsewhere
 

@@ -49,6 +49,9 @@ class PolicyDriver:
         # and when their prefill ended; ``on_room`` is called when that made room at the gate.
         self.gate = gate
         self.on_room: Callable[[], None] | None = None
+        # called when this router's in-flight work changed (routed, first token, ended): the
+        # shared load view publishes it (router/coordination/link.py)
+        self.on_change: Callable[[], None] | None = None
 
     def estimate(self, req: RouteRequest, workers: Sequence[WorkerState], now: float
                  ) -> Decision:
@@ -80,11 +83,13 @@ class PolicyDriver:
             self.gate.placed(req.request_id, self.cost.queue.server(decision.slot))
         self.cost.on_routed(req, decision, now)
         self.policy.on_routed(req, decision, now)
+        self._changed()
         return decision
 
     def prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen (``prefill_s``: measured prefill compute time, if known)."""
         self.cost.on_prefill_done(request_id, now, prefill_s)
+        self._changed()
         if self.gate is not None and self.gate.first_token(request_id):
             self._room()
 
@@ -92,6 +97,7 @@ class PolicyDriver:
         """The request ended (completed, failed, cancelled, or never forwarded). Idempotent."""
         self.cost.on_finished(request_id, now)
         self.decode.release(request_id)
+        self._changed()
         if self._requests.pop(request_id, None) is not None:
             self.policy.on_finished(request_id, ok, now)
         if self.gate is not None and self.gate.drop(request_id):
@@ -101,6 +107,10 @@ class PolicyDriver:
         self.cost.on_worker_removed(worker_id)
         self.decode.forget_worker(worker_id)
         self.policy.on_worker_removed(worker_id)
+
+    def _changed(self) -> None:
+        if self.on_change is not None:
+            self.on_change()
 
     def _room(self) -> None:
         if self.on_room is None:
