@@ -26,6 +26,9 @@ class CoordinationConfig:
     load_publish_s: Annotated[float, opt(
         "publish this router's in-flight work per slot when it changes, at most this often",
         gt=0)] = 0.02
+    unshared_load: Annotated[bool, opt(
+        "keep this router's in-flight work to itself (routers over disjoint workers; a test's "
+        "negative control): the others price only theirs")] = False
     resync_s: Annotated[float, opt(
         "re-read every shared record this often (a lost change notice costs at most this)",
         gt=0)] = 2.0

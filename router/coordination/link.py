@@ -102,9 +102,10 @@ class Coordinator:
             self._failed("start", exc)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._every(self.config.resync_s, self._resync_round)),
-                       loop.create_task(self._publishing()),
                        loop.create_task(self._every(self.config.lease_s / 3, self._renew)),
                        loop.create_task(self._follow())]
+        if not self.config.unshared_load:
+            self._tasks.append(loop.create_task(self._publishing()))
 
     async def stop(self) -> None:
         tasks = [*self._tasks, *self._spawned]

@@ -78,10 +78,12 @@ def diagnostics(state: RouterState) -> dict[str, Any]:
 
 def stats(state: RouterState) -> dict[str, Any]:
     workers = []
+    own = state.view.own()  # this router's work per slot, as it publishes it
     for e in state.registry.all():
         item = e.to_json()
         item["outstanding"] = sum(state.routing.cost.outstanding((e.worker_id, r))
                                   for r in range(e.info.dp_size))
+        item["prefilling"] = sum(own[s].prefilling for s in own if s[0] == e.worker_id)
         workers.append(item)
     return {
         "uptime_s": round(state.clock() - state.started_clock, 3),

@@ -221,6 +221,7 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--coordination-cluster", ["c1"], "coordination.cluster", "c1"),
     ("--coordination-router-id", ["r1"], "coordination.router_id", "r1"),
     ("--coordination-load-publish-s", ["0.2"], "coordination.load_publish_s", 0.2),
+    ("--coordination-unshared-load", [], "coordination.unshared_load", True),
     ("--coordination-resync-s", ["3"], "coordination.resync_s", 3.0),
     ("--coordination-lease-s", ["5"], "coordination.lease_s", 5.0),
     ("--coordination-op-timeout-s", ["1"], "coordination.op_timeout_s", 1.0),
