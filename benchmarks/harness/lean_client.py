@@ -35,6 +35,24 @@ class _Exchange:
         self.done = True
 
 
+async def exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, request: bytes,
+                   label: str) -> float:
+    """Send one pre-encoded request on a keep-alive connection and read its whole answer; the
+    seconds it took. Raises on a closed connection or a status other than 200."""
+    t = time.perf_counter()
+    writer.write(request)
+    ex = _Exchange()
+    while not ex.done:
+        data = await reader.read(65536)
+        if not data:
+            raise RuntimeError(f"{label}: connection closed")
+        ex.parser.feed_data(data)
+    took = time.perf_counter() - t
+    if ex.status != 200:
+        raise RuntimeError(f"{label}: HTTP {ex.status}")
+    return took
+
+
 async def run_batch(base: str, path: str, body: dict[str, Any], concurrency: int, total: int
                     ) -> list[float]:
     """``total`` POSTs from ``concurrency`` keep-alive connections; latency of each.
@@ -53,17 +71,7 @@ async def run_batch(base: str, path: str, body: dict[str, Any], concurrency: int
         reader, writer = await asyncio.open_connection(host, int(port))
         try:
             for _ in range(per):
-                t = time.perf_counter()
-                writer.write(request)
-                ex = _Exchange()
-                while not ex.done:
-                    data = await reader.read(65536)
-                    if not data:
-                        raise RuntimeError(f"{base}{path}: connection closed")
-                    ex.parser.feed_data(data)
-                lat.append(time.perf_counter() - t)
-                if ex.status != 200:
-                    raise RuntimeError(f"{base}{path}: HTTP {ex.status}")
+                lat.append(await exchange(reader, writer, request, f"{base}{path}"))
         finally:
             writer.close()
 

@@ -43,7 +43,7 @@ from typing import Any
 import httpx
 
 from benchmarks.harness.instant_upstream import upstream_app
-from benchmarks.harness.lean_client import _Exchange, run_batch
+from benchmarks.harness.lean_client import exchange, run_batch
 from benchmarks.harness.paths import RESULTS
 from benchmarks.harness.spread import median_spread, spread_text
 from benchmarks.micro.router_overhead import cpu_s, pct, spawn, stop, wait_ready
@@ -85,17 +85,7 @@ async def run_spread(bases: list[str], path: str, body: dict[str, Any], concurre
         try:
             while left[0] > 0 and time.perf_counter() < deadline:
                 left[0] -= 1
-                t = time.perf_counter()
-                writer.write(request)
-                ex = _Exchange()
-                while not ex.done:
-                    data = await reader.read(65536)
-                    if not data:
-                        raise RuntimeError(f"{base}{path}: connection closed")
-                    ex.parser.feed_data(data)
-                lat.append(time.perf_counter() - t)
-                if ex.status != 200:
-                    raise RuntimeError(f"{base}{path}: HTTP {ex.status}")
+                lat.append(await exchange(reader, writer, request, f"{base}{path}"))
         finally:
             writer.close()
 

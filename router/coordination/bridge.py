@@ -7,9 +7,9 @@ Liveness, with a service: a worker (but a router's own command-line ones, health
 in a router's registry while its record is in the service. Whoever receives its heartbeat (or
 passes its health check) extends the record's time to live; a record that expired is missing
 from the next complete read, and the worker leaves every router (``heartbeat_timeout_s`` + one
-resync after its last heartbeat anywhere). Only the router that admitted a worker writes its
-record again; the others let it go, and the worker, answered 404 on its next heartbeat,
-registers again.
+resync after its last heartbeat anywhere). The router that admitted a worker, or that its
+heartbeats reach now, owns its record: it writes the record again when it is gone, and its
+removal is written for every router.
 """
 
 from __future__ import annotations
@@ -187,8 +187,16 @@ class SharedWrites:
         await self.link.delete(Kind.DRAIN, worker_id)
 
     def worker_alive(self, worker_id: str) -> None:
-        """A heartbeat or a passed health check here: the record lives on (written again by the
-        router that admitted it, when it expired meanwhile or the service restarted empty)."""
+        """A heartbeat or a passed health check here: the record lives on. The router the
+        worker talks to owns its record from then on (the one that admitted it may be gone):
+        it writes it again when it expired meanwhile or the service came back empty. A worker
+        removed by an operator while it still heartbeats comes back so, as it always did with
+        one router (a heartbeat answered 404 registers it again)."""
+        if worker_id not in self.view.admitted:
+            entry = self.view.registry.find(worker_id)
+            if entry is None:
+                return
+            self.view.admitted[worker_id] = worker_record(entry)
         self.link.spawn(self._alive(worker_id))
 
     async def _alive(self, worker_id: str) -> None:

@@ -10,7 +10,7 @@ leader lease. Every record but an alias is listed in its kind's index set
 * the service down or slow: a call gives up after 4 x ``op_timeout_s`` (each socket operation
   after ``op_timeout_s``); the router keeps routing on its last view, ``degraded`` is set,
   failures are counted per operation and logged once per outage; when the service answers
-  again the router writes back what it owns, and the first complete read after that removes
+  again the router writes back what it owns, and the first two complete reads after that remove
   nothing (the other routers may not have written theirs back yet);
 * a record that does not decode, is oversized, names another key or contradicts this router's
   state is refused (``reader.py``) and never reaches the router's state;
@@ -71,7 +71,10 @@ class Coordinator:
         self.synced = False  # a first complete read is done
         self.degraded = False
         self._rejoin = False  # an outage happened: write back what this router owns
-        self._keep = False  # the first read after a rejoin removes nothing
+        # complete reads after a rejoin that remove nothing: every router writes back what it
+        # owns in its first round after the service answers, which may come after another's
+        # first read
+        self._keep = 0
         self.errors: collections.Counter[str] = collections.Counter()  # per operation
         self.conflicts: set[str] = set()
         # publications are numbered from the wall clock: a restarted router's are newer
@@ -209,7 +212,7 @@ class Coordinator:
                 self.reader.apply(kind, ident, raw)
             if not self._keep:
                 self.reader.present(kind, set(found))
-        self._keep = False
+        self._keep = max(0, self._keep - 1)
         self.synced = True
 
     async def _read_all(self, kind: Kind) -> dict[str, bytes | str]:
@@ -292,7 +295,7 @@ class Coordinator:
         if not await self._call("announce", self._announce()):
             return
         if self._rejoin:  # the service is back, maybe empty: write back what this router owns
-            self._rejoin, self._keep = False, True
+            self._rejoin, self._keep = False, 2
             for kind, ident, value, ttl in self.shared.owned():
                 await self._call(f"put_{kind}", self._put(kind, ident, value, ttl))
             log.warning("coordination service answers again: rejoined")
