@@ -62,18 +62,6 @@ class Keys:
         """The set listing the ids of ``kind`` (a resync reads it, never the keyspace)."""
         return f"{self.prefix}ids:{kind}"
 
-    def split(self, key: str) -> tuple[Kind, str]:
-        """``(kind, id)`` of one of this cluster's keys; :class:`RecordError` otherwise."""
-        if not key.startswith(self.prefix):
-            raise RecordError(f"key {key[:120]!r} is not this cluster's ({self.prefix}*)")
-        kind, sep, ident = key[len(self.prefix):].partition(":")
-        if not sep or not ident:
-            raise RecordError(f"key {key[:120]!r} names no record")
-        try:
-            return Kind(kind), ident
-        except ValueError:
-            raise RecordError(f"key {key[:120]!r}: unknown kind {kind!r}") from None
-
 
 class WorkerRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     """A worker as the router that admitted it knows it: its registration (``WorkerInfo`` JSON,
