@@ -47,6 +47,7 @@ from benchmarks.harness.lean_client import exchange, run_batch
 from benchmarks.harness.paths import RESULTS
 from benchmarks.harness.spread import median_spread, spread_text
 from benchmarks.micro.router_overhead import cpu_s, pct, spawn, stop, wait_ready
+from router.coordination.config import CoordinationConfig
 from sglang_patch.ports import free_port
 
 RESULT = RESULTS / "router_replicas.json"
@@ -334,8 +335,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="at most this long, before each batch, for started routers to go quiet")
     p.add_argument("--idle-s", type=float, default=2,
                    help="before each batch: the routers' CPU while idle, over this long")
-    p.add_argument("--load-publish-s", type=float, default=0.1,
-                   help="--coordination-load-publish-s of every router (its default: 0.1)")
+    p.add_argument("--load-publish-s", type=float, default=CoordinationConfig.load_publish_s,
+                   help="--coordination-load-publish-s of every router (default: the router's)")
     p.add_argument("--control", action="store_true",
                    help=f"also {CONTROL}: 3 routers, each alone (no Redis), as a control")
     p.add_argument("--json", default=str(RESULT))
@@ -377,7 +378,8 @@ def main(argv: list[str] | None = None) -> int:
     for line in lines:
         print(line)
     result = {"workers": args.workers, "prompt_tokens": args.prompt_tokens,
-              "concurrency": args.concurrency, "rounds": args.rounds,
+              "load_publish_s": args.load_publish_s, "concurrency": args.concurrency,
+              "rounds": args.rounds,
               "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows,
               "divergence": div, "target_met": met, "lines": lines,
               "command": " ".join(["python -m benchmarks.micro.router_replicas",

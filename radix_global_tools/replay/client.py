@@ -185,13 +185,17 @@ async def stream_ids(client: httpx.AsyncClient, url: str, ids: list[int], output
     return result, out
 
 
-async def run_replay(plan: Sequence[PlannedRequest], router_url: str, opts: ClientOptions,
-                     on_done: Callable[[RequestResult], None] | None = None
+async def run_replay(plan: Sequence[PlannedRequest], router_url: str | Sequence[str],
+                     opts: ClientOptions, on_done: Callable[[RequestResult], None] | None = None
                      ) -> tuple[list[RequestResult], float]:
     """Send every planned request at its time (a request with ``after``: also ``think_s`` after
-    that one ended, however it ended); return results (plan order) and the wall time."""
+    that one ended, however it ended); return results (plan order) and the wall time.
+    Several router URLs: request ``position`` goes to URL ``position % n``, as a round-robin load
+    balancer in front of router replicas would send it (a conversation's turns change routers)."""
     texts = [prompt_text(p.input_ids) for p in plan]
-    url = router_url.rstrip("/")
+    urls = [u.rstrip("/") for u in ([router_url] if isinstance(router_url, str) else router_url)]
+    if not urls:
+        raise ValueError("run_replay needs at least one router URL")
     limits = httpx.Limits(max_connections=max(16, len(plan)), max_keepalive_connections=64)
     ended = {p.position: asyncio.Event() for p in plan}
     unknown = {p.after for p in plan if p.after is not None} - ended.keys()
@@ -209,7 +213,8 @@ async def run_replay(plan: Sequence[PlannedRequest], router_url: str, opts: Clie
                     await ended[p.after].wait()
                     at = max(at, ended_at[p.after] + p.think_s)
                     await asyncio.sleep(max(0.0, t0 + at - time.perf_counter()))
-                r = await send_one(client, url, p, text, t0, opts, scheduled_s=at)
+                r = await send_one(client, urls[p.position % len(urls)], p, text, t0, opts,
+                                   scheduled_s=at)
             finally:
                 ended_at[p.position] = time.perf_counter() - t0
                 ended[p.position].set()
@@ -234,7 +239,7 @@ async def run_replay(plan: Sequence[PlannedRequest], router_url: str, opts: Clie
     return results, wall
 
 
-def replay(plan: Sequence[PlannedRequest], router_url: str, opts: ClientOptions,
+def replay(plan: Sequence[PlannedRequest], router_url: str | Sequence[str], opts: ClientOptions,
            slo: SloTargets, kv_bytes: int | None = None, progress: bool = True,
            label: str = "replay") -> ReplayReport:
     """Synchronous wrapper with an optional progress bar (stderr)."""

@@ -186,6 +186,17 @@ def test_rejections_and_broken_streams_are_counted() -> None:
     assert "2/5 tokens" in (broken.results[0].error or "")
 
 
+def test_several_routers_take_requests_round_robin_by_position() -> None:
+    plan = _plan(5, spacing_ms=0, time_scale=1.0)
+    with SsePeer() as a, SsePeer() as b:
+        report = replay.replay(plan, [a.url, b.url + "/"], replay.ClientOptions(),
+                               SloTargets(), progress=False)
+        assert (len(a.bodies), len(b.bodies)) == (3, 2)  # positions 0, 2, 4 and 1, 3
+    assert report.summary["ok"] == 5
+    with pytest.raises(ValueError, match="at least one router"):
+        replay.replay(plan, [], replay.ClientOptions(), SloTargets(), progress=False)
+
+
 def test_unreachable_router_fails_requests_without_raising() -> None:
     report = replay.replay(_plan(2, 0, 1.0), "http://127.0.0.1:9", replay.ClientOptions(),
                            SloTargets(), progress=False)
