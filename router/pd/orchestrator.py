@@ -38,26 +38,12 @@ from typing import Any, Protocol
 
 from radix_global.types import PoolId, Role, WorkerId
 from router.pd.protocol import PdConfig, PdError, PdMode, PdUtilization
-from router.pd.run import PdFailed, PdRun
+from router.pd.run import DataPlane, PdFailed, PdRun
 from router.routing.contract import IndexView, RouteRequest, WorkerState
 from router.routing.decode_select import DecodeSelector
-from router.transport.proxy import UpstreamResponse
 
 __all__ = ["DataPlane", "IndexPoolProbe", "PdFailed", "PdOrchestrator", "PdRejected", "PdRun",
            "PoolProbe"]
-
-
-class DataPlane(Protocol):
-    """How requests reach workers (``router.transport.proxy.Proxy``). Both raise
-    ``UpstreamUnavailable`` when the worker did not take the request (safe to retry elsewhere)
-    and ``UpstreamFailed`` when it failed after it may have started."""
-
-    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
-        """POST and read the whole answer."""
-
-    async def open_stream(self, url: str, body: bytes, headers: dict[str, str]
-                          ) -> UpstreamResponse:
-        """POST and return at the answer's head; the caller reads and closes it."""
 
 
 class PdRejected(Exception):

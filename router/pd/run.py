@@ -11,22 +11,61 @@ decode reservation and the busy-time intervals (``chunks``'s ``finally``).
 from __future__ import annotations
 
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Sequence
-from typing import TYPE_CHECKING, Any, NamedTuple
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
 from radix_global.types import Role, WorkerId
-from router.pd.protocol import PdError, cached_tokens_of, decode_body, prefill_only_body
+from router.pd.protocol import (
+    PdConfig,
+    PdError,
+    PdUtilization,
+    cached_tokens_of,
+    decode_body,
+    prefill_only_body,
+)
 from router.routing.contract import RouteRequest, WorkerState
+from router.routing.decode_select import DecodeSelector
 from router.transport.bodies import json_or_none
 from router.transport.errors import ErrorType, error_body, sse_error
-from router.transport.proxy import UpstreamFailed, UpstreamUnavailable
-
-if TYPE_CHECKING:  # the orchestrator builds runs: a runtime import would be circular
-    from router.pd.orchestrator import PdOrchestrator
+from router.transport.proxy import UpstreamFailed, UpstreamResponse, UpstreamUnavailable
 
 log = logging.getLogger("radix_global.router.pd")
+
+
+class DataPlane(Protocol):
+    """How requests reach workers (``router.transport.proxy.Proxy``). Both raise
+    ``UpstreamUnavailable`` when the worker did not take the request (safe to retry elsewhere)
+    and ``UpstreamFailed`` when it failed after it may have started."""
+
+    async def post(self, url: str, body: bytes, headers: dict[str, str]) -> UpstreamResponse:
+        """POST and read the whole answer."""
+
+    async def open_stream(self, url: str, body: bytes, headers: dict[str, str]
+                          ) -> UpstreamResponse:
+        """POST and return at the answer's head; the caller reads and closes it."""
+
+
+class Orchestrator(Protocol):
+    """What a run uses of the ``PdOrchestrator`` that started it. Structural, so that imports
+    run one way: ``router/pd/orchestrator.py`` builds runs and imports this module, never the
+    other way round."""
+
+    data: DataPlane
+    config: PdConfig
+    selector: DecodeSelector
+    util: PdUtilization
+    clock: Callable[[], float]
+    on_refused: Callable[[WorkerId, BaseException], object]
+    on_answered: Callable[[WorkerId], object]
+
+    def pick_decode(self, req: RouteRequest, decodes: Sequence[WorkerState],
+                    excluded: frozenset[str] | set[str] = frozenset()) -> WorkerState | None:
+        """Choose and reserve a decode slot (None if none fits)."""
+
+    async def wait_pool(self, req: RouteRequest) -> tuple[int | None, float | None]:
+        """Wait until the prompt's full pages are in the pool: ``(pages, waited_s)``."""
 
 
 class PdFailed(Exception):
@@ -51,7 +90,7 @@ class PdStats(NamedTuple):
 class PdRun:
     """One started disaggregated request; iterate ``chunks()`` exactly once."""
 
-    def __init__(self, orch: PdOrchestrator, req: RouteRequest, payload: dict[str, Any],
+    def __init__(self, orch: Orchestrator, req: RouteRequest, payload: dict[str, Any],
                  kind: str, path: str, prefill: WorkerState, decode: WorkerState,
                  decodes: Sequence[WorkerState], stream: bool, headers: dict[str, str]) -> None:
         self.orch, self.req, self.payload, self.kind, self.path = orch, req, payload, kind, path
