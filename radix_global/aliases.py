@@ -1,5 +1,6 @@
 """The shared-prefix rule: which pages of a salted request are a registered platform prefix,
-and the pool aliases that let every tenant read them (``docs/interfaces.md`` section 15).
+and the pool aliases that let every tenant read them (``docs/interfaces.md`` section
+"Shared platform prefixes across isolated tenants").
 
 Pure functions over token ids; the router (``router/keying/shared_prefixes.py``) and the tests
 use them, and the pool backend (``sglang_patch/pool/aliases.py``) only ever sees their output.

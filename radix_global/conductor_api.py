@@ -3,7 +3,7 @@
 Gateways written against Mooncake's Conductor (``POST /register``, ``/unregister``, ``/query``,
 ``/query_by_hash``) can use radix-global's index without a change of client. The mapping of
 their identities onto ours (namespaces, page keys, tiers, holders) and what is refused is
-``docs/interfaces.md`` section 21; in short:
+``docs/interfaces.md`` section "Mooncake Conductor's indexer API"; in short:
 
 * ``/register``: one KV-event publisher (one dp rank of an instance) -> our
   :class:`~radix_global.registration.WorkerInfo` (:mod:`radix_global.conductor_mapping`),
@@ -17,9 +17,9 @@ their identities onto ours (namespaces, page keys, tiers, holders) and what is r
   SGLang's SHA-256 chain and cannot be derived from them.
 
 Who may call: every route (writes and key queries alike, as the gRPC admin calls and ``Match``,
-``docs/interfaces.md`` s. 9) needs ``Authorization: Bearer <token>`` when a token is configured,
-else a loopback peer that sent no forwarding header (:mod:`radix_global.http_guard`). Bad
-requests get a 4xx JSON error ``{"error": ..., "reason": ...}``, never a 500; bodies are
+``docs/interfaces.md``, "Index service") needs ``Authorization: Bearer <token>`` when a token is
+configured, else a loopback peer that sent no forwarding header (:mod:`radix_global.http_guard`).
+Bad requests get a 4xx JSON error ``{"error": ..., "reason": ...}``, never a 500; bodies are
 size-bounded. Request bodies and refusals: :mod:`radix_global.conductor_wire`.
 
 This module is the thin part: the ASGI app (:class:`ConductorAPI`), which decodes, authorizes
@@ -126,7 +126,7 @@ class ConductorAPI:
             try:
                 info = instance.info(wid)
                 if not http_guard.local_caller(request):
-                    refuse_host_local(info)  # docs/interfaces.md s. 12
+                    refuse_host_local(info)  # docs/interfaces.md, "Across hosts"
             except RegistrationError as exc:
                 raise ApiError(400, str(exc), "invalid") from None
             known = self.state.workers.get(wid)
@@ -186,8 +186,8 @@ class ConductorAPI:
     async def _query_by_hash(self, request: Request, body: bytes) -> dict[str, Any]:
         raise ApiError(501, "query_by_hash is not served: its seq_hashes are XXH3-64 rolling "
                        "hashes (Mooncake RFC #1527), while this index keys pages by SGLang's "
-                       "SHA-256 page chain (docs/interfaces.md s. 3), which cannot be derived "
-                       "from them; send the token_ids to /query", "unsupported")
+                       "SHA-256 page chain (docs/interfaces.md, \"Page keys\"), which cannot be "
+                       "derived from them; send the token_ids to /query", "unsupported")
 
     # ---- liveness -----------------------------------------------------------------------------
     def heartbeat_all(self) -> None:

@@ -1,4 +1,5 @@
-"""Mooncake Conductor's identities onto ours, without I/O (``docs/interfaces.md`` s. 21).
+"""Mooncake Conductor's identities onto ours, without I/O (``docs/interfaces.md``,
+"Mooncake Conductor's indexer API").
 
 * :func:`instance_spec`, :func:`add_rank`, :meth:`Instance.info`: their ``/register`` record (one
   dp rank of an instance) -> our :class:`~radix_global.registration.WorkerInfo`

@@ -1,5 +1,5 @@
 """Mooncake Conductor's indexer API on the wire: its request bodies, their bounds, and the refusal
-every route answers with (``docs/interfaces.md`` s. 21).
+every route answers with (``docs/interfaces.md``, "Mooncake Conductor's indexer API").
 
 Bodies use their field names; unknown fields are refused, as our
 :class:`~radix_global.registration.WorkerInfo` refuses them. A refusal is :class:`ApiError`: an
@@ -18,7 +18,9 @@ from radix_global.registration import MAX_ID_CHARS, MAX_URL_CHARS
 ADMIN_BODY_MAX_BYTES = 64 * 1024  # /register, /unregister: a few hundred bytes
 QUERY_BODY_MAX_BYTES = 16 * 1024 * 1024  # /query: ~2M token ids as JSON
 MAX_QUERY_TOKENS = 1 << 21
-MAX_SALT_CHARS = 256  # as a client cache_salt at the router (docs/interfaces.md s. 11)
+# as a client cache_salt at the router (docs/interfaces.md,
+# "What a client controls, and what the router decides")
+MAX_SALT_CHARS = 256
 
 Text = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
 Endpoint = Annotated[str, msgspec.Meta(max_length=MAX_URL_CHARS)]

@@ -3,8 +3,8 @@
 A worker registers its KV-event (and replay, pool-event) endpoints; the subscriber connects a SUB
 (a DEALER for replays) to each, one per dp rank, rank ``r`` at tcp port + ``r`` or ipc/inproc name
 + ``_dp<r>`` (``subscriber.offset_endpoint``). A record whose endpoint cannot be connected for
-every rank is refused at registration (``docs/interfaces.md`` section 2), so "registered" never
-hides "cannot be followed".
+every rank is refused at registration (``docs/interfaces.md`` section "Worker registration"), so
+"registered" never hides "cannot be followed".
 """
 
 from __future__ import annotations
@@ -73,7 +73,7 @@ def is_host_local(address: str) -> bool:
     """Whether ``address`` (an ``http(s)://`` URL or a ZMQ endpoint) can be reached only from the
     host that names it: a loopback or wildcard host (:func:`is_loopback_address`), or an
     ``ipc://`` / ``inproc://`` socket. Such an address is fine from a worker on the router's
-    own host, and useless from any other (``docs/interfaces.md`` section 12)."""
+    own host, and useless from any other (``docs/interfaces.md`` section "Across hosts")."""
     if address.startswith(("ipc://", "inproc://")):
         return True
     try:

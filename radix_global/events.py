@@ -1,6 +1,6 @@
 """Decode engine KV-event batches (SGLang, vLLM) into index operations. Pure: no I/O.
 
-Contract (``docs/interfaces.md`` sections 3 and 5):
+Contract (``docs/interfaces.md`` sections "Page keys" and "Events in"):
 
 * A payload is a msgpack ``KVEventBatch``: an array ``[ts, events, dp_rank]`` or a map with ``ts``,
   ``events`` and ``attn_dp_rank`` / ``data_parallel_rank``. Each event is a tagged msgspec struct,
@@ -118,8 +118,9 @@ def short(value: Any) -> str:
 
 
 class RekeyedPage(msgspec.Struct, frozen=True, array_like=True):
-    """One entry of a decoder's re-keying map as a snapshot keeps it (``docs/interfaces.md``
-    s.18): without it, a restored page's removal or child cannot be translated."""
+    """One entry of a decoder's re-keying map as a snapshot keeps it (``docs/interfaces.md``,
+    "The router's index snapshot"): without it, a restored page's removal or child cannot be
+    translated."""
 
     engine_hash: int | bytes
     key: int

@@ -1,7 +1,7 @@
 """Who may call the index service's HTTP APIs, and with how many bytes.
 
 The HTTP counterpart of :mod:`radix_global.service_guard` (gRPC), with the same rule
-(``docs/interfaces.md`` s. 9): with a token configured every guarded route needs
+(``docs/interfaces.md``, "Index service"): with a token configured every guarded route needs
 ``Authorization: Bearer <token>`` (compared in constant time); without one only a loopback peer
 that sent no forwarding header may call, since a reverse proxy on this host would be a loopback
 peer speaking for anyone. The server must take the peer from its socket, never from a header

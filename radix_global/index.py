@@ -1,9 +1,9 @@
 """The global index: one radix tree per namespace, fed typed operations. Pure: no I/O, no threads.
 
-Contract in ``docs/interfaces.md`` section 4. Every refusal is a typed ``IndexRefusal`` that is
-raised to the caller AND counted by reason (and logged at debug level), so a feed that drops
-events shows up in ``stats()``. ``snapshot()``/``restore()`` use plain data only (dicts, lists,
-str, int, float) so a service can serialize it with msgspec.
+Contract in ``docs/interfaces.md`` section "Index operations". Every refusal is a typed
+``IndexRefusal`` that is raised to the caller AND counted by reason (and logged at debug level), so
+a feed that drops events shows up in ``stats()``. ``snapshot()``/``restore()`` use plain data only
+(dicts, lists, str, int, float) so a service can serialize it with msgspec.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Page keys: one pure chained hash over token ids, byte-identical to SGLang's.
 
-Contract (``docs/interfaces.md`` section 3):
+Contract (``docs/interfaces.md`` section "Page keys"):
 
 * ``digest_i = SHA-256(digest_{i-1} || page_i)``, ``page_i`` = the page's tokens as uint32
   little-endian. A page holding a token id above 2**32-1 is hashed "wide": one ``0xff`` byte, then

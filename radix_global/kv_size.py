@@ -1,7 +1,7 @@
 """How many bytes one token's KV cache occupies: what a pool fetch of it moves on the wire.
 
-One rule, :func:`for_worker`, for both ways a worker tells the router (``docs/interfaces.md``
-s. 2, field ``kv_bytes_per_token``): the launch wrapper registering a worker
+One rule, :func:`for_worker`, for both ways a worker tells the router (``docs/interfaces.md``,
+"Worker registration", field ``kv_bytes_per_token``): the launch wrapper registering a worker
 (``sglang_patch/register.py``) and the router describing a command-line worker
 (``router/cluster/discovery.py``). The model folder's ``config.json`` is exact
 (:func:`from_model_config`); where it cannot be read (the router's host may not have it) the

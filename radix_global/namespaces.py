@@ -1,4 +1,5 @@
-"""The namespace a model's workers share: ``"<model>@<version>"`` (``docs/interfaces.md`` s. 1, 2).
+"""The namespace a model's workers share: ``"<model>@<version>"`` (``docs/interfaces.md``,
+"Identities" and "Worker registration").
 
 One rule for every way a worker joins: the router describing a command-line worker from its
 ``/server_info`` (``router/cluster/discovery.py``) and the launch wrapper registering one
@@ -8,10 +9,11 @@ refuses the second worker (a model already served under another namespace: 409).
 - ``<model>`` is the served model name with every ``/`` replaced by ``-``: a namespace prefixes
   the L3 pool's storage keys (``"<namespace>/<digest>"``, ``sglang_patch/storage.py``), whose
   ``/`` separates it from the digest, and a served name is often a hub path (``org/model``).
-- ``<version>`` is the model's identity (``docs/interfaces.md`` s. 13), unless given: the first
-  12 hex digits of SHA-256 over the folder's ``config.json`` (over the path when the folder has
-  none; ``"0"`` when no folder is known), its tokenizer files and a sample of every weight file,
-  so two versions of a model (same config, other weights) never share a tree or pool pages.
+- ``<version>`` is the model's identity (``docs/interfaces.md``, "Model identity"), unless given:
+  the first 12 hex digits of SHA-256 over the folder's ``config.json`` (over the path when the
+  folder has none; ``"0"`` when no folder is known), its tokenizer files and a sample of every
+  weight file, so two versions of a model (same config, other weights) never share a tree or pool
+  pages.
 
 Pure, apart from reading the model folder (a few hundred KiB, whatever the weights' size).
 """

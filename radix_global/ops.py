@@ -1,7 +1,7 @@
 """Typed operations that feed the index, and the typed results it answers with.
 
 Decoders (``events.py``) turn engine KV events into these; the pure index (``index.py``) applies
-them. Contract in ``docs/interfaces.md`` section 4.
+them. Contract in ``docs/interfaces.md`` section "Index operations".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Options declared once (``docs/interfaces.md`` s. 20): the one config source of every process.
+"""Options declared once (``docs/interfaces.md``, "Options: one config source per process"): the one
+config source of every process.
 
 A part of a process owns its options as a frozen dataclass, a *section*, whose fields carry
 their help and bounds::

@@ -1,4 +1,5 @@
-"""Pool ids of stores that span hosts (``docs/interfaces.md`` s. 14). Pure.
+"""Pool ids of stores that span hosts (``docs/interfaces.md``, "Mooncake Store as the L3 pool").
+Pure.
 
 A pool id ``<store>@<segment>`` names one segment of a store that several hosts share (a
 Mooncake Store: each worker's client contributes a segment of its host's memory and writes its
@@ -45,5 +46,6 @@ DISK_SUFFIX = "+disk"
 
 
 def disk_holder(pool_id: str) -> PoolId:
-    """The index holder of a pool's persistent disk tier (``docs/interfaces.md`` s. 16)."""
+    """The index holder of a pool's persistent disk tier (``docs/interfaces.md``,
+    "The persistent disk tier under the pool")."""
     return PoolId(pool_id + DISK_SUFFIX)

@@ -68,22 +68,26 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # router prices this namespace's pool fetches with it. None: the router's default.
     kv_bytes_per_token: int | None = None
     # Its pool backend resolves shared-prefix aliases by asking the router it registered with
-    # (docs/interfaces.md s. 15); without it the router never predicts a shared-prefix hit.
+    # (docs/interfaces.md, "Shared platform prefixes across isolated tenants"); without it the
+    # router never predicts a shared-prefix hit.
     pool_aliases: bool = False
     # The holder of its pool's persistent disk tier and the disk's measured read bandwidth
-    # (docs/interfaces.md s. 16): the router prices a fetch from the disk with it.
+    # (docs/interfaces.md, "The persistent disk tier under the pool"): the router prices a fetch
+    # from the disk with it.
     pool_disk_id: str | None = None
     pool_disk_read_Bps: float | None = None
     # The shortest pool run (tokens beyond its own cache) its engine loads at all: SGLang skips
     # a storage prefetch under its ``prefetch_threshold`` (256 by default, at least a page) and
-    # recomputes. The router plans no shorter fetch for it (s. 2). 0: any run.
+    # recomputes. The router plans no shorter fetch for it (interfaces.md, "Worker registration").
+    # 0: any run.
     pool_fetch_min_tokens: int = 0
     # KV bytes per second its engine loads a pool run at, through SGLang's whole load path,
-    # measured by the launch wrapper (s. 2): once it has profiled the worker's prefill, the
-    # router prices its fetches at no faster.
+    # measured by the launch wrapper (interfaces.md, "Worker registration"): once it has profiled
+    # the worker's prefill, the router prices its fetches at no faster.
     pool_load_Bps: float | None = None
     # Tokens of storage prefetches its engine holds at once before it declines new ones (SGLang:
-    # half its host tier, s. 2): the conductor plans no fetch past it. 0: no limit known.
+    # half its host tier, interfaces.md, "Worker registration"): the conductor plans no fetch past
+    # it. 0: no limit known.
     pool_prefetch_budget_tokens: int = 0
 
     def __post_init__(self) -> None:
@@ -137,7 +141,7 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 def refuse_host_local(info: WorkerInfo) -> None:
     """For a registration that came from another host: refuse a URL or endpoint only the
     worker's own host can reach (loopback, wildcard, ipc), which the receiver would try on its
-    own host instead (``docs/interfaces.md`` section 12)."""
+    own host instead (``docs/interfaces.md`` section "Across hosts")."""
     for name in _URL_FIELDS:
         value = getattr(info, name)
         if value is not None and is_host_local(value):

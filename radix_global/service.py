@@ -1,4 +1,5 @@
-"""The standalone index service: ``radix-global index serve`` (gRPC, ``proto/index.proto``).
+"""The standalone index service: ``radix-global index serve`` (gRPC,
+``radix_global/proto/index.proto``).
 
 A thin async wrapper: every RPC is one call on :class:`ServiceState` (index + registry + feed) on
 the server's event loop, so the single-owner index needs no locks. Errors become gRPC status codes

@@ -1,4 +1,5 @@
-"""The index service's options (``docs/interfaces.md`` s. 20), declared once: ServiceConfig.
+"""The index service's options (``docs/interfaces.md``, "Options: one config source per process"),
+declared once: ServiceConfig.
 
 From it come ``radix-global index serve``'s flags (``--heartbeat-timeout-s``), environment
 variables (``RADIX_GLOBAL_INDEX_<NAME>``; the admin token also ``RADIX_GLOBAL_ADMIN_TOKEN``),
@@ -66,8 +67,8 @@ class ServiceConfig:
     log_level: Annotated[LogLevel, opt("log level (any case)")] = "info"
     conductor_port: Annotated[int | None, opt(
         "also serve Mooncake Conductor's indexer HTTP API (/register, /query) on --host:PORT "
-        "(0: any free port; unset: off; docs/interfaces.md s. 21)", ge=0, le=65535,
-        metavar="PORT")] = None
+        "(0: any free port; unset: off; docs/interfaces.md, \"Mooncake Conductor's indexer API\")",
+        ge=0, le=65535, metavar="PORT")] = None
 
 
 @dataclass(frozen=True)

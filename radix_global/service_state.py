@@ -4,7 +4,8 @@ feeds, heartbeats, timeouts), and snapshots.
 
 No gRPC here: ``service.py`` wraps this in a gRPC server. Every method runs on the service's
 event loop (the index is single-owner), and takes ``now`` from the injected clock.
-Rules: ``docs/interfaces.md`` section 2 (registration, heartbeats) and 7 (shards).
+Rules: ``docs/interfaces.md`` sections "Worker registration" (registration, heartbeats) and
+"Shards".
 """
 
 from __future__ import annotations
@@ -80,8 +81,9 @@ class ServiceState:
         if info.pool_id is not None and info.pool_id in self.workers:
             raise IdConflictError(f"pool id {info.pool_id!r} is already a worker id")
         if info.pool_id is not None and is_segment(info.pool_id) and info.pool_id in pools:
-            # a segment is one worker's and leaves the index with it (docs/interfaces.md s. 14):
-            # a second holder would take the first one's entries when it left
+            # a segment is one worker's and leaves the index with it (docs/interfaces.md,
+            # "Mooncake Store as the L3 pool"): a second holder would take the first one's entries
+            # when it left
             raise IdConflictError(f"pool id {info.pool_id!r} is a Mooncake segment another "
                                   "worker registered: each worker needs its own")
         self.index.register_namespace(Namespace(info.namespace), info.page_size)
@@ -122,10 +124,11 @@ class ServiceState:
     async def restore_workers(self, workers: list[WorkerInfo],
                               feeds: dict[str, FeedState] | None = None) -> None:
         """Re-register a snapshot's workers, without dropping the restored entries, and follow
-        their events again from the saved feed positions (``docs/interfaces.md`` s.18). Their
-        heartbeat clock restarts now, so a worker gone while the service was down is removed
-        after one timeout. Without a position (an older file), the first live event shows a seq
-        gap: the subscriber replays it or drops the worker's entries and resyncs."""
+        their events again from the saved feed positions (``docs/interfaces.md``,
+        "The router's index snapshot"). Their heartbeat clock restarts now, so a worker gone while
+        the service was down is removed after one timeout. Without a position (an older file), the
+        first live event shows a seq gap: the subscriber replays it or drops the worker's entries
+        and resyncs."""
         for info in workers:
             resume = (feeds or {}).get(info.worker_id)
             try:

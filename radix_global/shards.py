@@ -4,7 +4,7 @@ All pages of one prompt live on one shard, so a match is answered by exactly one
 what an unsharded index answers. The shard of a chain is ``head_key % N`` (page keys are already
 uniform hashes). A store that continues a chain (``parent`` set) does not carry the chain head, so
 the sharded index keeps a map ``page key -> shard`` of every key it routed; see
-``docs/interfaces.md`` section 7 for the choice and its cost.
+``docs/interfaces.md`` section "Shards" for the choice and its cost.
 
 Shards are anything with the index's operation and query methods (:class:`IndexShard`): local
 ``GlobalIndex`` objects, or remote ``IndexClient`` objects of index services.
@@ -32,7 +32,8 @@ from radix_global.types import HolderId, Namespace, PageKey
 
 
 class IndexShard(Protocol):
-    """What the sharded index needs of one shard (the ``GlobalIndex`` interface, section 4)."""
+    """What the sharded index needs of one shard (the ``GlobalIndex`` interface,
+    ``docs/interfaces.md``, "Index operations")."""
 
     def register_namespace(self, namespace: Namespace, page_size: int) -> Any: ...
     def apply(self, op: IndexOp) -> Any: ...

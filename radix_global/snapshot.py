@@ -52,7 +52,7 @@ class SnapshotError(Exception):
 class FeedPosition(msgspec.Struct, frozen=True, array_like=True):
     """Where one KV-event feed stood: the last seq applied (-1: none) and the xxh64 of that
     batch's payload, which tells the same engine's batch from a restarted engine's batch of the
-    same seq (``docs/interfaces.md`` s.18)."""
+    same seq (``docs/interfaces.md``, "The router's index snapshot")."""
 
     seq: int
     digest: int

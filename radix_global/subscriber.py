@@ -1,6 +1,6 @@
 """KV-event subscriber: one ZMQ SUB per worker publisher, feeding decoded operations to the index.
 
-Contract (``docs/interfaces.md`` sections 2 and 5):
+Contract (``docs/interfaces.md`` sections "Worker registration" and "Events in"):
 
 * Per registered worker (:class:`WorkerInfo`) and data-parallel rank ``r`` (SGLang and vLLM offset
   the publisher's tcp port by ``r``), a SUB socket connects to the ``kv_events_endpoint`` with the
@@ -188,10 +188,11 @@ class KVEventSubscriber:
         ``lora_extra_keys``: this worker's adapters, over the subscriber-wide map.
 
         ``resume``: the feeds' state saved with index entries of this worker that were restored
-        (``docs/interfaces.md`` s.18): the decoder's re-keying map, and one position per dp rank
-        from which that rank's feed continues (seq -1: none, a fresh join); a rank whose engine
-        cannot show it is the one that sent that batch drops the worker's entries. A state that
-        cannot be this worker's raises ``ValueError`` before anything changes."""
+        (``docs/interfaces.md``, "The router's index snapshot"): the decoder's re-keying map, and
+        one position per dp rank from which that rank's feed continues (seq -1: none, a fresh join);
+        a rank whose engine cannot show it is the one that sent that batch drops the worker's
+        entries. A state that cannot be this worker's raises ``ValueError`` before anything
+        changes."""
         wid = WorkerId(info.worker_id)
         if resume is not None:
             if len(resume.positions) != info.dp_size:
@@ -444,7 +445,8 @@ class KVEventSubscriber:
         pub.last_seq = seq - 1
         if pub.is_pool:
             # The pool is shared: one worker's lost batch must not wipe what the others reported.
-            # Missed stores cost hits, missed removals a failed prefetch (interfaces s.5).
+            # Missed stores cost hits, missed removals a failed prefetch (docs/interfaces.md,
+            # "Events in").
             return
         self._counts["resyncs"] += 1
         self._index.remove_holder(WorkerId(feed.info.worker_id))

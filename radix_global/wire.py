@@ -1,5 +1,6 @@
 """Conversions between the index's typed values (``ops.py``) and the gRPC messages of
-``proto/index.proto``; shared by the service and its client so both sides agree by construction.
+``radix_global/proto/index.proto``; shared by the service and its client so both sides agree by
+construction.
 
 Also the refusal vocabulary: the service puts an error's ``reason`` in the trailing metadata key
 ``rg-reason`` and the client turns it back into the same exception class.

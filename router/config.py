@@ -1,4 +1,5 @@
-"""The router's options: its parts' sections, one config (``docs/interfaces.md`` s. 20).
+"""The router's options: its parts' sections, one config (``docs/interfaces.md``,
+"Options: one config source per process").
 
 Every part of the router declares its own options where it lives, as a frozen dataclass (a
 *section*) whose fields carry their help and bounds (``Annotated[T, opt(...)]``, choices as
@@ -86,8 +87,8 @@ class ListenConfig:
 class IndexConfig:
     """The cluster index: a standalone service, or the embedded one.
 
-    The embedded index's snapshot (docs/interfaces.md s.18) is restored at start, written every
-    ``snapshot_interval_s`` and at shutdown."""
+    The embedded index's snapshot (docs/interfaces.md, "The router's index snapshot") is restored at
+    start, written every ``snapshot_interval_s`` and at shutdown."""
 
     url: Annotated[str | None, opt(
         "standalone index service (default: embedded index)", aliases=("--index",),
@@ -146,7 +147,7 @@ class KeyingConfig:
     """Keying: tenants and the workers' LoRA adapters.
 
     Tenants: router/keying/tenants.py. Requests naming a LoRA adapter are keyed exactly as SGLang
-    keys them (router/keying/lora.py, docs/interfaces.md s. 3)."""
+    keys them (router/keying/lora.py, docs/interfaces.md, "Page keys")."""
 
     tenants_file: Annotated[str | None, opt("API key -> tenant table (TOML/YAML)")] = None
     lora_paths: Annotated[dict[str, str], opt(

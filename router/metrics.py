@@ -88,7 +88,9 @@ class RouterMetrics:
                                  ["worker"], registry=r)
         self.workers = Gauge("router_workers", "Workers by model", ["model"], registry=r)
         self.dispatch_held = Gauge("router_dispatch_held", "Requests held at the router while "
-                                   "the engines are busy (docs/interfaces.md s. 19)", registry=r)
+                                   "the engines are busy (docs/interfaces.md, \"Router-side "
+                                   "dispatch: holding requests while the engines are busy\")",
+                                   registry=r)
         self.dispatch_hold_s = Histogram("router_dispatch_hold_seconds",
                                          "How long released requests were held at the router",
                                          buckets=_LATENCY_BUCKETS, registry=r)

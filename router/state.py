@@ -84,7 +84,8 @@ class RouterState:
         gate = config.dispatch.gate()
         if gate is not None and not policy.places_by_state:
             log.warning("dispatch %r is off with policy %r: it picks by turn or draw, not by "
-                        "the engines' state (docs/interfaces.md s. 19)", config.dispatch.order,
+                        "the engines' state (docs/interfaces.md, \"Router-side dispatch: "
+                        "holding requests while the engines are busy\")", config.dispatch.order,
                         policy.name)
             gate = None
         self.routing = PolicyDriver(
@@ -117,7 +118,9 @@ class RouterState:
                         UNSAFE_SHARE_ENV)
         self.shared_prefixes = SharedPrefixes(
             specs_from_mapping(tenants_file.get(SHARED_PREFIXES_TABLE)), share_past)
-        self.aliases = AliasBook()  # what workers' pool backends ask (docs/interfaces.md s. 15)
+        # what workers' pool backends ask (docs/interfaces.md,
+        # "Shared platform prefixes across isolated tenants")
+        self.aliases = AliasBook()
         # Prefill/decode disaggregation: the pool hand-off's state in pool mode; the busy-time
         # tracker of the utilisation report in either mode.
         self.pd_pool: PdFront | None = None

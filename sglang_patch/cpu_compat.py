@@ -65,7 +65,8 @@ ENV_DISABLED = "RADIX_GLOBAL_CPU_PATCHES_DISABLE"
 CHILD_SITE_DIR = Path(__file__).resolve().parent / "child_site"
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
-# The flags that make SGLang 0.5.23 serve a small Llama on CPU (see docs/ENGINES.md).
+# The flags that make SGLang 0.5.23 serve a small Llama on CPU (see the project's shared ENGINES.md,
+# outside this repository, and docs/interfaces.md, "Test model, trace synthesis, SGLang on CPU").
 # --sleep-on-idle: an idle scheduler otherwise busy-polls a whole core (measured 100% vs 1.5% of a
 # core), so two idle engines alone saturate a 2-core machine.
 CPU_SERVER_FLAGS: tuple[str, ...] = (

@@ -1,5 +1,5 @@
 """The command line of ``radix-global sglang``: our flags, declared once, and SGLang's, read by
-SGLang's own parser (``docs/interfaces.md`` s. 20).
+SGLang's own parser (``docs/interfaces.md``, "Options: one config source per process").
 
 Ours are :class:`OurFlags`, a section of :mod:`radix_global.options`: ``--radix-global URL`` and
 every other one ``--radix-global-<name>``, in an argument group of their own; environment
@@ -90,10 +90,12 @@ class OurFlags:
         aliases=("--pool-root",))] = None
     pool_disk: Annotated[str | None, opt(
         "a folder: the pool's persistent tier, every page written through to it "
-        "(docs/interfaces.md s. 16)", metavar="DIR", aliases=("--pool-disk",))] = None
+        "(docs/interfaces.md, \"The persistent disk tier under the pool\")", metavar="DIR",
+        aliases=("--pool-disk",))] = None
     pool_disk_gb: Annotated[float, opt(
         "the persistent tier's size in GB", gt=0, aliases=("--pool-disk-gb",))] = 10.0
-    # Off by default: seconds of start-up and 512 tokens of pool room (s. 2)
+    # Off by default: seconds of start-up and 512 tokens of pool room (interfaces.md,
+    # "Worker registration")
     pool_load_probe_tokens: Annotated[int, opt(
         "prompt length of the start-up probe of the engine's load path from the pool (512 is "
         "a good length; 0: off)", ge=0, aliases=("--pool-load-probe-tokens",))] = 0

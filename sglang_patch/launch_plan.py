@@ -18,16 +18,18 @@ this module plans from the parsed values. In short (``radix-global sglang --help
 ``--radix-global-pool``              shm (default) or mooncake://MASTER:PORT (``sglang_patch/pool/
                                      mooncake_pool.py``); ``-pool-id``, ``-pool-capacity-gb``,
                                      ``-pool-root`` (shm only), ``-pool-disk`` (a persistent tier,
-                                     ``docs/interfaces.md`` s. 16), ``-pool-load-probe-tokens``
+                                     ``docs/interfaces.md``, "The persistent disk tier under
+                                     the pool"), ``-pool-load-probe-tokens``
 
 What we add to SGLang's argv as the user wrote it: HiCache with write-through to our L3 backend
 (``--enable-hierarchical-cache --hicache-write-policy write_through --hicache-storage-backend
 dynamic --hicache-storage-backend-extra-config {...}``; a user's extra config is merged into ours
 and ours comes last, so SGLang reads it), KV events (``--kv-events-config`` with a ZMQ publisher
 and replay socket on the advertised address), the router's URL for the backend's shared-prefix
-aliases (``docs/interfaces.md`` s. 15), and on ``--device cpu`` the HiCache settings that work
-there (``--hicache-io-backend direct --hicache-mem-layout layer_first``). A user flag that
-contradicts one of these is a :class:`LaunchError` naming it; a compatible one is kept.
+aliases (``docs/interfaces.md``, "Shared platform prefixes across isolated tenants"), and on
+``--device cpu`` the HiCache settings that work there
+(``--hicache-io-backend direct --hicache-mem-layout layer_first``). A user flag that contradicts one
+of these is a :class:`LaunchError` naming it; a compatible one is kept.
 """
 
 from __future__ import annotations

@@ -183,10 +183,10 @@ def fetch_min_tokens(backend_config: dict[str, Any], page_size: int) -> int:
 
 def prefetch_budget_tokens(server: dict[str, Any], kv_bytes: int | None) -> int:
     """Half the engine's HiCache host tier, in tokens: SGLang declines new storage prefetches
-    while those it has not yet admitted hold that much (``prefetch_capacity_limit``; s. 2). The
-    tier is ``hicache_size`` GB when set (per rank: over the rank's share of ``kv_bytes``, the
-    whole model's per-token KV), else ``hicache_ratio`` x the device pool's tokens
-    (``max_total_num_tokens``, top level or of the first DP rank). 0 (no limit
+    while those it has not yet admitted hold that much (``prefetch_capacity_limit``; interfaces.md,
+    "Worker registration"). The tier is ``hicache_size`` GB when set (per rank: over the rank's
+    share of ``kv_bytes``, the whole model's per-token KV), else ``hicache_ratio`` x the device
+    pool's tokens (``max_total_num_tokens``, top level or of the first DP rank). 0 (no limit
     known) in ``buffer_only`` mode, without HiCache, or when ``/server_info`` does not say."""
     if (not server.get("enable_hierarchical_cache")
             or server.get("hicache_host_memory_mode", "cache") != "cache"):
@@ -205,7 +205,8 @@ def prefetch_budget_tokens(server: dict[str, Any], kv_bytes: int | None) -> int:
 
 
 def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
-    """The disk tier's holder and its measured read bandwidth (docs/interfaces.md s. 16)."""
+    """The disk tier's holder and its measured read bandwidth (docs/interfaces.md,
+    "The persistent disk tier under the pool")."""
     folder = plan.flags.pool_disk
     if not folder or plan.flags.pool_id is None:
         return {}
@@ -222,8 +223,9 @@ def _disk_fields(plan: LaunchPlan) -> dict[str, Any]:
 
 def with_load_rate(plan: LaunchPlan, info: WorkerInfo) -> WorkerInfo:
     """``info`` with the engine's measured load path from the pool (``pool_load_Bps``,
-    ``docs/interfaces.md`` s. 2), when it has a pool and answers ``/generate`` itself (a native
-    PD prefill worker needs a decode peer); unchanged when the probe is off or fails."""
+    ``docs/interfaces.md``, "Worker registration"), when it has a pool and answers ``/generate``
+    itself (a native PD prefill worker needs a decode peer); unchanged when the probe is off or
+    fails."""
     tokens = plan.flags.pool_load_probe_tokens
     native_pd = plan.mode not in (None, "null")
     if tokens <= 0 or native_pd or not plan.backend_config or not info.kv_bytes_per_token:

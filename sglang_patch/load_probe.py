@@ -4,7 +4,7 @@ The router prices a fetch as bytes over a bandwidth. The pool's own read speed i
 bottleneck: SGLang's storage prefetch, the backend's reads and checksums and the host-to-device
 copy are, and on a CPU engine they run at ~25 MB/s against the router's 10 GB/s default
 (``docs/benchmarks.md``, "One engine alone"). So the launch wrapper measures the whole path once,
-before the worker registers (``docs/interfaces.md`` s. 2):
+before the worker registers (``docs/interfaces.md``, "Worker registration"):
 
 0. a short random prompt warms the engine up (its first request pays one-time start-up costs,
    seconds on a CPU engine, that would otherwise count as the prompt's compute);

@@ -1,4 +1,5 @@
-"""Register a worker with the router / index and keep it registered (``docs/interfaces.md`` s. 2).
+"""Register a worker with the router / index and keep it registered (``docs/interfaces.md``,
+"Worker registration").
 
 - :func:`namespace_for` / :func:`model_version`: the namespace ``<model>@<version>``, the one
   rule of ``radix_global/namespaces.py`` (the router names a command-line worker's namespace with

@@ -71,9 +71,13 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._page_size = 1
         self._publisher: PoolEventPublisher | None = None
         self._aliases: AliasResolver | None = None
-        self.disk: DiskBackend | None = None  # the persistent tier under the pool (s. 16)
+        # the persistent tier under the pool (docs/interfaces.md,
+        # "The persistent disk tier under the pool")
+        self.disk: DiskBackend | None = None
         router = self.config.get("pool_aliases_url")
-        if router:  # the router answers which salted keys are a shared prefix's (s. 15)
+        # the router answers which salted keys are a shared prefix's (docs/interfaces.md,
+        # "Shared platform prefixes across isolated tenants")
+        if router:
             self._aliases = AliasResolver(http_fetch(str(router), self.namespace,
                                                      os.environ.get(TOKEN_ENV) or None))
         endpoint = self.config.get("pool_events_endpoint")
@@ -123,7 +127,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
 
     def _targets(self, keys: list[str], extra_info: Any) -> list[str]:
         """The key each page is stored under: its canonical key for an alias of a registered
-        prefix's page (``docs/interfaces.md`` s. 15), else the key itself."""
+        prefix's page (``docs/interfaces.md``, "Shared platform prefixes across isolated tenants"),
+        else the key itself."""
         if self._aliases is None or not keys:
             return keys
         prefix = getattr(extra_info, "prefix_keys", None)
@@ -283,7 +288,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
 
     def _resync_loop(self, vanished: Any, interval_s: float, limit: int) -> None:
         """Every ``interval_s``: the pages the pool lost silently (evicted by the store) leave
-        the index, at most ``limit`` probed per round (``docs/interfaces.md`` s. 14)."""
+        the index, at most ``limit`` probed per round (``docs/interfaces.md``,
+        "Mooncake Store as the L3 pool")."""
         while not self._stop.wait(interval_s):
             try:
                 gone = vanished(limit)

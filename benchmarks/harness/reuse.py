@@ -1,10 +1,10 @@
 """Where a replayed request's reusable prefix went (pure; no I/O).
 
-The definitions are ``docs/interfaces.md`` s.17: *available* (shared with an earlier request
-whose prefill had finished anywhere, whole pages, at most ``prompt - 1`` tokens), *captured*
-(the router's predicted prefix), *delivered* (the engine's cached tokens by tier) and *late*
-(planned L3 fetches the engine did not report). ``available`` is computed here from the plan's
-token ids and the client's own timings, so it exists for every contender.
+The definitions are ``docs/interfaces.md``, "The reuse breakdown": *available* (shared with an
+earlier request whose prefill had finished anywhere, whole pages, at most ``prompt - 1`` tokens),
+*captured* (the router's predicted prefix), *delivered* (the engine's cached tokens by tier) and
+*late* (planned L3 fetches the engine did not report). ``available`` is computed here from the
+plan's token ids and the client's own timings, so it exists for every contender.
 """
 
 from __future__ import annotations
@@ -54,7 +54,8 @@ def reusable_cap(prompt_tokens: int, page_size: int) -> int:
 
 def available_tokens(prompts: Sequence[Sequence[int]], results: Sequence[RequestResult],
                      page_size: int) -> list[int]:
-    """Per request (same order as ``prompts``/``results``): the available prefix (s.17).
+    """Per request (same order as ``prompts``/``results``): the available prefix (interfaces.md,
+    "The reuse breakdown").
 
     A request's prefix becomes available at its first token (``sent_s + ttft_s``), even if its
     stream broke later; one that never got a token (rejected, failed before it) makes nothing
@@ -91,7 +92,8 @@ def _storage(r: RequestResult) -> int | None:
 
 def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
                     ) -> dict[str, Any]:
-    """Totals over the ``ok`` requests and where the tokens were lost (s.17)."""
+    """Totals over the ``ok`` requests and where the tokens were lost (interfaces.md,
+    "The reuse breakdown")."""
     if len(results) != len(available):
         raise ValueError(f"{len(results)} results but {len(available)} available counts")
     ok = [(r, a) for r, a in zip(results, available, strict=True) if r.status == "ok"]

@@ -7,10 +7,10 @@ next to what the simulator predicts for the same set-up.
 Real: the cache-pressure benchmark's runs (``benchmarks/scenarios/pressure_bench.py``): ours,
 conductor + pool, against ``cache_aware`` over each engine's local HiCache (L1 + L2), both routed
 cache-aware; delivered = the engines' own cached-token reports over the prompt tokens
-(``docs/interfaces.md`` s.17). Simulated: the same plans (every load point of both workloads of
-``benchmarks/data/pressure.toml``, request for request: arrival, token-id pages, output length;
-an agent turn at its earliest time, as if every answer were instant: the simulator does not wait
-for answers) on
+(``docs/interfaces.md``, "The reuse breakdown"). Simulated: the same plans (every load point of both
+workloads of ``benchmarks/data/pressure.toml``, request for request: arrival, token-id pages, output
+length; an agent turn at its earliest time, as if every answer were instant: the simulator does not
+wait for answers) on
 the simulator (``radix_global_tools/simulate``) with the CPU calibration of the tiny model, as many
 instances as the benchmark has engines: ``global_cache_aware`` (conductor + pool) against
 ``local_cache_aware`` (the conductor over local caches; the simulator has no sglang-router, whose

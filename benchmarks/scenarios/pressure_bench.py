@@ -19,9 +19,9 @@ between runs:
    off.
 
 Per run: TTFT mean/p50/p90/p99, TBT p90, SLO attainment, bytes moved and the reuse breakdown
-(``docs/interfaces.md`` s.17: available / captured / delivered by tier / late). Runs are grouped
-by engine set (one start-up each). Table on stdout; JSON (every request) to ``--out``, a TTFT CDF
-and a reuse bar chart per workload next to it.
+(``docs/interfaces.md``, "The reuse breakdown": available / captured / delivered by tier / late).
+Runs are grouped by engine set (one start-up each). Table on stdout; JSON (every request) to
+``--out``, a TTFT CDF and a reuse bar chart per workload next to it.
 """
 
 from __future__ import annotations
@@ -62,16 +62,18 @@ CONTENDERS = (
     Contender("conductor + pool (ours)", "ours", RouterSpec("ours", "conductor"), headline=True),
     Contender("conductor, pool off (ours)", "stock-hicache", RouterSpec("ours", "conductor")),
     Contender("least_load + pool (ours)", "ours", RouterSpec("ours", "least_load")),
-    # The A/B of the start-up load probe (docs/interfaces.md s. 2 ``pool_load_Bps``): without
-    # it the router prices a pool fetch at its 10 GB/s default, nearly free on this machine.
+    # The A/B of the start-up load probe (docs/interfaces.md, "Worker registration"
+    # ``pool_load_Bps``): without it the router prices a pool fetch at its 10 GB/s default, nearly
+    # free on this machine.
     Contender("conductor + pool, load probe off (ours)", "ours-unprobed",
               RouterSpec("ours", "conductor")),
     # The A/B of the learned drag of a slot's requests (router/routing/drag_model.py): without
     # it the router prices a busy engine's first token as if the engine decoded nothing.
     Contender("conductor + pool, drag off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--drag-half-life": "0"})),
-    # The A/B of router-side dispatch (docs/interfaces.md s. 19): without it every request goes
-    # to an engine at once, and a busy engine batches short prompts with long ones.
+    # The A/B of router-side dispatch (docs/interfaces.md,
+    # "Router-side dispatch: holding requests while the engines are busy"): without it every request
+    # goes to an engine at once, and a busy engine batches short prompts with long ones.
     Contender("conductor + pool, dispatch off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--dispatch": "off"})),
 )

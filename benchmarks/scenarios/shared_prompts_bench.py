@@ -1,6 +1,7 @@
 """An agent platform on real SGLang CPU workers: isolated tenants sharing a few long platform
-prompts, with shared prefixes (``docs/interfaces.md`` s. 15) vs whole-request salts vs no
-isolation, in one run over the same engines.
+prompts, with shared prefixes (``docs/interfaces.md``,
+"Shared platform prefixes across isolated tenants") vs whole-request salts vs no isolation, in one
+run over the same engines.
 
     python -m benchmarks.scenarios.shared_prompts_bench [--tenants 12] [--sessions 2] [--rate 2.0]
         [--repeats 3] [--out FILE]
@@ -173,7 +174,9 @@ def register(router: str, model: str, prompts: list[list[int]]) -> None:
     for i, ids in enumerate(prompts):
         httpx.post(router + "/admin/shared-prefixes", json={
             "name": f"platform-{i}", "model": model, "token_ids": ids}).raise_for_status()
-    time.sleep(2.5)  # backends that found no prefix registered ask again after 2 s (s. 15)
+    # backends that found no prefix registered ask again after 2 s (docs/interfaces.md,
+    # "Shared platform prefixes across isolated tenants")
+    time.sleep(2.5)
 
 
 def spread(summaries: list[dict[str, Any]]) -> dict[str, Any]:

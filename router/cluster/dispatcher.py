@@ -1,5 +1,5 @@
 """The async face of the router-side dispatch gate (``router/routing/dispatch_gate.py``,
-``docs/interfaces.md`` s. 19).
+``docs/interfaces.md``, "Router-side dispatch: holding requests while the engines are busy").
 
 A held request's coroutine waits on a future of its own; :meth:`Dispatcher.pump` asks the gate
 what to release and resolves those futures. It is pumped when a request arrives, when the driver

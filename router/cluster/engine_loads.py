@@ -1,5 +1,6 @@
-"""The engine-reported source of the load view (docs/interfaces.md s. 22): what each engine says
-its own load is, read every ``poll_s``, so traffic no router routed is seen.
+"""The engine-reported source of the load view (docs/interfaces.md, "Several routers, one view",
+"The load view"): what each engine says its own load is, read every ``poll_s``, so traffic no
+router routed is seen.
 
 - SGLang (0.5.23): ``GET /v1/loads?include=core`` -> ``{"timestamp", "version", "accelerator",
   "num_accelerators", "loads": [one object per dp rank]}``; per rank ``dp_rank``,

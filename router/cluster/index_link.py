@@ -8,9 +8,9 @@ ZMQ KV-event subscription per registered worker (``radix_global.subscriber``). T
 
 With ``snapshot_path`` the embedded index is saved there every ``snapshot_interval_s`` and at
 stop, and restored at start, so a restarted router routes to the holders at once
-(``docs/interfaces.md`` s.18): a returning worker keeps its restored entries only if it registers
-the same record again, and its feeds continue from the saved positions; one that does not return
-within ``restore_grace_s`` loses them.
+(``docs/interfaces.md``, "The router's index snapshot"): a returning worker keeps its restored
+entries only if it registers the same record again, and its feeds continue from the saved positions;
+one that does not return within ``restore_grace_s`` loses them.
 
 Both links answer the same questions: ``view`` (what the policies ``match`` against, never
 blocking the loop), ``direct_view`` and ``hot_prefixes`` (off the request path: hot-prefix
@@ -137,7 +137,7 @@ class EmbeddedIndex:
                 await self._subscriber.close()
                 self._subscriber = None
 
-    # ---- snapshots (docs/interfaces.md s.18) ----------------------------------------------
+    # ---- snapshots (docs/interfaces.md, "The router's index snapshot") --------------------
     def take_snapshot(self) -> IndexSnapshot:
         """The index, the followed workers and their feeds' state, on the loop. Restored
         workers not back yet are kept as they were, so a second restart within the grace period

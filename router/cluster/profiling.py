@@ -41,8 +41,8 @@ class ProfileSample(NamedTuple):
 
 def fit_profile(samples: Sequence[ProfileSample], **model_kw: float) -> PrefillModel:
     """A model whose prior is ``t = fixed + per_token * m + attention * m * (p + m/2)`` fitted
-    on ``samples`` (``docs/interfaces.md`` s. 8, "Profile fit"): the causal attention of ``m``
-    new tokens over ``p`` cached ones and each other is the one superlinear term, so three
+    on ``samples`` (``docs/interfaces.md``, "Routing policies", "Profile fit"): the causal attention
+    of ``m`` new tokens over ``p`` cached ones and each other is the one superlinear term, so three
     non-negative coefficients describe the curve and stay identifiable with a handful of noisy
     points. Samples that leave the attention term at 0 (a linear curve) get 1% of ``per_token``
     per thousand tokens of context."""

@@ -2,13 +2,14 @@
 
 Pure bookkeeping (no I/O); the registration API (``router/http/admin.py``), the health monitor
 (``router/cluster/health.py``) and the request path drive it. Rules from ``docs/interfaces.md``
-section 2:
+section "Worker registration":
 
 * the first worker of a namespace fixes its page size; a worker declaring another page size is
   refused (:class:`ConflictError` -> 409), as is a model already served under another namespace
   (a second model version must come under another model name, or after the old workers left), a
   pool id equal to a worker id, and a Mooncake segment pool id another worker registered (a
-  segment is one worker's, and leaves the index with it: s. 14);
+  segment is one worker's, and leaves the index with it: interfaces.md,
+  "Mooncake Store as the L3 pool");
 * a draining worker gets no new requests; a removed worker's index entries are dropped by the
   ``on_removed`` callback (the index owner does that);
 * registered workers must heartbeat; command-line workers are health-checked over HTTP instead.
@@ -130,9 +131,10 @@ class WorkerRegistry:
                 raise ConflictError(f"worker id {info.worker_id!r} equals a pool id")
             if (info.pool_id is not None and is_segment(info.pool_id)
                     and other.info.pool_id == info.pool_id):
-                # A Mooncake segment is one worker's client's memory (docs/interfaces.md s. 14)
-                # and its entries leave the index with that worker: a second worker naming it
-                # would take the first one's entries with it when it leaves.
+                # A Mooncake segment is one worker's client's memory (docs/interfaces.md,
+                # "Mooncake Store as the L3 pool") and its entries leave the index with that worker:
+                # a second worker naming it would take the first one's entries with it when it
+                # leaves.
                 raise ConflictError(
                     f"pool id {info.pool_id!r} is a Mooncake segment, which belongs to one "
                     f"worker, and worker {other.info.worker_id!r} registered it: give each "

@@ -178,8 +178,8 @@ class RemoteIndex:
             code = getattr(exc, "code", None)
             reason = "timeout" if getattr(code, "name", "") == "DEADLINE_EXCEEDED" else "error"
             if getattr(code, "name", "") == "UNAUTHENTICATED" and not self._warned_auth:
-                # key queries need the service's token (docs/interfaces.md s. 9): without it
-                # every request is routed cache-blind, which must not go unnoticed
+                # key queries need the service's token (docs/interfaces.md, "Index service"):
+                # without it every request is routed cache-blind, which must not go unnoticed
                 self._warned_auth = True
                 log.warning("the index service %s refused a match: the router needs its admin "
                             "token (--admin-token or RADIX_GLOBAL_ADMIN_TOKEN); routing "

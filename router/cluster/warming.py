@@ -18,10 +18,10 @@ Outcomes are counted in ``router_warm_actions_total{outcome}``: ``sent`` (the en
 ``failed`` (error or timeout), ``no_tokens``, ``unsupported`` (not an SGLang engine), ``busy``
 (``max_in_flight`` warm requests already running).
 
-A worker that joins is pre-warmed once (``join_pages`` > 0, ``docs/interfaces.md`` s.18): the
-hottest prefixes of its namespace it does not hold, within a page and a time budget; pages by
-outcome in ``router_join_warm_pages_total{outcome}`` (``sent``, ``failed``, ``no_tokens``,
-``budget``).
+A worker that joins is pre-warmed once (``join_pages`` > 0, ``docs/interfaces.md``,
+"The router's index snapshot"): the hottest prefixes of its namespace it does not hold, within a
+page and a time budget; pages by outcome in ``router_join_warm_pages_total{outcome}`` (``sent``,
+``failed``, ``no_tokens``, ``budget``).
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ _NONE = HolderMatch(0, 0, 0)
 class JoinWarmConfig:
     """Join warming: a joining worker gets its namespace's hottest prefixes.
 
-    Those it does not hold, within a page and a time budget (docs/interfaces.md s.18;
-    ``RouterConfig.join_warm``, options ``join_warm_*``)."""
+    Those it does not hold, within a page and a time budget (docs/interfaces.md,
+    "The router's index snapshot"; ``RouterConfig.join_warm``, options ``join_warm_*``)."""
 
     pages: Annotated[int, opt(
         "pages of hot prefixes sent to a joining worker; 0 = off", ge=0)] = 0
@@ -208,7 +208,7 @@ class HotPrefixWarmer:
         ok = await self._send(url, dp_size, action.dp_rank, prefix)
         self._count("sent" if ok else "failed")
 
-    # ---- a worker joining a warm cluster (docs/interfaces.md s.18) ------------------------
+    # ---- a worker joining a warm cluster (docs/interfaces.md, "The router's index snapshot") -
     def joined(self, entry: WorkerEntry) -> None:
         """Pre-warm a worker that just joined, in the background (``join_pages`` > 0, SGLang
         engines, on the server loop)."""

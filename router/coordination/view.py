@@ -1,6 +1,6 @@
 """One router's view beyond its own work: the load view (its own work, the other routers', the
-engines' reports; ``docs/interfaces.md``, "the load view"), and, with a coordination service,
-the link that shares membership and state with its peers.
+engines' reports; ``docs/interfaces.md``, "Several routers, one view", "The load view"), and,
+with a coordination service, the link that shares membership and state with its peers.
 
 Without ``coordination_url`` there is no link: peers' load is zero, every job runs here
 (:meth:`leads`), and the view is ready at once, as a router alone always was.

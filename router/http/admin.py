@@ -1,4 +1,5 @@
-"""``/admin/*``: worker registration (docs/interfaces.md section 2), stats and diagnostics.
+"""``/admin/*``: worker registration (docs/interfaces.md section "Worker registration"), stats and
+diagnostics.
 
 Every call needs ``Authorization: Bearer <admin token>``; with no token configured, only loopback
 clients are accepted.

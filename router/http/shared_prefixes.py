@@ -1,6 +1,7 @@
 """``/admin/shared-prefixes`` (the platform prefixes every tenant reuses) and
-``/admin/pool-aliases`` (what a worker's pool backend asks): ``docs/interfaces.md`` s. 15.
-Admin-authenticated like the rest of ``/admin``."""
+``/admin/pool-aliases`` (what a worker's pool backend asks): ``docs/interfaces.md``,
+"Shared platform prefixes across isolated tenants". Admin-authenticated like the rest of
+``/admin``."""
 
 from __future__ import annotations
 
@@ -19,7 +20,8 @@ from router.request.handler import read_body, tokenizer_for
 from router.state import RouterState
 from router.transport.errors import error_response
 
-# Above the 64 KiB of other admin bodies (interfaces.md s. 11): a 65,536-token prefix as JSON ids
+# Above the 64 KiB of other admin bodies (interfaces.md,
+# "What a client controls, and what the router decides"): a 65,536-token prefix as JSON ids
 PREFIX_BODY_MAX_BYTES = 1 << 20
 _HEX = frozenset("0123456789abcdef")
 

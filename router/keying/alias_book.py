@@ -1,7 +1,7 @@
 """What the router remembers of the eligible requests it forwarded, so that a worker's pool
 backend can ask which of its salted keys are a shared prefix's canonical pages
-(``docs/interfaces.md`` section 15; the pure rule is ``radix_global/aliases.py``, the match that
-is recorded ``router/keying/shared_prefixes.py``)."""
+(``docs/interfaces.md`` section "Shared platform prefixes across isolated tenants"; the pure rule is
+``radix_global/aliases.py``, the match that is recorded ``router/keying/shared_prefixes.py``)."""
 
 from __future__ import annotations
 
@@ -67,7 +67,8 @@ class AliasBook:
 
     def forget(self, name: str) -> None:
         """A prefix was unregistered: no worker is told its aliases any more (a backend keeps
-        an answer for its time to live, docs/interfaces.md s. 15)."""
+        an answer for its time to live, docs/interfaces.md,
+        "Shared platform prefixes across isolated tenants")."""
         for key in list(self._heads):
             kept = [e for e in self._heads[key] if e.name != name]
             for gone in set(self._heads[key]) - set(kept):

@@ -1,9 +1,9 @@
 """LoRA requests: which adapter a request names, and the extra key its pages are keyed with.
 
-Contract (``docs/interfaces.md`` section 3): SGLang takes the adapter from an OpenAI ``model`` of
-the form ``<served model>:<adapter>`` (it wins) or from ``lora_path``. The router routes such a
-request in the served model's pool, forwards it unchanged, and keys its pages in the adapter's
-namespace: SGLang's own extra key when the worker reports the adapter (``/server_info``
+Contract (``docs/interfaces.md`` section "Page keys"): SGLang takes the adapter from an OpenAI
+``model`` of the form ``<served model>:<adapter>`` (it wins) or from ``lora_path``. The router
+routes such a request in the served model's pool, forwards it unchanged, and keys its pages in the
+adapter's namespace: SGLang's own extra key when the worker reports the adapter (``/server_info``
 ``lora_paths``) or the operator configured its path (``lora_paths``), else a namespace of the
 router's own, so a LoRA request never matches base-model pages.
 """

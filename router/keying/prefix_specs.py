@@ -1,6 +1,7 @@
-"""A shared prefix's definition as the platform gives it (``docs/interfaces.md`` section 15):
-one entry of the tenants file's ``[shared_prefixes]`` table or one admin request, checked here
-before :class:`router.keying.shared_prefixes.SharedPrefixes` registers it.
+"""A shared prefix's definition as the platform gives it (``docs/interfaces.md`` section
+"Shared platform prefixes across isolated tenants"): one entry of the tenants file's
+``[shared_prefixes]`` table or one admin request, checked here before
+:class:`router.keying.shared_prefixes.SharedPrefixes` registers it.
 
 File::
 

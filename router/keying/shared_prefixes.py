@@ -1,5 +1,5 @@
-"""Platform prefixes shared across isolated tenants (``docs/interfaces.md`` section 15; the
-pure rule is ``radix_global/aliases.py``).
+"""Platform prefixes shared across isolated tenants (``docs/interfaces.md`` section
+"Shared platform prefixes across isolated tenants"; the pure rule is ``radix_global/aliases.py``).
 
 - :class:`SharedPrefixes`: the registered prefixes, per served model, from the tenants file
   (``[shared_prefixes.<name>]``, parsed by ``router/keying/prefix_specs.py``) and the admin API.
@@ -83,7 +83,8 @@ class SharedPrefixes:
         self._finished_lock = threading.Lock()
         self._executor: ThreadPoolExecutor | None = None
         self._encoders: dict[str, Encoder] = {}
-        # The negative control of the isolation test only (docs/interfaces.md s. 15).
+        # The negative control of the isolation test only (docs/interfaces.md,
+        # "Shared platform prefixes across isolated tenants").
         self.share_past_prefix = share_past_prefix
         for spec in specs:
             self.add(spec)

@@ -20,10 +20,10 @@ Without a tenants file every request is in the shared namespace. With one, a req
 tenant into the shared namespace.
 
 The router decides every request's salt (:func:`effective_salt`, ``docs/interfaces.md`` section
-11): ``tenant:<name>`` for an isolated tenant, none for the shared namespace. A client's own
-``cache_salt`` only narrows its namespace to a part of it (``tenant:<name>/<salt>``, or
-``shared/<salt>`` for a shared tenant), so no client salt can name another tenant's namespace.
-Tenant names may not contain ``/``, which keeps the format unambiguous.
+"What a client controls, and what the router decides"): ``tenant:<name>`` for an isolated tenant,
+none for the shared namespace. A client's own ``cache_salt`` only narrows its namespace to a part of
+it (``tenant:<name>/<salt>``, or ``shared/<salt>`` for a shared tenant), so no client salt can name
+another tenant's namespace. Tenant names may not contain ``/``, which keeps the format unambiguous.
 """
 
 from __future__ import annotations

@@ -222,7 +222,8 @@ async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namesp
                        ids: list[int], page_size: int, salt: str, first: PageKey,
                        tok: ModelTokenizer | None) -> list[PageKey]:
     """The canonical keys of the request's leading pages that are a registered platform prefix
-    (none: no such page), remembered for the workers' alias questions (interfaces.md s. 15)."""
+    (none: no such page), remembered for the workers' alias questions (interfaces.md,
+    "Shared platform prefixes across isolated tenants")."""
     prefixes = state.shared_prefixes
     if tok is None and prefixes.needs_tokenizer(model):
         tok = await tokenizer_for(state, head)

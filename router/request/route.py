@@ -30,9 +30,9 @@ class Routed(NamedTuple):
     held_s: float = 0.0  # at the dispatch gate, before it was routed
 
     def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
-        """The decision as response headers (``docs/interfaces.md`` s. 17): where the request
-        went, the prefix expected there, of it what is fetched from L3, the predicted queue and
-        TTFT in whole milliseconds (no TTFT header for a policy that predicts none), and
+        """The decision as response headers (``docs/interfaces.md``, "The reuse breakdown"): where
+        the request went, the prefix expected there, of it what is fetched from L3, the predicted
+        queue and TTFT in whole milliseconds (no TTFT header for a policy that predicts none), and
         ``request_id``, the engine rid."""
         d = self.decision
         out = [(b"x-radix-worker", self.entry.info.worker_id.encode()),
@@ -50,13 +50,13 @@ class Routed(NamedTuple):
 async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope,
                               receive: Receive) -> Routed | Response:
     """:func:`route`, after holding the request at the dispatch gate while the engines that
-    could take it are busy (``docs/interfaces.md`` s. 19). Not held: dispatch off, a
-    non-streaming request (no first token to see), or one the policy rejects now (answered at
-    once). With a TTFT SLO, the predicted hold counts: a request that would miss it after
-    waiting behind the held ones is refused now (429), as it would be without the gate. A full
-    held queue answers 503 with Retry-After at once. A client that disconnects while held leaves
-    the gate and is never routed (499; ``scope`` and ``receive``: its connection, the body
-    already read)."""
+    could take it are busy (``docs/interfaces.md``,
+    "Router-side dispatch: holding requests while the engines are busy"). Not held: dispatch off, a
+    non-streaming request (no first token to see), or one the policy rejects now (answered at once).
+    With a TTFT SLO, the predicted hold counts: a request that would miss it after waiting behind
+    the held ones is refused now (429), as it would be without the gate. A full held queue answers
+    503 with Retry-After at once. A client that disconnects while held leaves the gate and is never
+    routed (499; ``scope`` and ``receive``: its connection, the body already read)."""
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())

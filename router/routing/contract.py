@@ -43,8 +43,8 @@ class RouteRequest(NamedTuple):
     tbt_slo_s: float | None = None
     output_tokens_hint: int | None = None  # expected output length (max_tokens), for decode KV
     # The canonical keys of the leading pages that are a registered platform prefix, for a salted
-    # request (docs/interfaces.md s. 15): in the pool of a worker with pool aliases they are
-    # these pages, whatever the salt. Empty: nothing shared.
+    # request (docs/interfaces.md, "Shared platform prefixes across isolated tenants"): in the pool
+    # of a worker with pool aliases they are these pages, whatever the salt. Empty: nothing shared.
     shared_keys: Sequence[PageKey] = ()
 
 
@@ -72,8 +72,12 @@ class WorkerState(NamedTuple):
     peer_requests: int = 0  # routed, not finished
     peer_prefill_tokens: int = 0  # prompt tokens of theirs still to prefill
     peer_decode_tokens: int = 0  # decode KV they reserved
-    pool_aliases: bool = False  # its pool backend resolves shared-prefix aliases (s. 15)
-    pool_disk_id: PoolId | None = None  # its pool's persistent disk tier, a holder (s. 16)
+    # its pool backend resolves shared-prefix aliases (docs/interfaces.md,
+    # "Shared platform prefixes across isolated tenants")
+    pool_aliases: bool = False
+    # its pool's persistent disk tier, a holder (docs/interfaces.md,
+    # "The persistent disk tier under the pool")
+    pool_disk_id: PoolId | None = None
     pool_fetch_min_tokens: int = 0  # its engine loads no shorter pool run (recomputes it)
     # its engine declines new prefetches while this many tokens of them wait (0: no limit)
     pool_prefetch_budget_tokens: int = 0

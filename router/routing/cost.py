@@ -55,8 +55,8 @@ class CostConfig:
     # a segment of a shared store (radix_global/pool_ids.py) on another host than the worker's
     # own segment: the link (a 10 Gbit/s NIC), not memory
     remote_segment_bandwidth_Bps: Annotated[float, opt(
-        "a shared store's segment on another host -> worker (docs/interfaces.md s. 14)", gt=0,
-        name="remote_segment_bandwidth_bytes_per_s")] = 1.25e9
+        "a shared store's segment on another host -> worker (docs/interfaces.md, \"Mooncake "
+        "Store as the L3 pool\")", gt=0, name="remote_segment_bandwidth_bytes_per_s")] = 1.25e9
     transfer_overhead_s: Annotated[float, opt("fixed cost of one pool fetch", ge=0)] = 0.0
     # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
     # inherited) on FIFO-inferred service times too; on a batching engine they include its
@@ -176,7 +176,7 @@ class CostModel:
         """Pool -> worker: the topology's placement, else what the pool's holder reported (a
         disk tier's measured read bandwidth), else, for a segment of a shared store on another
         host than the worker's own segment (``own_pool``), the remote bandwidth, else the
-        default (``docs/interfaces.md`` s. 14)."""
+        default (``docs/interfaces.md``, "Mooncake Store as the L3 pool")."""
         topo = self.topology
         if topo is not None and topo.knows(pool) and topo.knows(worker):
             try:
@@ -281,7 +281,7 @@ class CostModel:
 
     def stats(self) -> dict[str, Any]:
         """Per worker: observations, MAPE of prefill predictions, coefficients, and the drag
-        fit (``docs/interfaces.md`` s. 8)."""
+        fit (``docs/interfaces.md``, "Routing policies")."""
         out: dict[str, Any] = {
             worker: {"observations": m.observations, "mape": m.mape(), "coef": m.coef}
             for worker, m in self._prefill.items()

@@ -1,5 +1,6 @@
 """Router-side dispatch: hold requests while every engine that could take them is busy with
-prefills, and send the held ones in the order of a strategy (``docs/interfaces.md`` s. 19).
+prefills, and send the held ones in the order of a strategy (``docs/interfaces.md``,
+"Router-side dispatch: holding requests while the engines are busy").
 
 Why: an SGLang engine puts every prompt waiting in its queue into one prefill batch, and on a
 compute-bound engine the batch's first tokens all come out when the whole batch is done, so a
@@ -40,9 +41,9 @@ class DispatchOrder(ABC):
     """Which held request goes next when a server has room.
 
     Every order ages: a request held ``overdue_s`` or longer goes before every request held
-    less, oldest first. That is the bound against starvation (``docs/interfaces.md`` s. 19): a
-    strategy that favours short work would otherwise keep a long prompt held for as long as
-    short ones keep arriving."""
+    less, oldest first. That is the bound against starvation (``docs/interfaces.md``,
+    "Router-side dispatch: holding requests while the engines are busy"): a strategy that favours
+    short work would otherwise keep a long prompt held for as long as short ones keep arriving."""
 
     name: ClassVar[str]
 
@@ -139,7 +140,7 @@ DISPATCH_ORDERS: dict[str, Callable[[float, float], DispatchOrder]] = {
 
 @dataclass(frozen=True)
 class DispatchConfig:
-    """Router-side dispatch (docs/interfaces.md s. 19).
+    """Router-side dispatch: holding requests while the engines are busy (docs/interfaces.md).
 
     Hold streaming requests while every engine that could take them has ``depth`` prefills in
     flight (``RouterConfig.dispatch``, options ``dispatch_*``; the defaults here are the

@@ -45,8 +45,10 @@ class PolicyDriver:
         self.decode = decode or DecodeSelector()
         self.slo = slo or SloConfig()
         self._requests: dict[str, RouteRequest] = {}
-        # Router-side dispatch (docs/interfaces.md s. 19): told where released requests went
-        # and when their prefill ended; ``on_room`` is called when that made room at the gate.
+        # Router-side dispatch (docs/interfaces.md,
+        # "Router-side dispatch: holding requests while the engines are busy"): told where released
+        # requests went and when their prefill ended; ``on_room`` is called when that made room at
+        # the gate.
         self.gate = gate
         self.on_room: Callable[[], None] | None = None
         # called when this router's in-flight work changed (routed, first token, ended): the

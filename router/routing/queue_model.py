@@ -117,7 +117,7 @@ class QueueModel:
         """What ``slot``'s engine holds for storage prefetches of the requests routed there
         whose first token has not come back: each one's prompt beyond its local prefix, when
         that is at least ``min_tokens`` (SGLang reserves it at arrival, found in the pool or
-        not, and frees it at admission; ``docs/interfaces.md`` s. 2,
+        not, and frees it at admission; ``docs/interfaces.md``, "Worker registration",
         ``pool_prefetch_budget_tokens``)."""
         total = 0
         for request_id, p in self._pending.get(self.server(slot), {}).items():

@@ -1,5 +1,6 @@
 """Shared-prefix aliases in the pool backend: a salted storage key of a registered platform
-prefix is read from, and written to, the prefix's canonical key (``docs/interfaces.md`` s. 15).
+prefix is read from, and written to, the prefix's canonical key (``docs/interfaces.md``,
+"Shared platform prefixes across isolated tenants").
 
 The backend sees only storage keys, never tokens or salts, so it asks the router that decided
 the request's boundary: ``GET {router}/admin/pool-aliases?namespace=NS&head=HEX`` for a chain

@@ -1,5 +1,6 @@
-"""The disk tier as the HiCache storage backend drives it (``docs/interfaces.md`` s. 16): write
-through, read on a memory miss, and the events that tell the index about the disk holder.
+"""The disk tier as the HiCache storage backend drives it (``docs/interfaces.md``,
+"The persistent disk tier under the pool"): write through, read on a memory miss, and the events
+that tell the index about the disk holder.
 
 The backend (``sglang_patch/storage.py``) hands over pages it already stored in the memory pool,
 with their pool keys and tags; this module owns the disk side and never touches the memory pool.

@@ -1,6 +1,7 @@
-"""The page file of the disk tier (``docs/interfaces.md`` s. 16): a checksummed header (magic,
-version, payload length and xxh3-64, the page's tag and its parent's, tokens per page, the pool
-key, the header's own xxh3-64), then the payload. Pure parsing, and the folder's read bandwidth.
+"""The page file of the disk tier (``docs/interfaces.md``,
+"The persistent disk tier under the pool"): a checksummed header (magic, version, payload length and
+xxh3-64, the page's tag and its parent's, tokens per page, the pool key, the header's own xxh3-64),
+then the payload. Pure parsing, and the folder's read bandwidth.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""A persistent page tier on a local folder, under the memory pool (``docs/interfaces.md`` s. 16).
+"""A persistent page tier on a local folder, under the memory pool (``docs/interfaces.md``,
+"The persistent disk tier under the pool").
 
 One file per page, ``DIR/<2 hex>/<SHA-256 of the pool key>.page``: a checksummed header (the
 page's tag and its parent's, tokens per page, the pool key) and the page's bytes with their own

@@ -1,11 +1,12 @@
 """Tell the index about L3 pool stores and removals (SGLang publishes no events for L3).
 
-Wire format = SGLang's own KV-event stream (``docs/interfaces.md`` section 5), so the index decodes
-it with the same decoder: ZMQ PUB, multipart ``(topic, seq: 8-byte big-endian, payload)``, payload a
-msgpack ``KVEventBatch`` array ``[ts, events, dp_rank]``, events maps tagged by ``"type"``, with
-``medium = "POOL"`` and ``block_hashes`` = our :data:`~radix_global.types.PageKey` (the signed int64
-of the page digest's first 8 bytes). The holder is the pool id: the index subscribes to this
-endpoint as the pool's stream (``pool_events_endpoint`` in the worker's registration).
+Wire format = SGLang's own KV-event stream (``docs/interfaces.md`` section "Events in"), so the
+index decodes it with the same decoder: ZMQ PUB, multipart
+``(topic, seq: 8-byte big-endian, payload)``, payload a msgpack ``KVEventBatch`` array
+``[ts, events, dp_rank]``, events maps tagged by ``"type"``, with ``medium = "POOL"`` and
+``block_hashes`` = our :data:`~radix_global.types.PageKey` (the signed int64 of the page digest's
+first 8 bytes). The holder is the pool id: the index subscribes to this endpoint as the pool's
+stream (``pool_events_endpoint`` in the worker's registration).
 
 Pure encoding (:func:`encode_pool_batch`) is separate from the socket (:class:`PoolEventPublisher`).
 """
@@ -24,7 +25,9 @@ from radix_global.types import PageKey
 
 log = logging.getLogger(__name__)
 POOL_MEDIUM = "POOL"
-DISK_MEDIUM = "DISK"  # the pool's disk tier: its own holder (docs/interfaces.md s. 16)
+# the pool's disk tier: its own holder (docs/interfaces.md,
+# "The persistent disk tier under the pool")
+DISK_MEDIUM = "DISK"
 _ENCODER = msgspec.msgpack.Encoder()
 
 

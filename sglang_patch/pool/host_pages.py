@@ -10,7 +10,7 @@ import torch
 
 from radix_global.keys import storage_page_key
 
-page_key_of = storage_page_key  # a storage key's PageKey (interfaces.md section 3)
+page_key_of = storage_page_key  # a storage key's PageKey (interfaces.md section "Page keys")
 
 
 def bytes_view(t: torch.Tensor) -> np.ndarray:

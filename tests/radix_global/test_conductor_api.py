@@ -1,6 +1,7 @@
-"""Mooncake Conductor's indexer API over an in-process ServiceState (``radix_global/conductor_api``,
-``docs/interfaces.md`` s. 21): register, query (equal to the index's own match), tenant/LoRA
-scoping, bad input (4xx, never 500), auth, and the served uvicorn task."""
+"""Mooncake Conductor's indexer API over an in-process ServiceState
+(``radix_global/conductor_api.py``, ``docs/interfaces.md``, "Mooncake Conductor's indexer API"):
+register, query (equal to the index's own match), tenant/LoRA scoping, bad input (4xx, never 500),
+auth, and the served uvicorn task."""
 
 from __future__ import annotations
 
@@ -287,7 +288,8 @@ async def test_auth_token_and_loopback_rule() -> None:
             assert r.status_code == 401
         auth = {"authorization": f"Bearer {TOKEN}"}
         async with _client(api, peer="10.1.2.3", headers=auth) as remote:
-            # from another host: an address only the worker's host reaches is refused (s. 12)
+            # from another host: an address only the worker's host reaches is refused
+            # (interfaces.md, "Across hosts")
             r = await remote.post("/register", json=reg_body())
             assert r.status_code == 400 and "--radix-global-advertise-host" in r.json()["error"]
             r = await remote.post("/register", json=reg_body(

@@ -215,8 +215,9 @@ def test_medium_to_tier(medium: str | None, tier: Tier) -> None:
 
 
 def test_a_pool_stream_with_a_disk_tier_puts_its_disk_events_on_the_disk_holder() -> None:
-    """docs/interfaces.md s. 16: DISK on a pool stream names the pool's disk tier, POOL the pool;
-    a stream without a disk holder keeps DISK on its own holder."""
+    """docs/interfaces.md, "The persistent disk tier under the pool": DISK on a pool stream names
+    the pool's disk tier, POOL the pool; a stream without a disk holder keeps DISK on its own
+    holder."""
     d = EventDecoder(PoolId("pool"), NS, PS, disk_holder=PoolId("pool+disk"))
     out = d.decode(batch([sgl_stored([1], None, [0] * PS, medium="DISK"),
                           sgl_stored([2], None, [0] * PS, medium="POOL")]))

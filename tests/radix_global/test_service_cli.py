@@ -88,7 +88,8 @@ def test_serve_snapshot_on_sigterm_and_restore(tmp_path: Path) -> None:
     assert bad.returncode == 2 and "cannot start" in bad.stderr and "truncated" in bad.stderr
 
 
-# -- The options (docs/interfaces.md s. 20): flags, environment, file, help, example TOML.
+# -- The options (docs/interfaces.md, "Options: one config source per process"): flags, environment,
+# file, help, example TOML.
 
 def _config(argv: list[str], environ: dict[str, str] | None = None):
     from radix_global.service import parser
@@ -190,7 +191,8 @@ def test_help_example_config_and_committed_file_agree(capsys: pytest.CaptureFixt
 @pytest.mark.e2e
 def test_the_conductor_api_is_served_beside_grpc_with_the_services_token() -> None:
     """``--conductor-port``: Mooncake Conductor's indexer API on the service's host
-    (docs/interfaces.md s. 21), with the same token rule as the key queries."""
+    (docs/interfaces.md, "Mooncake Conductor's indexer API"), with the same token rule as the key
+    queries."""
     import httpx
 
     proc, _ = _start("--conductor-port", "0", "--admin-token", "tok")

@@ -55,8 +55,8 @@ def test_round_trip_through_a_file(tmp_path: Path) -> None:
 
 
 def test_feed_positions_round_trip_and_an_older_file_has_none() -> None:
-    """docs/interfaces.md s.18: ``feeds`` is optional, so a file written before it existed
-    still reads (no worker resumes its stream); a wrong shape is a clear error."""
+    """docs/interfaces.md, "The router's index snapshot": ``feeds`` is optional, so a file written
+    before it existed still reads (no worker resumes its stream); a wrong shape is a clear error."""
     rekeyed = [RekeyedPage(b"\x01" * 32, -5, b"\x02" * 32, [(0, 1)]), RekeyedPage(7, 8, b"", [])]
     snap = IndexSnapshot(1.0, STATE, [WORKER],
                          {"sgl-0": FeedState([FeedPosition(41, 2**64 - 1)], rekeyed)})

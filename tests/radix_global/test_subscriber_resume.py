@@ -1,4 +1,5 @@
-"""A restored feed continues from its saved position (``docs/interfaces.md`` s.18).
+"""A restored feed continues from its saved position (``docs/interfaces.md``,
+"The router's index snapshot").
 
 The restored index entries of a worker survive only while the engine shows it is the one that
 sent the saved batch: the same seq with the same payload in its replay buffer, or (without a

@@ -1,5 +1,6 @@
-"""Cold recovery (issue 16, ``docs/interfaces.md`` s. 16): a worker whose host lost its memory
-comes back warm from the pool's disk tier, on real SGLang CPU workers.
+"""Cold recovery (issue 16, ``docs/interfaces.md``, "The persistent disk tier under the pool"): a
+worker whose host lost its memory comes back warm from the pool's disk tier, on real SGLang CPU
+workers.
 
 The real router (in-process, conductor) and a worker started by ``radix-global sglang --pool-disk
 DIR`` that registers with it. Four conversations get two turns through the router. Then the host

@@ -1,7 +1,8 @@
-"""RouterConfig: the parts' option sections (docs/interfaces.md s. 20); defaults < file <
-environment < flags; flags, environment, --help and the example file come from the
-declarations; every option is declared with help and bounds; every flag of before still parses to
-the same config; a bad option is one line and exit status 2."""
+"""RouterConfig: the parts' option sections (docs/interfaces.md,
+"Options: one config source per process"); defaults < file < environment < flags; flags,
+environment, --help and the example file come from the declarations; every option is declared with
+help and bounds; every flag of before still parses to the same config; a bad option is one line and
+exit status 2."""
 
 from __future__ import annotations
 

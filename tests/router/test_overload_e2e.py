@@ -31,12 +31,13 @@ fraction, not 1, leaves room for the machine's noise between the two runs: about
 admitted, so 0.9 allowed no miss at all, and a CI run at 19352cf met 7 of 9 (run ``-s`` to see
 predicted vs measured TTFTs). The bound on the tail is what admission must guarantee here.
 
-Both routers run with the dispatch gate off (``dispatch="off"``, ``docs/interfaces.md`` s. 19):
-this test guards the queue model's admission. With the gate on, admission adds the work held
-ahead, priced as prefill only; each held request's fixed costs (the first decode step, the HTTP
-hops) add up along the held queue, and in a CI run (session 20) 8 of 11 admitted met the SLO,
-the last three by 0.15-0.9 s late (the tail bound held). The gate's SLO admission is tested
-against a peer in ``tests/router/http/test_dispatch.py``.
+Both routers run with the dispatch gate off (``dispatch="off"``, ``docs/interfaces.md``,
+"Router-side dispatch: holding requests while the engines are busy"): this test guards the queue
+model's admission. With the gate on, admission adds the work held ahead, priced as prefill only;
+each held request's fixed costs (the first decode step, the HTTP hops) add up along the held queue,
+and in a CI run (session 20) 8 of 11 admitted met the SLO, the last three by 0.15-0.9 s late (the
+tail bound held). The gate's SLO admission is tested against a peer in
+``tests/router/http/test_dispatch.py``.
 
 For the same reason the fitted profiles are rescaled to the speed the machine had during the
 control burst (the median of measured / predicted TTFT over its requests, as a router that has

@@ -104,11 +104,12 @@ def _history_pages(state: RouterState, worker: str, messages: list[dict[str, str
 
 
 def test_a_restarted_router_routes_to_the_holders_from_its_snapshot(workers, tmp_path: Path):
-    """docs/interfaces.md s.18. Router A serves turn 1 of two conversations and stops; router B
-    starts from A's index snapshot (and its saved prefill profiles) and, before any new KV event,
-    sends turn 2 to the worker holding the history, which the engine confirms. Control: a router
-    started without the snapshot (same engines, same moment) holds none of the history. After
-    turn 2 the engines' events continue B's restored streams without a resync."""
+    """docs/interfaces.md, "The router's index snapshot". Router A serves turn 1 of two
+    conversations and stops; router B starts from A's index snapshot (and its saved prefill
+    profiles) and, before any new KV event, sends turn 2 to the worker holding the history, which
+    the engine confirms. Control: a router started without the snapshot (same engines, same moment)
+    holds none of the history. After turn 2 the engines' events continue B's restored streams
+    without a resync."""
     model, urls = workers
     snap, profiles = str(tmp_path / "index.snap"), str(tmp_path / "profiles.json")
     convs = {k: [{"role": "system", "content": text(10 + k, 200)},

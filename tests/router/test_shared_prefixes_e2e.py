@@ -1,5 +1,5 @@
 """A registered platform prompt shared across isolated tenants, and nothing else shared, on a
-real SGLang CPU worker (``docs/interfaces.md`` s. 15).
+real SGLang CPU worker (``docs/interfaces.md``, "Shared platform prefixes across isolated tenants").
 
 The real router (``build_app`` under uvicorn on loopback, conductor, a tenants file with
 isolated tenants) and one worker started by ``radix-global sglang`` that registers with it (its
@@ -135,7 +135,9 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
                                                "token_ids": P})
     assert r.status_code == 201, r.text
     # The start-up load probe's pages were written while no prefix was registered, so the
-    # backend stopped asking for 2 s (s. 15): a prefix registered since is shared after that.
+    # backend stopped asking for 2 s (interfaces.md,
+    # "Shared platform prefixes across isolated tenants"): a prefix registered since is shared after
+    # that.
     time.sleep(2.5)
     refs = {name: cold(ids) for name, ids in (("a1", a1), ("b1", b1))}  # not through the router
     canonical = page_keys(P, PAGE)
@@ -151,7 +153,8 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
     decision = next(x for x in reversed(c.get("/admin/stats").json()["recent"])
                     if x.get("client_request_id") == "b1")
     assert decision["fetch_tokens"] == len(P), decision
-    assert r.headers["x-radix-fetch-tokens"] == str(len(P)), r.headers  # s.17: "late" reads it
+    # docs/interfaces.md, "The reuse breakdown": "late" reads it
+    assert r.headers["x-radix-fetch-tokens"] == str(len(P)), r.headers
 
     # 2. B sends A's exact conversation: P only; headers as for an unseen conversation.
     seen = as_tenant("b", a1)
@@ -177,7 +180,9 @@ def _scenario(c: httpx.Client, state: RouterState, w: Worker, pool: PoolId) -> N
     assert meta(as_tenant("e", [*P, *b_msg]))["cached_tokens"] == 0
     assert c.post("/admin/shared-prefixes", json={"name": "agent", "model": info["model"],
                                                   "token_ids": P}).status_code == 201
-    time.sleep(2.5)  # with no prefix registered the backend stopped asking for 2 s (s. 15)
+    # with no prefix registered the backend stopped asking for 2 s (docs/interfaces.md,
+    # "Shared platform prefixes across isolated tenants")
+    time.sleep(2.5)
 
     # 5. Negative control: share past the prefix, and D gets C's message too.
     state.shared_prefixes.share_past_prefix = True

@@ -1,5 +1,6 @@
-"""The wrapper's command line (``sglang_patch/launch_args.py``, docs/interfaces.md s. 20): our
-flags in a group of their own, SGLang's read by SGLang's own parser."""
+"""The wrapper's command line (``sglang_patch/launch_args.py``, docs/interfaces.md,
+"Options: one config source per process"): our flags in a group of their own, SGLang's read by
+SGLang's own parser."""
 
 from __future__ import annotations
 

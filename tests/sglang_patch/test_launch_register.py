@@ -1,4 +1,5 @@
-"""Registrar protocol logic (docs/interfaces.md s. 2) against a recording HTTP handler."""
+"""Registrar protocol logic (docs/interfaces.md, "Worker registration") against a recording HTTP
+handler."""
 
 from __future__ import annotations
 

@@ -14,8 +14,9 @@ One scenario (server start-ups are minutes on a shared 2-core box; at most 2 SGL
    and a worker with verification switched off (``RADIX_GLOBAL_POOL_NO_VERIFY=1``, test only)
    over a corrupted pool gives a different output: the comparison can fail.
 
-The registration peer is a tiny Starlette app speaking the protocol of docs/interfaces.md s. 2
-(router/http/app.py is the real implementation); it decodes records with the real ``WorkerInfo``.
+The registration peer is a tiny Starlette app speaking the protocol of docs/interfaces.md,
+"Worker registration" (router/http/app.py is the real implementation); it decodes records with the
+real ``WorkerInfo``.
 """
 
 from __future__ import annotations
@@ -248,7 +249,8 @@ def test_two_workers_share_prefix_through_pool(tiny_model_dir: Path) -> None:
                 # the wrapper timed its engine's load path from the pool before it registered:
                 # a CPU engine takes a run in at MB/s, far below any link (docs/benchmarks.md)
                 assert info.pool_load_Bps is not None and 1e5 < info.pool_load_Bps < 1e10, info
-                # half its host tier, read from the engine's /server_info (s. 2)
+                # half its host tier, read from the engine's /server_info (interfaces.md,
+                # "Worker registration")
                 assert info.pool_prefetch_budget_tokens > 0, info
                 index, stop_index = index_subscriber(info.pool_events_endpoint, pool_id,
                                                      info.namespace)

@@ -13,7 +13,8 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   of its store, its disk tier ``c.pool_disk_id``), each run priced at its holder's bandwidth and
   the cheapest fetch kept; for a salted request that starts with a registered platform prefix,
   on a worker whose pool resolves aliases, the pool run of those pages is their canonical one
-  (``docs/interfaces.md`` s. 15), its longest run only;
+  (``docs/interfaces.md``, "Shared platform prefixes across isolated tenants"), its longest run
+  only;
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
   when fetching is predicted faster than recomputing (slow links lose to recomputation);
@@ -31,7 +32,7 @@ match, plus the ``price_top_k`` others with the shortest predicted queue (then f
 Slots without a local match differ only in queue, load and per-worker prefill/transfer speed, so
 the shortest queues are where their best one is. With ``price_top_k >= len(candidates)`` (or
 ``None``) every slot is priced and the choice is exactly the exhaustive one
-(``tests/router/test_conductor_shortlist.py`` compares them).
+(``tests/router/routing/test_conductor_shortlist.py`` compares them).
 
 ``choose`` calls the index's ``match`` once per request (which counts one hit on the matched
 nodes: that is what makes prefixes hot); it changes no other state.

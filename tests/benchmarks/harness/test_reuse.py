@@ -1,5 +1,5 @@
-"""The reuse breakdown (docs/interfaces.md s.17): a trie-based ``available`` against a
-brute-force model, and where tokens were lost."""
+"""The reuse breakdown (docs/interfaces.md, "The reuse breakdown"): a trie-based ``available``
+against a brute-force model, and where tokens were lost."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The embedded index's snapshot (``EmbeddedIndex``, ``docs/interfaces.md`` s.18).
+"""The embedded index's snapshot (``EmbeddedIndex``, ``docs/interfaces.md``,
+"The router's index snapshot").
 
 Pure bookkeeping on a real event loop: entries are put into the index directly, the workers'
 event endpoints have no publisher (nothing arrives, so no event decides anything here; the feed

@@ -1,6 +1,7 @@
 """A worker joining a warm cluster is pre-warmed (``HotPrefixWarmer.warm_joined``,
-``docs/interfaces.md`` s.18): the hottest prefixes of its namespace that it does not hold, as
-prefix-only requests, within a page and a time budget, counted by outcome in pages.
+``docs/interfaces.md``, "The router's index snapshot"): the hottest prefixes of its namespace that
+it does not hold, as prefix-only requests, within a page and a time budget, counted by outcome in
+pages.
 
 The engine is an ``httpx.MockTransport``; the index is the real embedded one. Controls: a worker
 that holds the prefixes already (one coming back to a restored index) is sent nothing, and with

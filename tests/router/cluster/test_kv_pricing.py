@@ -1,7 +1,7 @@
 """A namespace's pool fetches are priced with the KV bytes per token its workers report
 (``WorkerInfo.kv_bytes_per_token``: registration, or a command-line worker's ``/server_info``),
 not with LLaMA3-70B's whatever the model (router/state.py ``_worker_added``,
-router/cluster/discovery.py, docs/interfaces.md section 2).
+router/cluster/discovery.py, docs/interfaces.md section "Worker registration").
 
 Decision difference: on a 1 GB/s pool link, fetching 1,024 tokens of a 70B model (335 MB, 0.34 s)
 loses to recomputing them (62 ms by the default prior), while the same fetch of the tiny test

@@ -52,8 +52,8 @@ def test_namespace_version_rule(tmp_path: Path) -> None:
 def test_the_version_is_the_models_identity_weights_and_tokenizer_included(
         tiny_model_dir: Path, tmp_path: Path) -> None:
     """Same config.json, other weights (a retrained checkpoint): another version, so its pages
-    never load for the other model (docs/interfaces.md s. 13). A byte-identical copy elsewhere
-    is the same model: the same version."""
+    never load for the other model (docs/interfaces.md, "Model identity"). A byte-identical copy
+    elsewhere is the same model: the same version."""
     import dataclasses
     import shutil
 

@@ -1,4 +1,5 @@
-"""A Mooncake segment pool id belongs to one worker (docs/interfaces.md s. 14; issue 35 item 10).
+"""A Mooncake segment pool id belongs to one worker (docs/interfaces.md,
+"Mooncake Store as the L3 pool"; issue 35 item 10).
 
 Two registrations naming one segment used to be accepted, and when the second worker left, the
 index dropped the segment's entries with it: the first worker's pool prefix went from 4,096

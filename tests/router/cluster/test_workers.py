@@ -1,4 +1,5 @@
-"""Worker registry rules, the registration API (docs/interfaces.md section 2) and liveness."""
+"""Worker registry rules, the registration API (docs/interfaces.md section
+"Worker registration") and liveness."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """A platform prompt registered on one router is shared by tenants routed through the other, on
 a real SGLang CPU worker (``docs/interfaces.md``, "Several routers, one view"; the sharing
-itself: s. 15).
+itself: interfaces.md, "Shared platform prefixes across isolated tenants").
 
 Two routers (in-process, conductor, the same tenants file) over a real Redis, and one worker
 given both (``--radix-global http://A,http://B``): it registers with A, and its pool backend

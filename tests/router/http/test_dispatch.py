@@ -1,5 +1,7 @@
-"""Router-side dispatch (docs/interfaces.md s. 19) through the HTTP front end, against a peer
-worker whose first chunk waits until the test lets it go (an engine busy prefilling)."""
+"""Router-side dispatch (docs/interfaces.md,
+"Router-side dispatch: holding requests while the engines are busy") through the HTTP front end,
+against a peer worker whose first chunk waits until the test lets it go (an engine busy
+prefilling)."""
 
 from __future__ import annotations
 

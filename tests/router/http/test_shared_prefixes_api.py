@@ -1,5 +1,6 @@
-"""``/admin/shared-prefixes`` and ``/admin/pool-aliases`` (docs/interfaces.md s. 15) through the
-router's HTTP app, in front of a loopback peer speaking the worker protocol."""
+"""``/admin/shared-prefixes`` and ``/admin/pool-aliases`` (docs/interfaces.md,
+"Shared platform prefixes across isolated tenants") through the router's HTTP app, in front of a
+loopback peer speaking the worker protocol."""
 
 from __future__ import annotations
 

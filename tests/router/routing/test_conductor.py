@@ -250,11 +250,11 @@ def test_a_segment_leaves_the_index_with_its_worker() -> None:
 
 
 def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers() -> None:
-    """docs/interfaces.md s. 15: a salted request (its own keys SALTED) whose first 40 pages are a
-    registered prefix (canonical keys KEYS[:40] in the pool) is predicted to fetch them on a
-    worker whose pool resolves aliases, never on one without; a stale salted alias entry of the
-    prefix does not count once the canonical pages are gone; past the prefix the tenant's own
-    salted pool pages count only behind a complete canonical run."""
+    """docs/interfaces.md, "Shared platform prefixes across isolated tenants": a salted request (its
+    own keys SALTED) whose first 40 pages are a registered prefix (canonical keys KEYS[:40] in the
+    pool) is predicted to fetch them on a worker whose pool resolves aliases, never on one without;
+    a stale salted alias entry of the prefix does not count once the canonical pages are gone; past
+    the prefix the tenant's own salted pool pages count only behind a complete canonical run."""
     salted = [PageKey(5000 + i) for i in range(64)]
     idx = GlobalIndex()
     idx.register_namespace(NS, PS)
@@ -282,8 +282,9 @@ def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers
 
 
 def test_a_disk_tier_is_read_at_its_own_bandwidth_and_loses_to_recomputing_when_slow() -> None:
-    """docs/interfaces.md s. 16: pages only on the pool's disk tier (its own holder) are fetched
-    when the disk is fast, recomputed when it is slow; the memory pool wins where it has them."""
+    """docs/interfaces.md, "The persistent disk tier under the pool": pages only on the pool's disk
+    tier (its own holder) are fetched when the disk is fast, recomputed when it is slow; the memory
+    pool wins where it has them."""
     disk = PoolId("pool+disk")
     idx = index_with((disk, 0, Tier.POOL, 64))
     w = WorkerState(WorkerId("w0"), NS, pool_id=POOL, pool_disk_id=disk)

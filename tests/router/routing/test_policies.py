@@ -1,4 +1,4 @@
-"""Registry and the cache-blind / approximate policies (router/policies)."""
+"""Registry and the cache-blind / approximate policies (router/routing/policies/)."""
 
 from __future__ import annotations
 
