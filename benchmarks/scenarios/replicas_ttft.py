@@ -63,7 +63,7 @@ from sglang_patch.make_model import ensure_model
 
 RESULT = RESULTS / "router_replicas_ttft.json"
 CONFIGS = ("1", "2")
-METRICS = ("ttft_mean_s", "ttft_p90_s", "prefix_reuse_fraction")
+METRICS = ("ttft_mean_s", "ttft_p90_s", "prefix_reuse_fraction", "hold_mean_s")
 ROUTER_IDS = "ab"
 
 
@@ -122,7 +122,10 @@ class ReplicaRuns:
                 self.cluster.stop(router)
             if redis is not None:
                 redis.kill()
-        return report.summary
+        holds = [r.router_hold_s or 0.0 for r in report.results if r.status == "ok"]
+        return {**report.summary, "held": sum(1 for h in holds if h > 0),
+                "hold_mean_s": sum(holds) / len(holds) if holds else None,
+                "requests_detail": [r.to_json() for r in report.results]}
 
 
 def summarize_rounds(runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -189,15 +192,16 @@ def main(argv: list[str] | None = None) -> int:
                 runs.append({"round": r, "routers": n, **summary})
                 print(f"round {r}, {n} router(s): TTFT mean {summary['ttft_mean_s']:.3f} s, "
                       f"p90 {summary['ttft_p90_s']:.3f} s, reuse "
-                      f"{summary['prefix_reuse_fraction']:.1%}, ok {summary['ok']}, failed "
+                      f"{summary['prefix_reuse_fraction']:.1%}, held {summary['held']} (mean "
+                      f"{summary['hold_mean_s']:.3f} s), ok {summary['ok']}, failed "
                       f"{summary['failed']}, rejected {summary['rejected']}", flush=True)
     rows = summarize_rounds(runs)
     print(f"\n{'routers':>7} {'TTFT mean s':>22} {'TTFT p90 s':>22} {'prefix reuse':>22} "
-          f"{'failed':>6}")
+          f"{'gate hold mean s':>22} {'failed':>6}")
     for row in rows:
         cells = [spread_text(row[m], ".3f") if row[m] else "-" for m in METRICS]
         print(f"{row['routers']:>7} {cells[0]:>22} {cells[1]:>22} {cells[2]:>22} "
-              f"{row['failed']:>6}")
+              f"{cells[3]:>22} {row['failed']:>6}")
     met, lines = verdict(rows)
     lines.append(f"target (2 routers no worse than the 1-router spread, nothing failed): "
                  f"{'MET' if met else 'MISSED'}")

@@ -129,6 +129,7 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
             result.router_fetch_tokens = _header_int(resp.headers, "x-radix-fetch-tokens")
             result.router_queue_s = _header_ms(resp.headers, "x-radix-predicted-queue-ms")
             result.router_ttft_s = _header_ms(resp.headers, "x-radix-predicted-ttft-ms")
+            result.router_hold_s = _header_ms(resp.headers, "x-radix-hold-ms")
             if resp.status_code != 200:
                 detail = (await resp.aread()).decode("utf-8", "replace")[:300]
                 result.status = "rejected" if resp.status_code in REJECT_STATUSES else "failed"

@@ -49,6 +49,7 @@ class RequestResult:
     router_fetch_tokens: int | None = None  # of it, what our router planned to fetch from L3
     router_queue_s: float | None = None  # the wait our router predicted there
     router_ttft_s: float | None = None  # the TTFT our router predicted there
+    router_hold_s: float | None = None  # how long our router's dispatch gate held it
     error: str | None = None
 
     def to_json(self) -> dict[str, Any]:

@@ -71,7 +71,8 @@ class SsePeer:
         prompt_tokens = len(body["text"].split())
         return StreamingResponse(self._stream(want, prompt_tokens),
                                  media_type="text/event-stream",
-                                 headers={"x-radix-worker": "w7", "x-radix-prefix-tokens": "16"})
+                                 headers={"x-radix-worker": "w7", "x-radix-prefix-tokens": "16",
+                                          "x-radix-hold-ms": "250"})
 
     async def _stream(self, want: int, prompt_tokens: int) -> AsyncIterator[bytes]:
         await asyncio.sleep(self.ttft_s)

@@ -165,6 +165,7 @@ def test_ttft_tbt_and_usage_are_measured() -> None:
     assert all(0.015 <= g < 0.05 for g in r.tbt_s)
     assert (r.cached_tokens, r.device_cached_tokens, r.pool_tokens_loaded) == (12, 8, 4)
     assert (r.worker, r.router_prefix_tokens) == ("w7", 16)  # our router's placement headers
+    assert r.router_hold_s == pytest.approx(0.25)
     s = report.summary
     assert (s["prefix_tokens_reused"], s["pool_tokens_loaded"], s["bytes_moved"]) == (36, 12, 120)
     assert peer.bodies[0]["sampling_params"] == {"max_new_tokens": 7, "ignore_eos": True,
