@@ -51,6 +51,8 @@ class Reader:
         self.router_id, self.shared, self.peers, self.clock = router_id, shared, peers, clock
         self.refused: collections.Counter[str] = collections.Counter()  # per record kind
         self._logged: set[str] = set()
+        # called after the peers' load changed (a newer publication, one gone)
+        self.on_peer_load: Callable[[], None] | None = None
 
     def apply(self, kind: Kind, ident: str, raw: bytes | str) -> None:
         """One record as read; refused (counted) when it does not decode or does not fit."""
@@ -69,13 +71,17 @@ class Reader:
             self.shared.prefix_gone(ident)
         elif kind is Kind.LOAD:
             self.peers.drop(ident)
+            self._peer_load()
 
     def present(self, kind: Kind, ids: set[str]) -> None:
         if kind is Kind.LOAD:
-            for rid in self.peers.routers():
+            before = self.peers.routers()
+            for rid in before:
                 if rid not in ids:
                     self.peers.drop(rid)
             self.peers.expire(self.clock())
+            if self.peers.routers() != before:
+                self._peer_load()
         else:
             self.shared.present(kind, ids)
 
@@ -108,5 +114,11 @@ class Reader:
             self.shared.profile_seen(rec.decode(raw, rec.ProfileRecord))
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
-            if not self.peers.update(ident, load.seq, rec.load_slots(load), self.clock()):
+            if self.peers.update(ident, load.seq, rec.load_slots(load), self.clock()):
+                self._peer_load()
+            else:
                 self.peers.refreshed(ident, self.clock())
+
+    def _peer_load(self) -> None:
+        if self.on_peer_load is not None:
+            self.on_peer_load()

@@ -50,6 +50,7 @@ class LoadView:
             driver.on_change = self.link.changed
             if driver.gate is not None:
                 driver.gate.elsewhere = self.prefilling_elsewhere
+                self.link.reader.on_peer_load = driver.peers_changed
 
     def _targets(self) -> list[tuple[str, str, str, int]]:
         return [(e.info.worker_id, e.info.url, e.info.engine, e.info.dp_size)

@@ -110,6 +110,12 @@ class PolicyDriver:
         self.decode.forget_worker(worker_id)
         self.policy.on_worker_removed(worker_id)
 
+    def peers_changed(self) -> None:
+        """Other routers' published work changed (the shared load view): a prefill of theirs
+        that ended may have made room for a request held here, which must not wait for this
+        router's next event or the dispatcher's tick."""
+        self._room()
+
     def _changed(self) -> None:
         if self.on_change is not None:
             self.on_change()

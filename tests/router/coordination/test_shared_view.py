@@ -299,3 +299,37 @@ def test_a_router_prices_the_others_work_when_it_places_a_request(router_factory
     finally:
         busy.first_chunk.set()
         sent.join(10)
+
+
+def test_a_request_held_for_anothers_prefill_leaves_when_that_prefill_ends(
+        router_factory, upstreams, redis_server):
+    """b holds a request while a's prefill takes the engine's only room (depth 1); a's first
+    token, published, releases it at once, not at b's next own event or dispatcher tick (made
+    30 s here, so that only the shared view's change can release it in time)."""
+    peer, server = upstreams()
+    a, b = routers(router_factory, redis_server, policy="conductor", dispatch="fifo",
+                   dispatch_depth=1)
+    assert b.state.dispatcher is not None
+    b.state.dispatcher.tick_s = 30.0
+    register(a, server.url)
+    wait_for(lambda: b.state.registry.find("w1"))
+    peer.first_chunk = threading.Event()
+    first = threading.Thread(target=generate, kwargs={"router": a, "stream": True})
+    first.start()
+    held: list[httpx.Response] = []
+    second = threading.Thread(target=lambda: held.append(generate(b, stream=True)))
+    try:
+        wait_for(lambda: b.state.view.peer((WorkerId("w1"), 0)).prefilling == 1)
+        second.start()
+        wait_for(lambda: b.state.dispatcher.gate.held() == 1, what="b holding its request")
+        released_at = time.monotonic()
+        peer.first_chunk.set()
+        second.join(10)
+        assert held and held[0].status_code == 200
+        assert time.monotonic() - released_at < 5.0
+        assert float(held[0].headers["x-radix-hold-ms"]) > 0  # it was held, then released
+    finally:
+        peer.first_chunk.set()
+        first.join(10)
+        if second.ident is not None:  # started
+            second.join(10)
