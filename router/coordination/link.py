@@ -145,17 +145,20 @@ class Coordinator:
     # --- writes and reads ----------------------------------------------------------------------
 
     async def put(self, kind: Kind, ident: str, value: bytes, ttl_s: float | None = None) -> bool:
-        ok = await self._call(f"put_{kind}", self._put(kind, ident, value, ttl_s))
-        if ok:
-            await self._call("notify", self._notify(kind, ident))
-        return bool(ok)
+        notice = rec.Notice(self.router_id, kind, ident).encode()
+        return bool(await self._call(f"put_{kind}", self._put(kind, ident, value, ttl_s, notice)))
 
-    async def _put(self, kind: Kind, ident: str, value: bytes, ttl_s: float | None) -> bool:
+    async def _put(self, kind: Kind, ident: str, value: bytes, ttl_s: float | None,
+                   notice: bytes | None = None) -> bool:
+        """The record, its id in the kind's index and ``notice`` on the changes channel, in one
+        round trip."""
         px = max(1, int(ttl_s * 1000)) if ttl_s is not None else None
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(self.keys.key(kind, ident), value, px=px)
             if kind is not Kind.ALIAS:  # aliases are read on demand, never listed
                 pipe.sadd(self.keys.index(kind), ident)
+            if notice is not None:
+                pipe.publish(self.keys.changes, notice)
             await pipe.execute()
         return True
 
@@ -200,7 +203,8 @@ class Coordinator:
         task.add_done_callback(self._spawned.discard)
 
     async def _notify(self, kind: Kind, ident: str) -> None:
-        await self.redis.publish(self.keys.changes, f"{self.router_id} {kind}:{ident}")
+        notice = rec.Notice(self.router_id, kind, ident)
+        await self.redis.publish(self.keys.changes, notice.encode())
 
     async def resync(self) -> None:
         """Read every listed record and apply it; after a complete read of a kind, what is no
@@ -248,18 +252,17 @@ class Coordinator:
                 await asyncio.sleep(self.config.resync_s)
 
     async def _notice(self, data: Any) -> None:
-        text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-        writer, _, name = text.partition(" ")
-        kind_text, _, ident = name.partition(":")
-        if writer == self.router_id or not ident:
-            return
         try:
-            kind = Kind(kind_text)
-        except ValueError:
-            self.reader.refuse("notice", text[:120], ValueError(f"unknown kind {kind_text!r}"))
+            notice = rec.parse_notice(data)
+        except rec.RecordError as exc:
+            self.reader.refuse("notice", str(data)[:120], exc)
             return
-        if kind not in RESYNCED:
-            return  # read on demand (aliases) or at the next resync (routers)
+        kind, ident = notice.kind, notice.ident
+        if notice.writer == self.router_id or kind not in RESYNCED:
+            return  # its own; read on demand (aliases) or at the next resync (routers)
+        if notice.inline and kind is Kind.LOAD:  # the peers' load comes with its notice
+            self.reader.apply(kind, ident, notice.inline)
+            return
         raw = await self._get(kind, ident)
         if raw is _ABSENT:
             self.reader.gone(kind, ident)
@@ -315,9 +318,11 @@ class Coordinator:
             return
         self._seq += 1
         value = rec.encode(rec.load_record(self.router_id, self._seq, loads))
-        if await self._call("put_load", self._put(Kind.LOAD, self.router_id, value, ttl)):
+        # the record rides on its notice: peers publishing up to 50 times a second are
+        # applied without a read each
+        notice = rec.Notice(self.router_id, Kind.LOAD, self.router_id, value.decode()).encode()
+        if await self._call("put_load", self._put(Kind.LOAD, self.router_id, value, ttl, notice)):
             self._published, self._published_at = loads, now
-            await self._call("notify", self._notify(Kind.LOAD, self.router_id))
 
     async def _publishing(self) -> None:
         """Publish on change, at most every ``load_publish_s``; refresh the record's time to

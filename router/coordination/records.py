@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from enum import StrEnum
-from typing import TypeVar
+from typing import NamedTuple, TypeVar
 
 import msgspec
 
@@ -42,6 +42,36 @@ class Kind(StrEnum):
     ALIAS = "alias"
     PROFILE = "profile"
     LEASE = "lease"
+
+
+class Notice(NamedTuple):
+    """One message on the changes channel: ``<writer> <kind>:<id>``, and for a load record the
+    record itself after a newline (``inline``; empty: the reader reads the key)."""
+
+    writer: str
+    kind: Kind
+    ident: str
+    inline: str = ""
+
+    def encode(self) -> bytes:
+        head = f"{self.writer} {self.kind}:{self.ident}"
+        return (head + "\n" + self.inline if self.inline else head).encode()
+
+
+def parse_notice(data: bytes | str) -> Notice:
+    """A message from the changes channel; :class:`RecordError` when it names no kind we know
+    or no id."""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+    head, _, inline = text.partition("\n")
+    writer, _, name = head.partition(" ")
+    kind_text, _, ident = name.partition(":")
+    if not writer or not ident:
+        raise RecordError(f"a notice names no writer or no id: {head[:120]!r}")
+    try:
+        kind = Kind(kind_text)
+    except ValueError:
+        raise RecordError(f"a notice names an unknown kind {kind_text!r}") from None
+    return Notice(writer, kind, ident, inline)
 
 
 class Keys:

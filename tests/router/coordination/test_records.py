@@ -70,3 +70,17 @@ def test_load_records_round_trip_and_refuse_negative_load():
                           * (rec.MAX_LOAD_SLOTS + 1))
     with pytest.raises(RecordError, match="slots"):
         rec.decode(rec.encode(many), rec.LoadRecord, "r", max_bytes=1 << 30)
+
+
+def test_notices_round_trip_with_and_without_the_record_inline():
+    plain = rec.Notice("r1", Kind.WORKER, "w:1")  # an id may contain ':'
+    assert rec.parse_notice(plain.encode()) == plain
+    load = rec.Notice("r1", Kind.LOAD, "r1", '{"schema": 1}\nmore')
+    assert rec.parse_notice(load.encode()) == load  # the record keeps its own newlines
+    assert rec.parse_notice(load.encode().decode()) == load  # pub/sub may hand over str
+
+
+@pytest.mark.parametrize("raw", [b"r1 nosuchkind:x", b"r1 worker:", b"r1", b"", b" worker:x"])
+def test_malformed_notices_are_refused(raw):
+    with pytest.raises(RecordError):
+        rec.parse_notice(raw)
