@@ -13,6 +13,9 @@ rotated per round; the spread is the rounds' median (min-max). Before each batch
 CPU while idle is read too (background timers: publishing, resync), per router and second,
 after the routers went quiet (a started router loads its tokenizer in the background).
 Every router runs with ``--engine-load-poll-s 0`` (instant upstreams serve no load report).
+``--smg`` adds the peer gateway the same way: smg 1.13 (``cache_aware``) alone, and 2 smg
+routers joined by its mesh (``--enable-mesh``, SWIM gossip and CRDTs, on loopback); their ratio
+is to smg alone.
 
 Part 2, two routers A and B on holding upstreams (in this process: ``/generate`` answers only when
 released): one streamed request through A, then B's ``/admin/stats`` (``coordination.peer_load``)
@@ -54,6 +57,7 @@ RESULT = RESULTS / "router_replicas.json"
 TARGET_CPU_RATIO = 1.1
 CONFIGS = ("1", "2", "3")  # routers; 2 and 3 share one Redis
 CONTROL = "3-alone"  # --control: 3 routers without Redis (more processes, no coordination)
+SMG = ("smg", "smg-2-mesh")  # --smg: smg 1.13 (cache_aware) alone, and 2 joined by its mesh
 ROUTER_IDS = "abc"  # --coordination-router-id of the routers, in order
 
 
@@ -64,9 +68,12 @@ def rotated(items: tuple[str, ...] | list[str], r: int) -> list[str]:
 
 
 def ratios(cpu_per_request: dict[str, float]) -> dict[str, float | None]:
-    """Each configuration's CPU per request over one router's (None without a positive base)."""
-    base = cpu_per_request.get("1")
-    return {n: (v / base if base else None) for n, v in cpu_per_request.items()}
+    """Each configuration's CPU per request over one router's of its kind (ours: ``1``; smg:
+    ``smg``); None without a positive base."""
+    def base(n: str) -> float | None:
+        return cpu_per_request.get(SMG[0] if n in SMG else "1")
+
+    return {n: (v / b if (b := base(n)) else None) for n, v in cpu_per_request.items()}
 
 
 async def run_spread(bases: list[str], path: str, body: dict[str, Any], concurrency: int,
@@ -111,13 +118,33 @@ def start_routers(n: int, workers: list[str], redis_url: str | None, work: Path,
     return out
 
 
+def start_smg(n: int, workers: list[str], work: Path, tag: str) -> list[tuple[str, Any]]:
+    """``n`` smg routers (``cache_aware``); for n >= 2 joined by its mesh (gossip on loopback,
+    every node given the others as peers)."""
+    mesh = [free_port() for _ in range(n)]
+    out = []
+    for i in range(n):
+        port = free_port()
+        cmd = [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port",
+               str(port), "--worker-urls", *workers, "--policy", "cache_aware",
+               "--log-level", "warn",  # as ours: no line per request
+               # its metrics listener binds 0.0.0.0:29000 unless told
+               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        if n > 1:
+            cmd += ["--enable-mesh", "--mesh-server-name", f"smg-{i}", "--mesh-host",
+                    "127.0.0.1", "--mesh-port", str(mesh[i]), "--mesh-peer-urls",
+                    *(f"127.0.0.1:{p}" for j, p in enumerate(mesh) if j != i)]
+        out.append((f"http://127.0.0.1:{port}", spawn(cmd, work / f"smg-{tag}-{i}.log")))
+    return out
+
+
 def throughput(args: argparse.Namespace, model: Path, work: Path, redis: Any,
                path: str, body: dict[str, Any]) -> list[dict[str, Any]]:
     ups = [free_port() for _ in range(args.workers)]
     procs = [spawn([sys.executable, "-m", "benchmarks.harness.instant_upstream", "--port",
                     str(p), "--model-path", str(model)], work / f"upstream-{p}.log") for p in ups]
     workers = [f"http://127.0.0.1:{p}" for p in ups]
-    configs = [*CONFIGS, CONTROL] if args.control else list(CONFIGS)
+    configs = [*CONFIGS, *([CONTROL] if args.control else []), *(SMG if args.smg else ())]
     per: dict[str, list[dict[str, float]]] = {c: [] for c in configs}
     try:
         for w in workers:
@@ -125,9 +152,13 @@ def throughput(args: argparse.Namespace, model: Path, work: Path, redis: Any,
         for r in range(args.rounds):
             for c in rotated(configs, r):
                 redis.client().flushall()
-                n, shared = int(c[0]), c in CONFIGS and c != "1"
-                routers = start_routers(n, workers, redis.url if shared else None, work, args,
-                                        f"r{r}c{c}")
+                if c in SMG:
+                    n = 2 if c == SMG[1] else 1
+                    routers = start_smg(n, workers, work, f"r{r}c{c}")
+                else:
+                    n, shared = int(c[0]), c in CONFIGS and c != "1"
+                    routers = start_routers(n, workers, redis.url if shared else None, work,
+                                            args, f"r{r}c{c}")
                 try:
                     for base, _ in routers:
                         wait_ready(f"{base}{path}", body)
@@ -339,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="--coordination-load-publish-s of every router (default: the router's)")
     p.add_argument("--control", action="store_true",
                    help=f"also {CONTROL}: 3 routers, each alone (no Redis), as a control")
+    p.add_argument("--smg", action="store_true",
+                   help=f"also {' and '.join(SMG)}: the peer gateway alone and 2 in its mesh")
     p.add_argument("--json", default=str(RESULT))
     args = p.parse_args(argv)
 

@@ -143,9 +143,10 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
 def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: str
                 ) -> list[str]:
     extra = [a for k, v in spec.options.items() for a in (k, v)]
-    if spec.kind == "sglang-router":
+    if spec.kind == "sglang-router":  # its metrics listener binds 0.0.0.0:29000 unless told
         return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
-                "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy, *extra]
+                "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy,
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *extra]
     if spec.kind != "ours":
         raise ValueError(f"unknown router kind {spec.kind!r}")
     argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", "127.0.0.1",
