@@ -142,6 +142,8 @@ class Dispatcher:
         """Release what the gate lets go now. Where a model's servers have room, held requests
         are priced again first (at most ``REPRICE_PER_PUMP``, those priced longest ago): the
         order is by the work each needs now."""
+        if not self.gate.held():  # every first token and end pumps: most find nothing held
+            return
         # Those whose client left since the last pump leave the gate first: released one by one
         # (each release sorting the rest), a thousand clients gone at once stalled the loop.
         for request_id in self.gate.held_ids():
