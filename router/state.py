@@ -5,7 +5,6 @@ Handlers get this object; tests build it with their own clock or policy.
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import logging
 import os
@@ -16,12 +15,11 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global import __version__
-from radix_global.types import PoolId, WorkerId
+from radix_global.types import PoolId
 from router.cluster.dispatcher import Dispatcher
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
-from router.cluster.profile_store import ProfileStore
-from router.cluster.profiling import ProfileBook, fit_profile, profile_worker
+from router.cluster.profiling import Profiler
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
@@ -40,7 +38,6 @@ from router.routing.cost import CostModel
 from router.routing.decode_select import DecodeSelector
 from router.routing.driver import PolicyDriver
 from router.routing.policies import get_policy
-from router.routing.prefill_model import PrefillModel
 from router.transport.proxy import Proxy
 
 log = logging.getLogger("radix_global.router")
@@ -136,37 +133,27 @@ class RouterState:
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
         self.started_clock = clock()
-        self.profiles: dict[str, dict[str, Any]] = {}  # worker id -> profiling outcome
-        self.profile_book = ProfileBook()
-        self.saved_profiles = (ProfileStore(config.profiling.file)
-                               if config.profiling.file else None)
-        self._profile_tasks: set[asyncio.Task[None]] = set()
         # Beyond this router: the other routers' load and the engines' own reports; with a
         # coordination service, membership and shared state too (router/coordination/).
         self.view = LoadView(
             config.coordination, config.engine_load, registry=self.registry,
             driver=self.routing, client=self.proxy.client, prefixes=self.shared_prefixes,
-            aliases=self.aliases, profile=self._shared_profile,
+            aliases=self.aliases, profile=lambda entry, coef: self.profiler.shared(entry, coef),
             heartbeat_ttl_s=config.health.heartbeat_timeout_s,
             router_id=config.coordination.router_id
             or f"{socket.gethostname()}:{config.listen.port}",
             version=__version__, digest=config.digest(), clock=clock)
         self.view.engines.bind_metrics(self.metrics.registry)
         self.warmer.leads = self.view.leads
+        self.profiler = Profiler(config.profiling, self.routing.cost, self.registry,
+                                 self.proxy.client, self.view, config.models.page_size,
+                                 timeout_s=config.health.health_check_timeout_s * 4)
 
     def worker_alive(self, worker_id: str) -> None:
         """A heartbeat or a passed health check: the index and the shared record hear of it."""
         self.index.heartbeat(worker_id)
         if self.view.writes is not None:
             self.view.writes.worker_alive(worker_id)
-
-    def _shared_profile(self, entry: WorkerEntry, coef: tuple[float, ...]) -> None:
-        """A prefill profile another router fitted (the leader profiles joining workers)."""
-        if self.profiles.get(entry.info.worker_id, {}).get("state") in ("done", "restored"):
-            return
-        self.profile_book.joined(entry.info.worker_id, entry.info.namespace)
-        self.apply_profile(entry, PrefillModel(prior=coef))
-        self.profiles[entry.info.worker_id] = {"state": "shared", "coef": list(coef)}
 
     def _busy(self, worker_id: str) -> bool:
         entry = self.registry.find(worker_id)
@@ -188,93 +175,11 @@ class RouterState:
         if entry.info.kv_bytes_per_token is not None:  # else the configured default prices it
             self.routing.cost.set_kv_bytes_per_token(entry.info.namespace,
                                                      entry.info.kv_bytes_per_token)
-        if not self.restore_profile(entry):
-            self.inherit_profile(entry)
-            if self.view.leads():  # else the leader's profile comes through the service
-                self.start_profile(entry)
+        self.profiler.joined(entry)
         if entry.source is Source.CLI:
             self.view.admitted(entry)
         self.warmer.joined(entry)
         self.refresh_gauges()
-
-    def restore_profile(self, entry: WorkerEntry) -> bool:
-        """Price a returning worker with the profile fitted before this router restarted."""
-        info = entry.info
-        coef = self.saved_profiles.get(info.worker_id, info.namespace) \
-            if self.saved_profiles is not None else None
-        shared = self.view.shared
-        if coef is None and shared is not None:  # fitted by the leader, read from the service
-            coef = shared.profiles.get((info.worker_id, info.namespace))
-        if coef is None:
-            return False
-        self.profile_book.joined(info.worker_id, info.namespace)
-        self.apply_profile(entry, PrefillModel(prior=coef))
-        self.profiles[info.worker_id] = {"state": "restored", "coef": list(coef)}
-        log.info("worker %s priced with its saved prefill profile %s", info.worker_id, coef)
-        return True
-
-    def inherit_profile(self, entry: WorkerEntry) -> None:
-        """Price a joining worker like its profiled peers of the same namespace until its own
-        profile is fitted (``ProfileBook``); with none, the default prior stays."""
-        model = self.profile_book.joined(entry.info.worker_id, entry.info.namespace)
-        if model is not None:
-            self.routing.cost.set_prefill_model(entry.worker_id, model)
-            log.info("worker %s priced with its peers' prefill profile until its own is fitted",
-                     entry.info.worker_id)
-
-    def apply_profile(self, entry: WorkerEntry, model: PrefillModel) -> None:
-        """Install ``entry``'s own fitted profile; peers still without one inherit it."""
-        # learn_from_inferred_prefill is the cost model's (CostConfig, from this config)
-        self.routing.cost.set_prefill_model(entry.worker_id, model)
-        for wid, inherited in self.profile_book.fitted(entry.info.worker_id, model).items():
-            self.routing.cost.set_prefill_model(WorkerId(wid), inherited)
-
-    def start_profile(self, entry: WorkerEntry) -> None:
-        """Measure the joining worker's prefill curve in the background
-        (``router/cluster/profiling.py``); until it is done the worker is priced with its peers'
-        profile (or the default prior)."""
-        if self.config.profiling.max_tokens <= 0:
-            return
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:  # registered outside the server loop (tests): nothing to run on
-            return
-        self.profiles[entry.info.worker_id] = {"state": "running"}
-        task = loop.create_task(self._profile(entry))
-        self._profile_tasks.add(task)
-        task.add_done_callback(self._profile_tasks.discard)
-
-    async def _profile(self, entry: WorkerEntry) -> None:
-        wid = entry.info.worker_id
-        try:
-            samples = await profile_worker(
-                self.proxy.client, entry.info.url,
-                self.config.models.page_size or entry.info.page_size,
-                self.config.profiling.max_tokens, self.config.profiling.sizes,
-                timeout_s=self.config.health.health_check_timeout_s * 4,
-                model=None if entry.info.engine == "sglang" else entry.info.model)
-            model = fit_profile(samples)
-        except Exception as exc:  # a worker that cannot be profiled keeps the prior
-            log.warning("profiling worker %s failed: %r", wid, exc)
-            self.profiles[wid] = {"state": "failed", "error": repr(exc)}
-            if self.registry.find(wid) is not None:  # an inherited model learns online then
-                self.routing.cost.set_prefill_model(
-                    entry.worker_id, self.routing.cost.prefill_model(entry.worker_id),
-                    learn_inferred=True)
-            return
-        if self.registry.find(wid) is None:
-            return  # left while being profiled
-        self.apply_profile(entry, model)
-        self.profiles[wid] = {"state": "done", "coef": list(model.coef),
-                              "samples": [list(s) for s in samples]}
-        if self.saved_profiles is not None:
-            self.saved_profiles.put(wid, entry.info.namespace, model.coef)
-        if self.view.writes is not None:
-            self.view.writes.profile_fitted(wid, entry.info.namespace, model.coef)
-        log.info("worker %s profiled: prefill coef %s", wid, model.coef)
-
-    def profiling_pending(self) -> int:
-        return sum(1 for p in self.profiles.values() if p.get("state") == "running")
 
     def prewarm(self, entry: WorkerEntry) -> None:
         """Load the model's tokenizer in the background (importing transformers takes seconds),
@@ -285,7 +190,7 @@ class RouterState:
             threading.Thread(target=_quiet_load, args=(tok,), daemon=True).start()
 
     def _worker_removed(self, entry: WorkerEntry) -> None:
-        self.profile_book.left(entry.info.worker_id)
+        self.profiler.left(entry.info.worker_id)
         self.index.worker_removed(entry)
         self.routing.worker_removed(entry.worker_id)
         self.view.worker_removed(entry.worker_id)
@@ -330,8 +235,7 @@ class RouterState:
         self.warmer.start()
 
     async def stop(self) -> None:
-        for task in list(self._profile_tasks):
-            task.cancel()
+        self.profiler.stop()
         await self.warmer.stop()
         await self.view.stop()
         await self.health.stop()

@@ -16,14 +16,22 @@ sent once beforehand) measure the worker's own curve instead. An engine without 
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import NamedTuple
+from enum import StrEnum
+from typing import Any, NamedTuple, Protocol
 
 import httpx
 import numpy as np
 
+from radix_global.types import WorkerId
+from router.cluster.profile_book import ProfileBook
+from router.cluster.profile_store import ProfileStore
+from router.cluster.registry import WorkerEntry, WorkerRegistry
+from router.config import ProfilingConfig
+from router.routing.cost import CostModel
 from router.routing.prefill_model import PrefillModel, ProfilePoint, profile_plan
 
 log = logging.getLogger("radix_global.router")
@@ -120,60 +128,144 @@ async def profile_worker(client: httpx.AsyncClient, url: str, page_size: int,
     return samples
 
 
-def inherited_model(peers: Sequence[PrefillModel]) -> PrefillModel:
-    """A fresh model whose prior is the mean fitted curve of ``peers`` (same model, same
-    namespace): the joining worker's own observations then refit a copy, never a peer's model."""
-    if not peers:
-        raise ValueError("need at least one peer model")
-    coef = np.mean(np.array([p.coef for p in peers]), axis=0)
-    return PrefillModel(prior=tuple(float(c) for c in coef))
+class ProfileState(StrEnum):
+    """Where a worker's prefill profile came from (``/admin/stats`` ``profiles``)."""
+
+    RUNNING = "running"  # being measured; priced with its peers' curve meanwhile
+    DONE = "done"  # measured here
+    RESTORED = "restored"  # fitted before: the profiles file, or the service
+    SHARED = "shared"  # measured by the leader router, read from the service
+    FAILED = "failed"  # could not be measured: the inherited curve learns online
 
 
-class ProfileBook:
-    """Which worker of which namespace has its own fitted prefill profile. Pure bookkeeping.
+class ProfileShare(Protocol):
+    """What the other routers contribute (``router.coordination.view.LoadView``; a router alone
+    leads and shares nothing)."""
 
-    A worker without one yet (profiling pending, failed or off) is priced with the mean fitted
-    curve of its profiled peers in the same namespace (:func:`inherited_model`) instead of the
-    GPU-like default prior, which would make it look ~50x faster than its CPU peers and draw
-    every request to it while its own profile runs.
-    """
+    def leads(self) -> bool:
+        """Whether this router measures joining workers (the leader does, once per cluster)."""
+        ...
 
-    def __init__(self) -> None:
-        self._namespace: dict[str, str] = {}  # worker id -> namespace
-        self._fitted: dict[str, PrefillModel] = {}  # worker id -> its own profiled model
+    def fitted_elsewhere(self, worker_id: str, namespace: str) -> tuple[float, ...] | None:
+        """A profile another router fitted, as read from the service (None: none known)."""
+        ...
 
-    def joined(self, worker_id: str, namespace: str) -> PrefillModel | None:
-        """Record a joining worker; the model to price it with until its own profile is fitted
-        (None: no profiled peer, keep the default prior)."""
-        self._namespace[worker_id] = namespace
-        self._fitted.pop(worker_id, None)
-        return self._inheritance(namespace)
+    def fitted_here(self, worker_id: str, namespace: str, coef: tuple[float, ...]) -> None:
+        """Share a profile this router fitted."""
+        ...
 
-    def fitted(self, worker_id: str, model: PrefillModel) -> dict[str, PrefillModel]:
-        """Record ``worker_id``'s own profile; returns the new inherited model of every other
-        worker of its namespace that has none (they follow the mean of the profiled peers)."""
-        namespace = self._namespace.get(worker_id)
-        if namespace is None:
-            return {}
-        self._fitted[worker_id] = model
-        heirs = [w for w, ns in self._namespace.items()
-                 if ns == namespace and w not in self._fitted]
-        if not heirs:
-            return {}
-        out: dict[str, PrefillModel] = {}
-        for w in heirs:  # one copy each: each refits on its own observations
-            inherited = self._inheritance(namespace)
-            assert inherited is not None  # worker_id itself is a fitted peer
-            out[w] = inherited
-        return out
+
+class Profiler:
+    """A worker's prefill profile from its join to its departure: a returning worker is priced
+    with its saved (or shared) profile; a new one with its profiled peers' mean curve while the
+    leader measures it in the background; a fitted profile is installed into the cost model,
+    saved and shared. ``outcomes``: per worker id, its :class:`ProfileState` and coefficients."""
+
+    def __init__(self, config: ProfilingConfig, cost: CostModel, registry: WorkerRegistry,
+                 client: httpx.AsyncClient, share: ProfileShare, page_size: int | None,
+                 timeout_s: float) -> None:
+        self.config, self.cost, self.registry, self.client = config, cost, registry, client
+        self.share, self.page_size, self.timeout_s = share, page_size, timeout_s
+        self.outcomes: dict[str, dict[str, Any]] = {}
+        self.book = ProfileBook()
+        self.saved = ProfileStore(config.file) if config.file else None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def joined(self, entry: WorkerEntry) -> None:
+        """Price a joining worker, and measure it when no profile of it is known."""
+        if not self.restore(entry):
+            self.inherit(entry)
+            if self.share.leads():  # else the leader's profile comes through the service
+                self.start(entry)
 
     def left(self, worker_id: str) -> None:
-        self._namespace.pop(worker_id, None)
-        self._fitted.pop(worker_id, None)
+        self.book.left(worker_id)
 
-    def has_own(self, worker_id: str) -> bool:
-        return worker_id in self._fitted
+    def shared(self, entry: WorkerEntry, coef: tuple[float, ...]) -> None:
+        """A profile another router fitted (the leader profiles joining workers)."""
+        state = self.outcomes.get(entry.info.worker_id, {}).get("state")
+        if state in (ProfileState.DONE, ProfileState.RESTORED):
+            return
+        self.book.joined(entry.info.worker_id, entry.info.namespace)
+        self.apply(entry, PrefillModel(prior=coef))
+        self._outcome(entry, ProfileState.SHARED, coef=list(coef))
 
-    def _inheritance(self, namespace: str) -> PrefillModel | None:
-        peers = [m for w, m in sorted(self._fitted.items()) if self._namespace.get(w) == namespace]
-        return inherited_model(peers) if peers else None
+    def restore(self, entry: WorkerEntry) -> bool:
+        """Price a returning worker with the profile fitted before this router restarted."""
+        info = entry.info
+        coef = self.saved.get(info.worker_id, info.namespace) if self.saved is not None else None
+        if coef is None:  # fitted by the leader, read from the service
+            coef = self.share.fitted_elsewhere(info.worker_id, info.namespace)
+        if coef is None:
+            return False
+        self.book.joined(info.worker_id, info.namespace)
+        self.apply(entry, PrefillModel(prior=coef))
+        self._outcome(entry, ProfileState.RESTORED, coef=list(coef))
+        log.info("worker %s priced with its saved prefill profile %s", info.worker_id, coef)
+        return True
+
+    def inherit(self, entry: WorkerEntry) -> None:
+        """Price a joining worker like its profiled peers of the same namespace until its own
+        profile is fitted (``ProfileBook``); with none, the default prior stays."""
+        model = self.book.joined(entry.info.worker_id, entry.info.namespace)
+        if model is not None:
+            self.cost.set_prefill_model(entry.worker_id, model)
+            log.info("worker %s priced with its peers' prefill profile until its own is fitted",
+                     entry.info.worker_id)
+
+    def apply(self, entry: WorkerEntry, model: PrefillModel) -> None:
+        """Install ``entry``'s own fitted profile; peers still without one inherit it."""
+        # learn_from_inferred_prefill is the cost model's (CostConfig, from the router's config)
+        self.cost.set_prefill_model(entry.worker_id, model)
+        for wid, inherited in self.book.fitted(entry.info.worker_id, model).items():
+            self.cost.set_prefill_model(WorkerId(wid), inherited)
+
+    def start(self, entry: WorkerEntry) -> None:
+        """Measure the joining worker's prefill curve in the background; until it is done the
+        worker is priced with its peers' profile (or the default prior)."""
+        if self.config.max_tokens <= 0:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:  # registered outside the server loop (tests): nothing to run on
+            return
+        self._outcome(entry, ProfileState.RUNNING)
+        task = loop.create_task(self._measure(entry))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def pending(self) -> int:
+        return sum(1 for p in self.outcomes.values() if p["state"] is ProfileState.RUNNING)
+
+    def stop(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+
+    async def _measure(self, entry: WorkerEntry) -> None:
+        wid = entry.info.worker_id
+        try:
+            samples = await profile_worker(
+                self.client, entry.info.url, self.page_size or entry.info.page_size,
+                self.config.max_tokens, self.config.sizes, timeout_s=self.timeout_s,
+                model=None if entry.info.engine == "sglang" else entry.info.model)
+            model = fit_profile(samples)
+        except Exception as exc:  # a worker that cannot be profiled keeps the prior
+            log.warning("profiling worker %s failed: %r", wid, exc)
+            self._outcome(entry, ProfileState.FAILED, error=repr(exc))
+            if self.registry.find(wid) is not None:  # an inherited model learns online then
+                self.cost.set_prefill_model(entry.worker_id,
+                                            self.cost.prefill_model(entry.worker_id),
+                                            learn_inferred=True)
+            return
+        if self.registry.find(wid) is None:
+            return  # left while being profiled
+        self.apply(entry, model)
+        self._outcome(entry, ProfileState.DONE, coef=list(model.coef),
+                      samples=[list(s) for s in samples])
+        if self.saved is not None:
+            self.saved.put(wid, entry.info.namespace, model.coef)
+        self.share.fitted_here(wid, entry.info.namespace, model.coef)
+        log.info("worker %s profiled: prefill coef %s", wid, model.coef)
+
+    def _outcome(self, entry: WorkerEntry, state: ProfileState, **detail: Any) -> None:
+        self.outcomes[entry.info.worker_id] = {"state": state, **detail}

@@ -88,6 +88,14 @@ class LoadView:
         """Whether this router runs the once-per-cluster jobs (alone: always)."""
         return self.link is None or self.link.leads()
 
+    def fitted_elsewhere(self, worker_id: str, namespace: str) -> tuple[float, ...] | None:
+        """A prefill profile the leader fitted, read from the service."""
+        return self.shared.profiles.get((worker_id, namespace)) if self.shared else None
+
+    def fitted_here(self, worker_id: str, namespace: str, coef: tuple[float, ...]) -> None:
+        if self.writes is not None:
+            self.writes.profile_fitted(worker_id, namespace, coef)
+
     @property
     def ready(self) -> bool:
         """Membership and shared state read (alone: at once)."""

@@ -45,10 +45,11 @@ def wait_router_ready(state: RouterState, workers: int = 2) -> None:
         assert time.monotonic() < deadline, f"router discovered {len(state.registry)} workers"
         time.sleep(0.2)
     deadline = time.monotonic() + 300
-    while state.profiling_pending():
+    while state.profiler.pending():
         assert time.monotonic() < deadline, "profiling the workers did not finish"
         time.sleep(0.5)
-    assert all(p.get("state") == "done" for p in state.profiles.values()), state.profiles
+    outcomes = state.profiler.outcomes
+    assert all(p.get("state") == "done" for p in outcomes.values()), outcomes
 
 
 def wait_indexed(state: RouterState, worker: str, messages: list[dict[str, str]], model: str,

@@ -142,8 +142,8 @@ def _router(urls: list[str], **cfg: Any) -> tuple[RouterState, ServerThread]:
 
 def _wait_ready(state: RouterState, timeout: float) -> None:
     deadline = time.monotonic() + timeout
-    while len(state.registry) < 2 or state.profiling_pending():
-        assert time.monotonic() < deadline, f"router not ready: {state.profiles}"
+    while len(state.registry) < 2 or state.profiler.pending():
+        assert time.monotonic() < deadline, f"router not ready: {state.profiler.outcomes}"
         time.sleep(0.5)
 
 
@@ -159,7 +159,8 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
     state, server = _router(urls, profile_max_tokens=2048)
     try:
         _wait_ready(state, 300)
-        assert all(p["state"] == "done" for p in state.profiles.values()), state.profiles
+        outcomes = state.profiler.outcomes
+        assert all(p["state"] == "done" for p in outcomes.values()), outcomes
         fitted = {e.worker_id: state.routing.cost.prefill_model(e.worker_id)
                   for e in state.registry.all()}
         free = asyncio.run(_burst(server.url, [_prompt(rng) for _ in range(burst)], "free"))
@@ -172,7 +173,7 @@ def test_overload_rejects_early_and_admitted_meet_the_slo(sglang_server_factory)
               for wid, m in fitted.items()}
     assert all(o.status == 200 for o in free), [o for o in free if o.status != 200]
     print("\nprofiles:", {w: [round(c, 3) for c in p.get("coef", [])]
-                          for w, p in state.profiles.items()}, f"rescaled x{scale:.2f}")
+                          for w, p in state.profiler.outcomes.items()}, f"rescaled x{scale:.2f}")
     free_s = sorted(o.seconds for o in free)
     # The SLO: what the unadmitted burst met for only its first SLO_QUANTILE, measured here and
     # now (this shared machine's speed varies several-fold with other load, so no SLO fixed in

@@ -131,7 +131,7 @@ def test_a_restarted_router_routes_to_the_holders_from_its_snapshot(workers, tmp
 
     def started(state: RouterState) -> None:
         deadline = time.monotonic() + 60
-        while len(state.registry) < 2 or state.profiling_pending():
+        while len(state.registry) < 2 or state.profiler.pending():
             assert time.monotonic() < deadline, "router did not discover both workers"
             time.sleep(0.2)
         state.tokenizers.get(model).load()
@@ -146,7 +146,8 @@ def test_a_restarted_router_routes_to_the_holders_from_its_snapshot(workers, tmp
     state, server = _router(urls, index_snapshot=snap, profiles_file=profiles)
     try:
         started(state)
-        assert all(p["state"] == "restored" for p in state.profiles.values()), state.profiles
+        outcomes = state.profiler.outcomes
+        assert all(p["state"] == "restored" for p in outcomes.values()), outcomes
         for k, messages in convs.items():
             assert _history_pages(state, home[k], messages[:-1], model) > 200 // PAGE
         assert state.index.stats()["subscriber"]["batches"] == 0  # nothing new came in

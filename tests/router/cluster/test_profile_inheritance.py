@@ -12,7 +12,8 @@ import pytest
 from radix_global.ops import StorePages
 from radix_global.registration import WorkerInfo
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
-from router.cluster.profiling import ProfileBook, ProfileSample, fit_profile, inherited_model
+from router.cluster.profile_book import ProfileBook, inherited_model
+from router.cluster.profiling import ProfileSample, fit_profile
 from router.cluster.registry import Source
 from router.cluster.slots import worker_states
 from router.config import RouterConfig
@@ -39,7 +40,7 @@ def info(wid: str, namespace: str = NS, model: str = "tiny") -> WorkerInfo:
 def state_with_profiled_holder() -> RouterState:
     state = RouterState(RouterConfig.from_options(policy="conductor"))
     a = state.registry.add(info("a"), Source.REGISTERED, 0.0)
-    state.apply_profile(a, cpu_model())
+    state.profiler.apply(a, cpu_model())
     state.index.index.apply(StorePages(Namespace(NS), Location(WorkerId("a"), 0, Tier.GPU), None,
                                        PROMPT[:HELD]))
     return state
@@ -77,10 +78,10 @@ def test_own_profile_replaces_the_inherited_one_and_peers_without_one_follow():
     cost = state.routing.cost
     prior = PrefillModel().predict(1536, 0)
     assert cost.prefill_s(WorkerId("b"), 1536, 0) == pytest.approx(prior)  # nobody profiled
-    state.apply_profile(a, cpu_model(1e-3))  # b, still pending, follows a at once
+    state.profiler.apply(a, cpu_model(1e-3))  # b, still pending, follows a at once
     assert cost.prefill_s(WorkerId("b"), 1536, 0) == pytest.approx(
         cost.prefill_s(WorkerId("a"), 1536, 0), rel=1e-6)
-    state.apply_profile(b, cpu_model(3e-3))  # b's own curve wins; a keeps its own
+    state.profiler.apply(b, cpu_model(3e-3))  # b's own curve wins; a keeps its own
     assert cost.prefill_s(WorkerId("b"), 1536, 0) > 2.5 * cost.prefill_s(WorkerId("a"), 1536, 0)
     c = state.registry.add(info("c"), Source.REGISTERED, 0.0)  # mean of the two fitted peers
     mean = (cost.prefill_s(WorkerId("a"), 1536, 0) + cost.prefill_s(WorkerId("b"), 1536, 0)) / 2

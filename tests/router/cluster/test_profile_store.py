@@ -46,7 +46,7 @@ def test_a_restarted_router_prices_a_returning_worker_with_its_saved_profile(tmp
     state.registry.add(info(), Source.REGISTERED, 0.0)
     cost = state.routing.cost
     assert cost.prefill_model("w0").coef == pytest.approx(COEF)  # type: ignore[arg-type]
-    assert state.profiles["w0"]["state"] == "restored"
+    assert state.profiler.outcomes["w0"]["state"] == "restored"
     # Negative control: without the file the worker starts from the default prior.
     fresh = RouterState(RouterConfig.from_options(profile_max_tokens=1024))
     fresh.registry.add(info(), Source.REGISTERED, 0.0)
@@ -54,7 +54,8 @@ def test_a_restarted_router_prices_a_returning_worker_with_its_saved_profile(tmp
     # Another namespace (new weights) is profiled afresh, not priced with the old curve.
     other = RouterState(RouterConfig.from_options(profiles_file=str(path), profile_max_tokens=1024))
     other.registry.add(info(namespace="tiny@2"), Source.REGISTERED, 0.0)
-    assert "w0" not in other.profiles or other.profiles["w0"]["state"] != "restored"
+    outcomes = other.profiler.outcomes
+    assert "w0" not in outcomes or outcomes["w0"]["state"] != "restored"
 
 
 def test_a_fit_is_saved(tmp_path):

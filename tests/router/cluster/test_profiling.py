@@ -210,10 +210,10 @@ def test_router_profiles_a_worker_when_it_joins(upstreams, router_factory):
     router = router_factory(workers=(server.url,), profile_max_tokens=64, profile_sizes=2)
     router.wait_workers(1)
     deadline = time.monotonic() + 10
-    while router.state.profiling_pending() or not router.state.profiles:
-        assert time.monotonic() < deadline, router.state.profiles
+    while router.state.profiler.pending() or not router.state.profiler.outcomes:
+        assert time.monotonic() < deadline, router.state.profiler.outcomes
         time.sleep(0.05)
-    (wid, outcome), = router.state.profiles.items()
+    (wid, outcome), = router.state.profiler.outcomes.items()
     assert outcome["state"] == "done", outcome
     bodies = [b for path, b in peer.requests if path == "/generate"]
     # warm-up, then per size (64, 32 tokens): cold, prefix, prefix + rest
