@@ -48,6 +48,7 @@ from radix_global.options import load_config_file as options_file
 from router.cluster.discovery import ModelOverrides
 from router.cluster.engine_loads import EngineLoadConfig
 from router.cluster.health import HealthConfig
+from router.cluster.profiling import ProfilingConfig
 from router.cluster.replication import WarmConfig
 from router.cluster.warming import JoinWarmConfig
 from router.coordination.config import CoordinationConfig
@@ -156,21 +157,6 @@ class KeyingConfig:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lora_paths", parse_lora_paths(self.lora_paths))
-
-
-@dataclass(frozen=True)
-class ProfilingConfig:
-    """Prefill-model bootstrap (router/cluster/profiling.py).
-
-    Timed 1-token generations when a worker joins (at most the engine's KV capacity); fitted
-    profiles kept across restarts (router/cluster/profile_store.py)."""
-
-    max_tokens: Annotated[int, opt(
-        "prefill profiling on worker join up to this many tokens; 0 = off", ge=0)] = 2048
-    sizes: Annotated[int, opt("input lengths profiled (halving)", ge=1)] = 3
-    file: Annotated[str | None, opt(
-        "save fitted profiles here; a returning worker is priced with its saved one",
-        name="profiles_file")] = None
 
 
 @dataclass(frozen=True)

@@ -20,17 +20,18 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, NamedTuple, Protocol
+from typing import Annotated, Any, NamedTuple, Protocol
 
 import httpx
 import numpy as np
 
+from radix_global.options import opt
 from radix_global.types import WorkerId
 from router.cluster.profile_book import ProfileBook
 from router.cluster.profile_store import ProfileStore
 from router.cluster.registry import WorkerEntry, WorkerRegistry
-from router.config import ProfilingConfig
 from router.routing.cost import CostModel
 from router.routing.prefill_model import PrefillModel, ProfilePoint, profile_plan
 
@@ -126,6 +127,21 @@ async def profile_worker(client: httpx.AsyncClient, url: str, page_size: int,
         seconds = await _generate(client, url, ids, timeout_s, model)
         samples.append(ProfileSample(point.input_tokens, point.prefix_tokens, seconds))
     return samples
+
+
+@dataclass(frozen=True)
+class ProfilingConfig:
+    """Prefill-model bootstrap (router/cluster/profiling.py).
+
+    Timed 1-token generations when a worker joins (at most the engine's KV capacity); fitted
+    profiles kept across restarts (router/cluster/profile_store.py)."""
+
+    max_tokens: Annotated[int, opt(
+        "prefill profiling on worker join up to this many tokens; 0 = off", ge=0)] = 2048
+    sizes: Annotated[int, opt("input lengths profiled (halving)", ge=1)] = 3
+    file: Annotated[str | None, opt(
+        "save fitted profiles here; a returning worker is priced with its saved one",
+        name="profiles_file")] = None
 
 
 class ProfileState(StrEnum):

@@ -39,7 +39,7 @@ from typing import Any, Protocol
 from radix_global.types import PoolId, Role, WorkerId
 from router.pd.protocol import PdConfig, PdError, PdMode, PdUtilization
 from router.pd.run import DataPlane, PdFailed, PdRun
-from router.routing.contract import IndexView, RouteRequest, WorkerState
+from router.routing.contract import IndexView, RejectReason, RouteRequest, WorkerState
 from router.routing.decode_select import DecodeSelector
 
 __all__ = ["DataPlane", "IndexPoolProbe", "PdFailed", "PdOrchestrator", "PdRejected", "PdRun",
@@ -47,10 +47,10 @@ __all__ = ["DataPlane", "IndexPoolProbe", "PdFailed", "PdOrchestrator", "PdRejec
 
 
 class PdRejected(Exception):
-    """No decode worker can take the request (reason: ``tbt_slo`` | ``decode_kv`` | ``no_workers``);
+    """No decode worker can take the request (``TBT_SLO``, ``DECODE_KV`` or ``NO_WORKERS``);
     raised before the prefill starts."""
 
-    def __init__(self, reason: str, predicted_tbt_s: float | None = None) -> None:
+    def __init__(self, reason: RejectReason, predicted_tbt_s: float | None = None) -> None:
         super().__init__(f"rejected before prefill: {reason}")
         self.reason, self.predicted_tbt_s = reason, predicted_tbt_s
 
@@ -97,7 +97,7 @@ class PdOrchestrator:
         self.probe, self.tbt_slo_s, self.clock, self.sleep = probe, tbt_slo_s, clock, sleep
         self.on_refused, self.on_answered = on_refused, on_answered
         self.util = PdUtilization(config)
-        self._last_reject: tuple[str, float | None] = ("no_workers", None)
+        self._last_reject: tuple[RejectReason, float | None] = (RejectReason.NO_WORKERS, None)
 
     def pick_decode(self, req: RouteRequest, decodes: Sequence[WorkerState],
                     excluded: frozenset[str] | set[str] = frozenset()) -> WorkerState | None:
@@ -107,7 +107,7 @@ class PdOrchestrator:
         tbt = req.tbt_slo_s if req.tbt_slo_s is not None else self.tbt_slo_s
         choice = self.selector.choose(req, live, tbt)
         if not choice.accepted or choice.worker_id is None:
-            self._last_reject = (choice.reason, choice.predicted_tbt_s)
+            self._last_reject = (choice.reason or RejectReason.NO_WORKERS, choice.predicted_tbt_s)
             return None
         self.selector.reserve(req.request_id, (choice.worker_id, choice.dp_rank),
                               choice.reserve_tokens)
@@ -124,7 +124,7 @@ class PdOrchestrator:
         if req.namespace != prefill.namespace:
             raise PdFailed(f"prefill worker {prefill.worker_id} serves {prefill.namespace}, "
                            f"not {req.namespace}")
-        self._last_reject = ("no_workers", None)
+        self._last_reject = (RejectReason.NO_WORKERS, None)
         decode = next((d for d in decodes if d.worker_id == chosen and d.accepting), None)
         if decode is not None:
             self.selector.reserve(req.request_id, decode.slot, self.selector.needed_tokens(req))

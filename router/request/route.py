@@ -17,8 +17,8 @@ from router.cluster.registry import WorkerEntry
 from router.cluster.slots import worker_states
 from router.request.finish import client_gone, remember
 from router.request.inbound import Inbound
-from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO, TTFT_SLO, reject, ttft_excess
-from router.routing.contract import Decision, RouteRequest
+from router.routing.admission import reject, ttft_excess
+from router.routing.contract import Decision, RejectReason, RouteRequest
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
 from router.transport.proxy import ClientGone, until_disconnect
@@ -69,7 +69,7 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
         excess = ttft_excess(req, estimate.predicted_ttft_s
                              + dispatcher.wait_s(inbound.model, priced.cost_s), slo)
         if excess is not None:
-            return _answer(state, inbound, reject(req, estimate.policy, TTFT_SLO,
+            return _answer(state, inbound, reject(req, estimate.policy, RejectReason.TTFT_SLO,
                                                   slo.retry_after_s(excess),
                                                   estimate.candidates))
     try:
@@ -118,13 +118,16 @@ def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | 
 def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed | Response:
     """A decision as the worker to send to, or as the answer that refuses the request."""
     clock, m, model = state.clock, state.metrics, inbound.model
-    outcome = "accepted" if decision.accepted else (decision.reason or "rejected")
+    # accepted, or the reason (a rejection always has one; "rejected" guards a policy that
+    # forgot it)
+    outcome = "accepted" if decision.accepted else str(decision.reason or "rejected")
     m.decision(model, outcome).inc()
     state.totals[f"decision_{outcome}"] += 1
     if not decision.accepted:
-        if decision.reason in (DECODE_KV, TBT_SLO):  # PD admission: for the utilisation report
+        # PD admission, for the utilisation report
+        if decision.reason in (RejectReason.DECODE_KV, RejectReason.TBT_SLO):
             state.pd_util.rejected_before_prefill += 1
-        if decision.reason == NO_WORKERS:
+        if decision.reason is RejectReason.NO_WORKERS:
             return error_response(503, f"no healthy worker for model {model!r}",
                                   ErrorType.UNAVAILABLE)
         retry = decision.retry_after_s if decision.retry_after_s is not None else 1.0

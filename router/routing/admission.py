@@ -15,12 +15,7 @@ from dataclasses import dataclass
 from typing import Annotated
 
 from radix_global.options import opt
-from router.routing.contract import CandidateEstimate, Decision, RouteRequest
-
-TTFT_SLO = "ttft_slo"
-TBT_SLO = "tbt_slo"
-DECODE_KV = "decode_kv"
-NO_WORKERS = "no_workers"
+from router.routing.contract import CandidateEstimate, Decision, RejectReason, RouteRequest
 
 
 @dataclass(frozen=True)
@@ -92,7 +87,7 @@ def ttft_excess(req: RouteRequest, ttft_s: float, slo: SloConfig) -> float | Non
 def reject(
     req: RouteRequest,
     policy: str,
-    reason: str,
+    reason: RejectReason,
     retry_after_s: float | None,
     candidates: Sequence[CandidateEstimate] = (),
 ) -> Decision:

@@ -21,6 +21,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import ClassVar, NamedTuple, Protocol
 
 from radix_global.ops import MatchResult
@@ -102,6 +103,16 @@ class CandidateEstimate(NamedTuple):
     load: int  # outstanding requests (ties are broken by this)
 
 
+class RejectReason(StrEnum):
+    """Why the router answered 429 before any engine saw the request (the message and the
+    ``decision_<reason>`` counter)."""
+
+    TTFT_SLO = "ttft_slo"  # predicted to miss its TTFT SLO everywhere
+    TBT_SLO = "tbt_slo"  # PD: no decode slot would meet its TBT SLO
+    DECODE_KV = "decode_kv"  # PD: no decode slot has KV room for it
+    NO_WORKERS = "no_workers"  # nothing serves its model (or everything is draining)
+
+
 class Decision(NamedTuple):
     """A policy's answer: a route (``accepted``) or a rejection with reason and retry hint."""
 
@@ -119,7 +130,7 @@ class Decision(NamedTuple):
     predicted_transfer_s: float = 0.0
     decode_worker_id: WorkerId | None = None  # PD disaggregation: the paired decode slot
     decode_dp_rank: int = 0
-    reason: str = ""  # rejection reason: "ttft_slo" | "tbt_slo" | "no_workers" | "decode_kv"
+    reason: RejectReason | None = None  # why it was rejected (None: accepted)
     retry_after_s: float | None = None
     candidates: tuple[CandidateEstimate, ...] = ()  # every slot considered (metrics, debugging)
 
@@ -179,7 +190,7 @@ class RoutingPolicy(ABC):
         self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
     ) -> Decision:
         """Pick a slot among ``workers`` for ``req`` (or reject). Never raises for an empty or
-        all-draining list: that is ``Decision(accepted=False, reason="no_workers")``."""
+        all-draining list: that is ``Decision(accepted=False, reason=RejectReason.NO_WORKERS)``."""
 
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:  # noqa: B027
         """The request was forwarded as decided."""
@@ -214,7 +225,7 @@ def slot_load(worker: WorkerState, view: ClusterView) -> int:
 
 
 def no_workers(req: RouteRequest, policy: str) -> Decision:
-    return Decision(req.request_id, policy, accepted=False, reason="no_workers")
+    return Decision(req.request_id, policy, accepted=False, reason=RejectReason.NO_WORKERS)
 
 
 def route_to(req: RouteRequest, policy: str, worker: WorkerState, view: ClusterView,

@@ -16,8 +16,7 @@ from typing import Annotated, NamedTuple
 
 from radix_global.options import opt
 from radix_global.types import Role, WorkerId
-from router.routing.admission import DECODE_KV, NO_WORKERS, TBT_SLO
-from router.routing.contract import RouteRequest, Slot, WorkerState
+from router.routing.contract import RejectReason, RouteRequest, Slot, WorkerState
 
 
 @dataclass(frozen=True)
@@ -55,7 +54,7 @@ class DecodeChoice(NamedTuple):
     dp_rank: int = 0
     predicted_tbt_s: float | None = None
     reserve_tokens: int = 0
-    reason: str = ""  # "tbt_slo" | "decode_kv" | "no_workers"
+    reason: RejectReason | None = None  # TBT_SLO, DECODE_KV or NO_WORKERS when refused
 
 
 class _Reservation(NamedTuple):
@@ -97,16 +96,16 @@ class DecodeSelector:
         decode = [w for w in workers
                   if w.accepting and w.role == Role.DECODE and w.namespace == req.namespace]
         if not decode:
-            return DecodeChoice(False, reason=NO_WORKERS)
+            return DecodeChoice(False, reason=RejectReason.NO_WORKERS)
         need = self.needed_tokens(req)
         fits = [w for w in decode if _fits(self.free_tokens(w), need)]
         if not fits:
-            return DecodeChoice(False, reason=DECODE_KV)
+            return DecodeChoice(False, reason=RejectReason.DECODE_KV)
         # The new request joins the batch, hence + 1.
         scored = [(self.config.tbt.predict(self.batch_size(w) + 1), w) for w in fits]
         ok = [(t, w) for t, w in scored if tbt_slo_s is None or t <= tbt_slo_s]
         if not ok:
-            return DecodeChoice(False, reason=TBT_SLO,
+            return DecodeChoice(False, reason=RejectReason.TBT_SLO,
                                 predicted_tbt_s=min(t for t, _ in scored))
         tbt, best = min(ok, key=lambda tw: (tw[0], -(self.free_tokens(tw[1]) or 0), tw[1].slot))
         return DecodeChoice(True, best.worker_id, best.dp_rank, tbt, need)

@@ -18,6 +18,7 @@ from router.routing.contract import (
     ClusterView,
     Decision,
     IndexView,
+    RejectReason,
     RouteRequest,
     RoutingPolicy,
     WorkerState,
@@ -72,7 +73,8 @@ class PolicyDriver:
             pick = self.decode.choose(req, workers, self.slo.tbt_for(req))
             if not pick.accepted:
                 retry = self.slo.retry_after_s(0.0)
-                return reject(req, decision.policy, pick.reason, retry, decision.candidates)
+                return reject(req, decision.policy, pick.reason or RejectReason.NO_WORKERS,
+                              retry, decision.candidates)
             if pick.worker_id is not None:
                 decision = decision._replace(
                     decode_worker_id=pick.worker_id, decode_dp_rank=pick.dp_rank

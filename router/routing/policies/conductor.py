@@ -45,12 +45,13 @@ from collections.abc import Sequence
 from radix_global.ops import IndexRefusal, MatchResult
 from radix_global.pool_ids import is_segment, store_of
 from radix_global.types import HolderId, PageKey, PoolId, WorkerId
-from router.routing.admission import TTFT_SLO, SloConfig, check_ttft, reject
+from router.routing.admission import SloConfig, check_ttft, reject
 from router.routing.contract import (
     CandidateEstimate,
     ClusterView,
     Decision,
     PolicyConfigError,
+    RejectReason,
     RouteRequest,
     RoutingPolicy,
     Slot,
@@ -122,7 +123,8 @@ class ConductorPolicy(RoutingPolicy):
         best = self._pick(estimates, [p[0] for p in priced], n)
         excess = check_ttft(req, best, self.slo)
         if excess is not None:
-            return reject(req, self.name, TTFT_SLO, self.slo.retry_after_s(excess), estimates)
+            return reject(req, self.name, RejectReason.TTFT_SLO, self.slo.retry_after_s(excess),
+                          estimates)
         return Decision(
             req.request_id, self.name, accepted=True, worker_id=best.worker_id,
             dp_rank=best.dp_rank,
