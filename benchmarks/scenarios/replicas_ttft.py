@@ -67,11 +67,13 @@ METRICS = ("ttft_mean_s", "ttft_p90_s", "prefix_reuse_fraction", "hold_mean_s")
 ROUTER_IDS = "ab"
 
 
-def router_spec(index: int, coordination: str | None) -> RouterSpec:
-    if coordination is None:
-        return RouterSpec("ours", "conductor")
-    return RouterSpec("ours", "conductor", {"--coordination": coordination,
-                                            "--coordination-router-id": ROUTER_IDS[index]})
+def router_spec(index: int, coordination: str | None, dispatch: str | None = None
+                ) -> RouterSpec:
+    options = {"--dispatch": dispatch} if dispatch else {}
+    if coordination is not None:
+        options |= {"--coordination": coordination,
+                    "--coordination-router-id": ROUTER_IDS[index]}
+    return RouterSpec("ours", "conductor", options)
 
 
 def no_worse(values: list[float], reference: list[float]) -> bool:
@@ -82,13 +84,15 @@ def no_worse(values: list[float], reference: list[float]) -> bool:
 class ReplicaRuns:
     """One engine set; routers and Redis started fresh per configuration and round."""
 
-    def __init__(self, cluster: LocalCluster, cfg: BenchConfig, work: Path) -> None:
-        self.cluster, self.cfg, self.work = cluster, cfg, work
+    def __init__(self, cluster: LocalCluster, cfg: BenchConfig, work: Path,
+                 dispatch: str | None = None) -> None:
+        self.cluster, self.cfg, self.work, self.dispatch = cluster, cfg, work, dispatch
         self.ports = [free_port() for _ in ROUTER_IDS]
         self.engines: Engines | None = None
 
     def _routers(self, n: int, coordination: str | None) -> list[Proc]:
-        return [self.cluster.start_router(router_spec(i, coordination), None, port=self.ports[i],
+        return [self.cluster.start_router(router_spec(i, coordination, self.dispatch), None,
+                                          port=self.ports[i],
                                           tag=f"{ROUTER_IDS[i]}-", model_dir=self.cfg.model_dir)
                 for i in range(n)]
 
@@ -167,6 +171,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--duration-s", type=float, default=60.0)
     p.add_argument("--engines", type=int, default=2)
     p.add_argument("--quick", action="store_true", help="4 conversations over 30 s")
+    p.add_argument("--dispatch", default=None, help="every router's --dispatch (default: its "
+                   "own, highest_ratio; off: no dispatch gate, to separate its share)")
     p.add_argument("--json", default=str(RESULT))
     args = p.parse_args(sys.argv[1:] if argv is None else argv)
     cfg = BenchConfig(args.trace, args.model_dir, conversations=args.conversations,
@@ -185,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = REPO / "build" / f"replicas-ttft-{stamp}"
     runs: list[dict[str, Any]] = []
     with LocalCluster(run_dir) as cluster:
-        bench = ReplicaRuns(cluster, cfg, run_dir)
+        bench = ReplicaRuns(cluster, cfg, run_dir, args.dispatch)
         for r in range(args.rounds):
             for n in rotated(CONFIGS, r):
                 summary = bench.run(int(n), plan, kv_bytes, label=f"round {r}, {n} router(s)")
