@@ -44,6 +44,7 @@ from benchmarks.scenarios.bench import (
     warm_up,
 )
 from radix_global_tools.cluster.local import (
+    ClusterError,
     Engines,
     EngineSet,
     LocalCluster,
@@ -74,6 +75,11 @@ def router_spec(index: int, coordination: str | None, dispatch: str | None = Non
         options |= {"--coordination": coordination,
                     "--coordination-router-id": ROUTER_IDS[index]}
     return RouterSpec("ours", "conductor", options)
+
+
+def num(value: float | None) -> str:
+    """A measured value, or ``-`` when a run had nothing to measure it on (no request ok)."""
+    return "-" if value is None else f"{value:.3f}"
 
 
 def no_worse(values: list[float], reference: list[float]) -> bool:
@@ -112,7 +118,9 @@ class ReplicaRuns:
                 urls = ",".join(f"http://127.0.0.1:{p}" for p in self.ports)
                 self.engines = self.cluster.start_engines(spec, router_url=urls, tag="ours-")
                 warm_up(self.engines)
-            flush_caches(self.engines.urls)
+            refused = flush_caches(self.engines.urls)
+            if refused:  # a warm start would bias the comparison: the run is not measured
+                raise ClusterError(f"engines refused to flush their caches: {refused}")
             clear_pool(self.engines)
             for router in routers:
                 self.cluster.wait_workers(router, len(self.engines.procs))
@@ -196,10 +204,10 @@ def main(argv: list[str] | None = None) -> int:
             for n in rotated(CONFIGS, r):
                 summary = bench.run(int(n), plan, kv_bytes, label=f"round {r}, {n} router(s)")
                 runs.append({"round": r, "routers": n, **summary})
-                print(f"round {r}, {n} router(s): TTFT mean {summary['ttft_mean_s']:.3f} s, "
-                      f"p90 {summary['ttft_p90_s']:.3f} s, reuse "
-                      f"{summary['prefix_reuse_fraction']:.1%}, held {summary['held']} (mean "
-                      f"{summary['hold_mean_s']:.3f} s), ok {summary['ok']}, failed "
+                print(f"round {r}, {n} router(s): TTFT mean {num(summary['ttft_mean_s'])} s, "
+                      f"p90 {num(summary['ttft_p90_s'])} s, reuse "
+                      f"{num(summary['prefix_reuse_fraction'])}, held {summary['held']} (mean "
+                      f"{num(summary['hold_mean_s'])} s), ok {summary['ok']}, failed "
                       f"{summary['failed']}, rejected {summary['rejected']}", flush=True)
     rows = summarize_rounds(runs)
     print(f"\n{'routers':>7} {'TTFT mean s':>22} {'TTFT p90 s':>22} {'prefix reuse':>22} "

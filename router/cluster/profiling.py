@@ -195,7 +195,9 @@ class Profiler:
                 self.start(entry)
 
     def left(self, worker_id: str) -> None:
+        """Forgotten: its profile (a measurement still running ends unused, never pending)."""
         self.book.left(worker_id)
+        self.outcomes.pop(worker_id, None)
 
     def shared(self, entry: WorkerEntry, coef: tuple[float, ...]) -> None:
         """A profile another router fitted (the leader profiles joining workers)."""

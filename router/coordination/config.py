@@ -39,6 +39,11 @@ class CoordinationConfig:
         "one call to the service; past it the router routes on its last view", gt=0)] = 0.5
 
     def __post_init__(self) -> None:
+        rid = self.router_id
+        if rid is not None and (not rid or len(rid) > 128 or not rid.isprintable()
+                                or any(c.isspace() for c in rid)):
+            raise ValueError(f"coordination_router_id must be 1-128 printable characters "
+                             f"without spaces, got {rid[:140]!r}")
         if self.url is not None and not self.url.startswith(("redis://", "rediss://",
                                                              "unix://")):
             raise ValueError(f"coordination_url must be redis://, rediss:// or unix://, got "

@@ -254,8 +254,9 @@ class Coordinator:
     async def _notice(self, data: Any) -> None:
         try:
             notice = rec.parse_notice(data)
-        except rec.RecordError as exc:
-            self.reader.refuse("notice", str(data)[:120], exc)
+        except rec.RecordError as exc:  # logged once per writer and kind, not per message
+            text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
+            self.reader.refuse("notice", text.partition(":")[0][:120], exc)
             return
         kind, ident = notice.kind, notice.ident
         if notice.writer == self.router_id or kind not in RESYNCED:

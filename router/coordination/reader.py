@@ -1,5 +1,6 @@
 """What a router does with a record read from the coordination service: refuse it (counted,
-logged once per key), or hand it to the router's :class:`SharedState`. Pure: no I/O.
+logged once per key), or hand it to the router's :class:`SharedState`. No I/O of its own
+(``on_peer_load`` may release requests the dispatch gate holds).
 
 A complete read of one kind (every id its index set lists) also says what is gone:
 :meth:`Reader.present` hands the ids to the router, which drops what it took from the service
@@ -114,10 +115,11 @@ class Reader:
             self.shared.profile_seen(rec.decode(raw, rec.ProfileRecord))
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
-            if self.peers.update(ident, load.seq, rec.load_slots(load), self.clock()):
-                self._peer_load()
-            else:
+            ended = self.peers.update(ident, load.seq, rec.load_slots(load), self.clock())
+            if ended is None:
                 self.peers.refreshed(ident, self.clock())
+            elif ended:  # room another router's prefills freed
+                self._peer_load()
 
     def _peer_load(self) -> None:
         if self.on_peer_load is not None:

@@ -46,7 +46,8 @@ class Kind(StrEnum):
 
 class Notice(NamedTuple):
     """One message on the changes channel: ``<writer> <kind>:<id>``, and for a load record the
-    record itself after a newline (``inline``; empty: the reader reads the key)."""
+    record itself after a newline (``inline``; empty: the reader reads the key). Only a load
+    notice is split at a newline: any other id is taken whole, whatever it contains."""
 
     writer: str
     kind: Kind
@@ -62,15 +63,17 @@ def parse_notice(data: bytes | str) -> Notice:
     """A message from the changes channel; :class:`RecordError` when it names no kind we know
     or no id."""
     text = data.decode(errors="replace") if isinstance(data, bytes) else str(data)
-    head, _, inline = text.partition("\n")
-    writer, _, name = head.partition(" ")
+    writer, _, name = text.partition(" ")
     kind_text, _, ident = name.partition(":")
-    if not writer or not ident:
-        raise RecordError(f"a notice names no writer or no id: {head[:120]!r}")
     try:
         kind = Kind(kind_text)
     except ValueError:
-        raise RecordError(f"a notice names an unknown kind {kind_text!r}") from None
+        raise RecordError(f"a notice names an unknown kind {kind_text[:40]!r}") from None
+    inline = ""
+    if kind is Kind.LOAD:
+        ident, _, inline = ident.partition("\n")
+    if not writer or not ident:
+        raise RecordError(f"a notice names no writer or no id: {text[:120]!r}")
     return Notice(writer, kind, ident, inline)
 
 

@@ -90,7 +90,9 @@ class LoadView:
 
     def fitted_elsewhere(self, worker_id: str, namespace: str) -> tuple[float, ...] | None:
         """A prefill profile the leader fitted, read from the service."""
-        return self.shared.profiles.get((worker_id, namespace)) if self.shared else None
+        if self.shared is None:
+            return None
+        return self.shared.profiles.get((worker_id, namespace))
 
     def fitted_here(self, worker_id: str, namespace: str, coef: tuple[float, ...]) -> None:
         if self.writes is not None:

@@ -104,8 +104,8 @@ class CandidateEstimate(NamedTuple):
 
 
 class RejectReason(StrEnum):
-    """Why the router answered 429 before any engine saw the request (the message and the
-    ``decision_<reason>`` counter)."""
+    """Why the router refused a request before any engine saw it (429, or 503 for
+    ``NO_WORKERS``; the message and the ``decision_<reason>`` counter)."""
 
     TTFT_SLO = "ttft_slo"  # predicted to miss its TTFT SLO everywhere
     TBT_SLO = "tbt_slo"  # PD: no decode slot would meet its TBT SLO

@@ -84,12 +84,13 @@ class PeerLoads:
         self._oldest: float | None = None  # receive time of the oldest publication counted
 
     def update(self, router_id: str, seq: int, slots: Mapping[Slot, SlotLoad],
-               now: float) -> bool:
+               now: float) -> int | None:
         """Count ``slots`` (a peer's publication number ``seq``) instead of that peer's previous
-        one. False if it is not newer than the one counted (a notice for an older write)."""
+        one: how many of its prefills ended since (they freed room a held request may take);
+        None if it is not newer than the one counted (a notice for an older write)."""
         old = self._peers.get(router_id)
         if old is not None and seq <= old.seq:
-            return False
+            return None
         kept = {slot: load for slot, load in slots.items()
                 if min(load[:5]) >= 0 and slot[1] >= 0}  # never a negative contribution
         self._drop(router_id)
@@ -97,7 +98,10 @@ class PeerLoads:
         for slot, load in kept.items():
             self._total[slot] = self._total.get(slot, NO_LOAD).plus(load)
         self._oldest = min(p.at for p in self._peers.values())
-        return True
+        if old is None:
+            return 0
+        return sum(max(0, load.prefilling - (kept[slot].prefilling if slot in kept else 0))
+                   for slot, load in old.slots.items())
 
     def refreshed(self, router_id: str, now: float) -> None:
         """The peer's record is unchanged and still live (its key was refreshed)."""

@@ -1,5 +1,6 @@
 """A worker joining while its peers are profiled is priced with their fitted prefill curve until
-its own profile is fitted (router/cluster/profiling.py ``ProfileBook``, wired in router/state.py).
+its own profile is fitted (router/cluster/profile_book.py ``ProfileBook``, used by
+router/cluster/profiling.py ``Profiler``).
 
 Decision difference with the real conductor: a request whose prefix a profiled CPU worker holds
 goes there, not to the newcomer, whose default GPU-like prior would price a cold prefill below

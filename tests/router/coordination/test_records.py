@@ -84,3 +84,34 @@ def test_notices_round_trip_with_and_without_the_record_inline():
 def test_malformed_notices_are_refused(raw):
     with pytest.raises(RecordError):
         rec.parse_notice(raw)
+
+
+def test_only_a_load_notice_is_split_at_a_newline():
+    odd = rec.Notice("r1", Kind.WORKER, "w\nx")  # not a load: the whole id, never an inline part
+    assert rec.parse_notice(odd.encode()) == odd
+
+
+def test_a_peers_load_is_applied_from_its_notice_without_a_read():
+    import asyncio
+
+    from router.coordination.config import CoordinationConfig
+    from router.coordination.link import Coordinator
+
+    class NoReads:
+        async def get(self, key: str) -> bytes:
+            raise AssertionError(f"read {key}: the notice carried the record")
+
+    ended: list[int] = []
+    coord = Coordinator(CoordinationConfig(url="redis://127.0.0.1:1/0"), "me", "v", "d",
+                        shared=None, own_load=dict)  # type: ignore[arg-type]
+    coord.redis = NoReads()  # type: ignore[assignment]
+    coord.reader.on_peer_load = lambda: ended.append(1)
+    slot = (WorkerId("w1"), 0)
+    for seq, prefilling in ((1, 2), (2, 1)):
+        record = rec.encode(rec.load_record("peer", seq, {slot: SlotLoad(2, prefilling)}))
+        notice = rec.Notice("peer", Kind.LOAD, "peer", record.decode())
+        asyncio.run(coord._notice(notice.encode()))
+    assert coord.peers.load(slot, 0.0)[:2] == (2, 1)
+    assert ended == [1]  # the second publication ended one prefill: the gate is pumped once
+    asyncio.run(coord._notice(b"peer nosuchkind:x"))
+    assert coord.refused["notice"] == 1

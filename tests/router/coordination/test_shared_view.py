@@ -159,7 +159,7 @@ def test_one_routers_in_flight_work_is_in_the_others_view(router_factory, upstre
         delay = time.monotonic() - start
         load = b.state.view.peer(slot)
         assert seen and load.requests == 1 and load.prefill_tokens > 0
-        assert delay < 1.0  # publication every 0.05 s plus a notice and a read
+        assert delay < 1.0  # publication every 0.05 s plus its notice (the record rides on it)
         (state,) = worker_states(b.state.registry.all(), view=b.state.view)
         assert (state.peer_requests, state.peer_prefill_tokens) == (1, load.prefill_tokens)
     finally:

@@ -24,7 +24,10 @@ def test_the_kept_sum_equals_a_brute_force_sum(steps):
         now += dt
         if op == "update":
             seq += 1
-            assert view.update(router, seq, slots, now)
+            before = model.get(router, (now, {}))[1]
+            ended = sum(max(0, x.prefilling - slots.get(s, NO_LOAD).prefilling)
+                        for s, x in before.items())
+            assert view.update(router, seq, slots, now) == ended  # prefills that ended
             model[router] = (now, {s: x for s, x in slots.items() if not x.empty})
         elif op == "drop":
             view.drop(router)
@@ -46,9 +49,9 @@ def test_the_kept_sum_equals_a_brute_force_sum(steps):
 
 def test_an_older_publication_is_not_counted():
     view, slot = PeerLoads(1.0), SLOTS[0]
-    assert view.update("r", 5, {slot: SlotLoad(requests=2)}, 0.0)
-    assert not view.update("r", 4, {slot: SlotLoad(requests=9)}, 0.1)
-    assert not view.update("r", 5, {slot: SlotLoad(requests=9)}, 0.1)  # a refreshed one
+    assert view.update("r", 5, {slot: SlotLoad(requests=2)}, 0.0) == 0
+    assert view.update("r", 4, {slot: SlotLoad(requests=9)}, 0.1) is None
+    assert view.update("r", 5, {slot: SlotLoad(requests=9)}, 0.1) is None  # a refreshed one
     assert view.load(slot, 0.5) == SlotLoad(requests=2, age_s=0.5)
     view.refreshed("r", 0.9)
     assert view.expire(1.5) == [] and view.expire(2.0) == ["r"]
