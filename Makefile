@@ -1,6 +1,9 @@
 # Two commands on a fresh machine: `make demo` (the main job) and `make test`.
 PY := .venv/bin/python
 export PYTHONHASHSEED := 0
+# The unit tests run on this many processes (pytest-xdist): both cores of the 2-core machines
+# they are budgeted on; the end-to-end tests run one at a time (they time real engines).
+UNIT_WORKERS ?= 2
 
 .PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench bench-pressure model
 
@@ -19,11 +22,11 @@ demo: bootstrap
 
 # The vLLM venv is needed by the router's end-to-end test in front of real vLLM workers.
 test: bootstrap bootstrap-vllm lint
-	$(PY) -m pytest -m "not e2e" -q
+	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
 	$(PY) -m pytest -m "e2e" -q
 
 test-unit: bootstrap
-	$(PY) -m pytest -m "not e2e" -q
+	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
 
 test-e2e: bootstrap bootstrap-vllm
 	$(PY) -m pytest -m "e2e" -q
