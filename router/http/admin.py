@@ -25,7 +25,7 @@ from router.cluster.discovery import ServerInfoError, check_server_info, model_o
 from router.cluster.registry import RegistryError, Source
 from router.request.handler import read_body
 from router.state import RouterState, key_mismatch
-from router.transport.errors import ErrorType, error_response
+from router.transport.errors import ErrorType, HttpError, error_response
 
 # Headers by which some proxy says who the client was: their presence means the loopback peer
 # may be a proxy speaking for anyone (the server never rewrites the peer from them).
@@ -120,12 +120,15 @@ def _coordination(state: RouterState) -> dict[str, Any] | None:
 
 
 def guard(state: RouterState, fn: Any) -> Any:
-    """``fn`` behind the admin check; a registry refusal is its status, a gone client 499."""
+    """``fn`` behind the admin check; a refusal (``HttpError``, a registry's) is its status, a gone
+    client 499."""
     async def endpoint(request: Request) -> Response:
         if not _authorized(state, request):
             return error_response(401, "admin token required", ErrorType.AUTHENTICATION)
         try:
             return await fn(request)
+        except HttpError as exc:
+            return exc.response()
         except RegistryError as exc:
             return error_response(exc.status, str(exc))
         except ClientDisconnect:
@@ -138,9 +141,7 @@ def admin_routes(state: RouterState) -> list[Route]:
         return guard(state, fn)
 
     async def register(request: Request) -> Response:
-        body = await read_body(request, ADMIN_BODY_MAX_BYTES)
-        if body is None:
-            return error_response(413, f"registration larger than {ADMIN_BODY_MAX_BYTES} bytes")
+        body = await read_body(request, ADMIN_BODY_MAX_BYTES, "registration")
         try:
             info = decode_worker_info(body)
             if not _loopback_peer(request) or _proxied(request):  # from another host

@@ -19,7 +19,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from router.http.admin import admin_routes
 from router.http.shared_prefixes import shared_prefix_routes
-from router.keying.prompt import CHAT, COMPLETION, GENERATE
+from router.keying.request_body import RequestKind
 from router.request.handler import handle
 from router.state import RouterState
 from router.transport.errors import ErrorType, error_response
@@ -31,7 +31,7 @@ def build_app(state: RouterState) -> ASGIApp:
     """The router's ASGI app. The three inference routes are dispatched before starlette's
     router and middleware (a dict lookup instead of route matching and two middleware layers per
     request: a visible share of a forwarded request's router time); the rest is starlette's."""
-    async def _guarded(scope: Scope, receive: Receive, send: Send, kind: str, path: str
+    async def _guarded(scope: Scope, receive: Receive, send: Send, kind: RequestKind, path: str
                        ) -> None:
         try:
             response = await handle(state, Request(scope, receive), kind, path)
@@ -86,9 +86,9 @@ def build_app(state: RouterState) -> ASGIApp:
         *shared_prefix_routes(state),
     ]
     rest = Starlette(routes=routes, lifespan=lifespan)
-    inference = {"/v1/completions": (COMPLETION, "/v1/completions"),
-                 "/v1/chat/completions": (CHAT, "/v1/chat/completions"),
-                 "/generate": (GENERATE, "/generate")}
+    inference = {"/v1/completions": (RequestKind.COMPLETION, "/v1/completions"),
+                 "/v1/chat/completions": (RequestKind.CHAT, "/v1/chat/completions"),
+                 "/generate": (RequestKind.GENERATE, "/generate")}
 
     async def app(scope: Scope, receive: Receive, send: Send) -> None:
         hit = inference.get(scope["path"]) if scope["type"] == "http" else None

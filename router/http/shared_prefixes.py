@@ -33,9 +33,7 @@ def shared_prefix_routes(state: RouterState) -> list[Route]:
         return JSONResponse({"shared_prefixes": [s.to_json() for s in prefixes.specs()]})
 
     async def add(request: Request) -> Response:
-        body = await read_body(request, PREFIX_BODY_MAX_BYTES)
-        if body is None:
-            return error_response(413, f"shared prefix larger than {PREFIX_BODY_MAX_BYTES} bytes")
+        body = await read_body(request, PREFIX_BODY_MAX_BYTES, "shared prefix")
         try:
             data: Any = json.loads(body)
         except (ValueError, RecursionError):

@@ -35,16 +35,6 @@ def resolve_model(requested: str, served: Collection[str]) -> ModelRef | None:
     return ModelRef(best, adapter or None)
 
 
-def request_adapter(payload: Mapping[str, Any], from_model: str | None) -> str | None:
-    """The adapter of the request's (first) prompt: the model's suffix, else ``lora_path``."""
-    if from_model is not None:
-        return from_model
-    value = payload.get("lora_path")
-    if isinstance(value, list):
-        value = value[0] if value else None
-    return value if isinstance(value, str) and value else None
-
-
 def adapter_extra_key(adapter: str | None, *known: Mapping[str, str]) -> str | None:
     """The extra key the adapter's pages are keyed with (``known``: adapter name -> SGLang extra
     key maps, the first that has it wins); None for the base model, the router's own namespace

@@ -37,6 +37,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from radix_global.types import PoolId, Role, WorkerId
+from router.keying.request_body import RequestKind
 from router.pd.protocol import PdConfig, PdError, PdMode, PdUtilization
 from router.pd.run import DataPlane, PdFailed, PdRun
 from router.routing.contract import IndexView, RejectReason, RouteRequest, WorkerState
@@ -113,7 +114,7 @@ class PdOrchestrator:
                               choice.reserve_tokens)
         return next(d for d in live if d.slot == (choice.worker_id, choice.dp_rank))
 
-    def start(self, req: RouteRequest, payload: dict[str, Any], kind: str, path: str,
+    def start(self, req: RouteRequest, payload: dict[str, Any], kind: RequestKind, path: str,
               prefill: WorkerState, decodes: Sequence[WorkerState], stream: bool,
               chosen: WorkerId | None = None, headers: dict[str, str] | None = None) -> PdRun:
         """Select and reserve the decode worker (or raise :class:`PdRejected`), nothing sent.

@@ -29,7 +29,7 @@ from typing import Annotated, Any, NamedTuple
 
 from radix_global.options import opt
 from radix_global.types import Role, WorkerId
-from router.keying.prompt import CHAT, COMPLETION, GENERATE, batch_size
+from router.keying.request_body import RequestKind
 
 PREFILL_RID_SUFFIX = "-prefill"
 BOOTSTRAP_FIELDS = ("bootstrap_host", "bootstrap_port", "bootstrap_room")
@@ -119,15 +119,15 @@ def bootstrap_host_of(prefill_url: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-def native_body(payload: Mapping[str, Any], prefill_url: str, bootstrap_port: int,
-                room: int) -> dict[str, Any]:
+def native_body(payload: Mapping[str, Any], batch: int | None, prefill_url: str,
+                bootstrap_port: int, room: int) -> dict[str, Any]:
     """The body both workers get in native PD: the client's request plus the bootstrap fields.
-    A batch request (list prompt) gets one room per item, as SGLang's router does."""
+    A batch request (``batch`` prompts) gets one room per item, as SGLang's router does."""
     if bootstrap_port <= 0:
         raise PdError(f"prefill worker has no bootstrap port ({bootstrap_port})")
     body = dict(payload)
     host = bootstrap_host_of(prefill_url)
-    n = batch_size(GENERATE, payload)  # /generate's batch fields (text, input_ids)
+    n = batch
     if n is None:
         body.update(bootstrap_host=host, bootstrap_port=bootstrap_port, bootstrap_room=room)
     else:
@@ -137,7 +137,8 @@ def native_body(payload: Mapping[str, Any], prefill_url: str, bootstrap_port: in
     return body
 
 
-def prefill_only_body(payload: Mapping[str, Any], kind: str, request_id: str) -> dict[str, Any]:
+def prefill_only_body(payload: Mapping[str, Any], kind: RequestKind, request_id: str
+                      ) -> dict[str, Any]:
     """The prefill step of a pool hand-off: same prompt, one output token, not streamed.
 
     One token (not zero) because SGLang has no prefill-only generate; that token is discarded.
@@ -145,7 +146,7 @@ def prefill_only_body(payload: Mapping[str, Any], kind: str, request_id: str) ->
     body = dict(payload)  # top-level fields only change (sampling_params is copied below)
     body["stream"] = False
     body.pop("stream_options", None)
-    if kind == GENERATE:
+    if kind == RequestKind.GENERATE:
         params = body.get("sampling_params")
         if params is not None and not isinstance(params, dict):
             raise PdError("sampling_params must be an object")
@@ -154,7 +155,7 @@ def prefill_only_body(payload: Mapping[str, Any], kind: str, request_id: str) ->
         params.pop("min_new_tokens", None)
         body["sampling_params"] = params
         body["rid"] = request_id + PREFILL_RID_SUFFIX
-    elif kind in (COMPLETION, CHAT):
+    elif kind in (RequestKind.COMPLETION, RequestKind.CHAT):
         body["max_tokens"] = 1
         body.pop("max_completion_tokens", None)
         body.pop("min_tokens", None)
@@ -165,9 +166,9 @@ def prefill_only_body(payload: Mapping[str, Any], kind: str, request_id: str) ->
     return body
 
 
-def decode_body(payload: Mapping[str, Any], kind: str, request_id: str) -> dict[str, Any]:
+def decode_body(payload: Mapping[str, Any], kind: RequestKind, request_id: str) -> dict[str, Any]:
     """The decode step of a pool hand-off: the client's request under its own rid."""
-    if kind not in (GENERATE, COMPLETION, CHAT):
+    if kind not in set(RequestKind):
         raise PdError(f"unknown request kind {kind!r}")
     body = dict(payload)
     body["rid"] = request_id

@@ -17,6 +17,7 @@ from typing import Any, NamedTuple, Protocol
 import msgspec
 
 from radix_global.types import Role, WorkerId
+from router.keying.request_body import RequestKind
 from router.pd.protocol import (
     PdConfig,
     PdError,
@@ -91,7 +92,7 @@ class PdRun:
     """One started disaggregated request; iterate ``chunks()`` exactly once."""
 
     def __init__(self, orch: Orchestrator, req: RouteRequest, payload: dict[str, Any],
-                 kind: str, path: str, prefill: WorkerState, decode: WorkerState,
+                 kind: RequestKind, path: str, prefill: WorkerState, decode: WorkerState,
                  decodes: Sequence[WorkerState], stream: bool, headers: dict[str, str]) -> None:
         self.orch, self.req, self.payload, self.kind, self.path = orch, req, payload, kind, path
         self.prefill, self.decode, self.decodes, self.stream = prefill, decode, decodes, stream

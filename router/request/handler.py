@@ -1,10 +1,13 @@
 """One front-end request, end to end: parse -> tokenize -> page keys -> route -> forward.
 
-Errors before any compute are answered here with 4xx/5xx JSON (``router/transport/errors.py``);
-a policy rejection is 429 with ``Retry-After``. The answer for a routed request is an ASGI
-response that forwards it: :class:`router.request.relay.Forward` (retries on another worker
-when one refused the connection, relays the answer, aborts the engine request when the client
-disconnects), or :class:`router.request.pool_relay.PoolForward` for a pool PD hand-off.
+The body is decoded once, into the typed request of its endpoint
+(``router/keying/request_body.py``). Refusals before any compute are raised where they are
+decided (:class:`router.transport.errors.HttpError`, or a typed error of the keying step) and
+answered once, in :func:`handle`, as 4xx/5xx JSON; a policy rejection is 429 with
+``Retry-After``. The answer for a routed request is an ASGI response that forwards it:
+:class:`router.request.relay.Forward` (retries on another worker when one refused the
+connection, relays the answer, aborts the engine request when the client disconnects), or
+:class:`router.request.pool_relay.PoolForward` for a pool PD hand-off.
 
 What the router decides for the client, never the client itself: the engine request id
 (``Inbound.req.request_id``; a client's ``rid`` is only a label), and the ``cache_salt``
@@ -15,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
-from typing import Any
+from typing import Any, NamedTuple
 
-import msgspec
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.types import ASGIApp
@@ -27,25 +28,25 @@ from radix_global.keys import page_keys
 from radix_global.types import Namespace, PageKey
 from router.cluster.prefix_tokens import WarmScope
 from router.cluster.registry import WorkerEntry
-from router.keying.lora import ModelRef, adapter_extra_key, request_adapter, resolve_model
-from router.keying.prompt import (
-    GENERATE,
-    batch_size,
-    is_stream,
-    needs_tokenizer,
-    output_tokens_hint,
+from router.keying.lora import ModelRef, adapter_extra_key, resolve_model
+from router.keying.prompt import prompt_token_ids
+from router.keying.request_body import (
+    BodyError,
+    GenerateBody,
+    RequestBody,
+    RequestKind,
+    decode_body,
 )
-from router.keying.prompt import prompt_token_ids as _prompt_ids
-from router.keying.tenants import TenantError, effective_salt
+from router.keying.tenants import Tenant, TenantError, effective_salt
 from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
-from router.request.inbound import Inbound, client_rid_label, new_rid
+from router.request.inbound import Inbound, new_rid
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
 from router.request.route import prefetch_matches, route_when_released
 from router.routing.contract import RouteRequest
 from router.state import RouterState
-from router.transport.errors import ErrorType, error_response
-from router.transport.proxy import forward_headers
+from router.transport.errors import ErrorType, HttpError, error_response
+from router.transport.proxy import ClientGone, forward_headers
 
 log = logging.getLogger("radix_global.router.request")
 
@@ -58,30 +59,19 @@ BYTES_SLACK = 256 * 1024  # the rest of a body: sampling parameters, tool schema
 THREAD_TOKENIZE_BYTES = 65536  # larger prompts are tokenized off the event loop
 
 
-async def read_body(request: Request, limit: int) -> bytes | None:
-    """The whole body, or None when it is larger than ``limit`` (read no further)."""
+async def read_body(request: Request, limit: int, what: str = "request body") -> bytes:
+    """The whole body; 413 when it is larger than ``limit`` (read no further)."""
+    too_large = HttpError(413, f"{what} larger than {limit} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        return None
+        raise too_large
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            return None
+            raise too_large
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def decode_json(body: bytes) -> dict[str, Any] | Response:
-    try:
-        payload = msgspec.json.decode(body)  # several times faster than json on token-id lists
-    except msgspec.DecodeError as exc:
-        return error_response(400, f"malformed JSON: {exc}")
-    except RecursionError:
-        return error_response(400, "JSON nested too deeply")
-    if not isinstance(payload, dict):
-        return error_response(400, "request body must be a JSON object")
-    return payload
 
 
 async def tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
@@ -101,105 +91,100 @@ async def tokenizer_for(state: RouterState, entry: WorkerEntry) -> Any:
     return tok
 
 
-def _model_of(state: RouterState, payload: dict[str, Any], kind: str
-              ) -> ModelRef | Response:
+def _model_of(state: RouterState, model: str | None, kind: RequestKind) -> ModelRef:
     models = state.registry.models()
-    model = payload.get("model")
-    ref = resolve_model(model, models) if isinstance(model, str) else None  # <model>:<adapter>
-    if ref is None and (model is None or kind == GENERATE) and len(models) == 1:
+    ref = resolve_model(model, models) if model is not None else None  # <model>:<adapter>
+    if ref is None and (model is None or kind is RequestKind.GENERATE) and len(models) == 1:
         ref = ModelRef(next(iter(models)), None)
     if ref is not None:
         return ref
     if not models:
-        return error_response(503, "no healthy worker", ErrorType.UNAVAILABLE)
+        raise HttpError(503, "no healthy worker", ErrorType.UNAVAILABLE)
     if model is None:
-        return error_response(400, f"'model' is required; served: {sorted(models)}")
-    return error_response(404, f"unknown model {str(model)[:200]!r}; served: {sorted(models)}",
-                          ErrorType.MODEL_NOT_FOUND)
+        raise HttpError(400, f"'model' is required; served: {sorted(models)}")
+    raise HttpError(404, f"unknown model {model[:200]!r}; served: {sorted(models)}",
+                    ErrorType.MODEL_NOT_FOUND)
 
 
-async def handle(state: RouterState, request: Request, kind: str, upstream_path: str
+async def handle(state: RouterState, request: Request, kind: RequestKind, upstream_path: str
                  ) -> Response | ASGIApp:
-    """Answer one inference request (any of the three front-end shapes)."""
-    clock, cfg = state.clock, state.config
-    t0 = clock()
+    """Answer one inference request (any of the three front-end shapes): the ASGI app that
+    forwards it, or the answer that refuses it. Every refusal on the way is raised where it is
+    decided and answered here."""
     try:
-        body = await read_body(request, cfg.client.max_body_bytes)
-    except ClientDisconnect:
-        return Response(status_code=499)
-    if body is None:
-        return error_response(413, f"request body larger than {cfg.client.max_body_bytes} bytes")
-    payload = decode_json(body)
-    if isinstance(payload, Response):
-        return payload
-    ref = _model_of(state, payload, kind)
-    if isinstance(ref, Response):
-        return ref
-    entries = state.registry.for_model(ref.model)
-    if not any(e.accepting for e in entries):
-        return error_response(503, f"no healthy worker for model {ref.model!r}",
-                              ErrorType.UNAVAILABLE)
-    try:
-        tenant = state.tenants.resolve(request.headers.get("authorization"))
-        salt = effective_salt(tenant, payload.get("cache_salt"))
-        batch = batch_size(kind, payload)
-        client_rid = client_rid_label(payload.get("rid"), batch)
+        return await _accept(state, request, kind, upstream_path)
+    except HttpError as exc:
+        return exc.response()
     except TenantError as exc:
         return error_response(401, str(exc), ErrorType.AUTHENTICATION)
-    except ValueError as exc:  # a client salt or rid the router will not take (ClientRidError)
+    except (BodyError, PromptError) as exc:
         return error_response(400, str(exc))
+    except (ClientDisconnect, ClientGone):
+        return Response(status_code=499)
+
+
+async def _accept(state: RouterState, request: Request, kind: RequestKind, upstream_path: str
+                  ) -> ASGIApp:
+    cfg = state.config
+    t0 = state.clock()
+    tenant = state.tenants.resolve(request.headers.get("authorization"))  # before the body
+    raw = await read_body(request, cfg.client.max_body_bytes)
+    body = decode_body(kind, raw)
+    ref = _model_of(state, body.model, kind)
+    entries = state.registry.for_model(ref.model)
+    if not any(e.accepting for e in entries):
+        raise HttpError(503, f"no healthy worker for model {ref.model!r}", ErrorType.UNAVAILABLE)
     # Read before the awaits below (a worker may leave meanwhile); one model, one namespace.
-    keyed = await _keyed(state, entries[0], payload, body, kind, ref,
-                         Namespace(entries[0].info.namespace), salt, tenant.name)
-    if isinstance(keyed, Response):
-        return keyed
-    req, ids, scope = keyed
-    inbound = Inbound(req, payload, body, salt, kind, upstream_path, ref.model,
-                      forward_headers(request.headers), is_stream(payload), t0, client_rid, batch)
+    keyed = await _keyed(state, entries[0], body, len(raw), ref, tenant)
+    req = keyed.req
+    inbound = Inbound(req, body, raw, keyed.scope.cache_salt, kind, upstream_path, ref.model,
+                      forward_headers(request.headers), t0)
     await prefetch_matches(state, req)
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)
     first = await route_when_released(state, inbound, request.scope, request.receive)
-    if isinstance(first, Response):
-        return first
-    if state.warmer.enabled and ids:  # token ids of reused prefixes, for hot-prefix warming
-        state.warmer.remember(req.namespace, req.page_keys, ids, req.page_size,
-                              first.decision.prefix_tokens, scope)
+    if state.warmer.enabled and keyed.ids:  # token ids of reused prefixes, for warming
+        state.warmer.remember(req.namespace, req.page_keys, keyed.ids, req.page_size,
+                              first.decision.prefix_tokens, keyed.scope)
     if state.pd_pool is not None and first.decision.decode_worker_id is not None:
         return PoolForward(state, state.pd_pool, inbound, first)
     return Forward(state, inbound, first)
 
 
-async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any], body: bytes,
-                 kind: str, ref: ModelRef, namespace: Namespace, salt: str | None, tenant: str
-                 ) -> tuple[RouteRequest, list[int] | None, WarmScope] | Response:
-    """The request as the routing core sees it: token ids -> page keys in its namespace (and
-    that namespace as an engine request names it: the salt and the adapter)."""
+class Keyed(NamedTuple):
+    req: RouteRequest  # what the routing core sees
+    ids: list[int] | None  # the prompt's token ids (None: not tokenized)
+    scope: WarmScope  # the salt and adapter that keyed them
+
+
+async def _keyed(state: RouterState, head: WorkerEntry, body: RequestBody, size: int,
+                 ref: ModelRef, tenant: Tenant) -> Keyed:
+    """The request as the routing core sees it: token ids -> page keys in the namespace of
+    ``head``'s pool (and that namespace as an engine request names it: the salt the router
+    decides for ``tenant`` and the adapter). ``size``: the body's length in bytes."""
     clock, cfg = state.clock, state.config
     t_tok = clock()
+    namespace = Namespace(head.info.namespace)
+    salt = effective_salt(tenant, body.cache_salt if isinstance(body.cache_salt, str) else None)
     context = cfg.models.context_length or head.context_length
-    text = needs_tokenizer(kind, payload)
-    if context is not None and len(body) > context * MAX_BYTES_PER_TOKEN + BYTES_SLACK:
-        return error_response(400, f"request body of {len(body)} bytes cannot fit the model's "
-                              f"context length of {context} tokens", ErrorType.CONTEXT_LENGTH)
+    if context is not None and size > context * MAX_BYTES_PER_TOKEN + BYTES_SLACK:
+        raise HttpError(400, f"request body of {size} bytes cannot fit the model's context "
+                        f"length of {context} tokens", ErrorType.CONTEXT_LENGTH)
     # Token-id prompts never wait for the tokenizer (it may still be loading).
-    tok = await tokenizer_for(state, head) if text else None
+    tok = await tokenizer_for(state, head) if body.needs_tokenizer else None
     path = cfg.models.model_path or head.model_path
     vocab = model_vocab_size(path) if path else None
-    try:
-        ids = await asyncio.to_thread(_prompt_ids, kind, payload, tok, vocab) \
-            if tok is not None and len(body) > THREAD_TOKENIZE_BYTES \
-            else _prompt_ids(kind, payload, tok, vocab)
-    except PromptError as exc:
-        return error_response(400, str(exc))
+    ids = await asyncio.to_thread(prompt_token_ids, body, tok, vocab) \
+        if tok is not None and size > THREAD_TOKENIZE_BYTES \
+        else prompt_token_ids(body, tok, vocab)
     if ids is None:
         state.totals["untokenized"] += 1
     if ids is not None and context is not None and len(ids) >= context:
-        return error_response(400, f"prompt has {len(ids)} tokens; the model's context length "
-                              f"is {context}", ErrorType.CONTEXT_LENGTH)
+        raise HttpError(400, f"prompt has {len(ids)} tokens; the model's context length is "
+                        f"{context}", ErrorType.CONTEXT_LENGTH)
     page_size = state.registry.page_size(namespace) or head.info.page_size
     # SGLang reads "<model>:<adapter>" on its OpenAI endpoints only; /generate has lora_path.
-    adapter = request_adapter(payload, ref.adapter if kind != GENERATE else None)
+    adapter = body.adapter(ref.adapter if not isinstance(body, GenerateBody) else None)
     extra_key = adapter_extra_key(adapter, head.lora, state.lora_extra_keys)  # worker's first
     keys = page_keys(ids, page_size, cache_salt=salt, extra_key=extra_key) if ids else []
     shared: list[PageKey] = []
@@ -207,15 +192,12 @@ async def _keyed(state: RouterState, head: WorkerEntry, payload: dict[str, Any],
         shared = await _shared_keys(state, head, ref.model, namespace, ids, page_size, salt,
                                     keys[0], tok)
     state.metrics.stage("tokenize").observe(clock() - t_tok)
-    slo = payload.get("ttft_slo_s")
-    if slo is not None and not _positive(slo):
-        return error_response(400, "'ttft_slo_s' must be a positive number of seconds")
-    return RouteRequest(
+    req = RouteRequest(
         request_id=new_rid(), namespace=namespace,
-        input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size, tenant=tenant,
-        ttft_slo_s=float(slo) if slo is not None else None,
-        output_tokens_hint=output_tokens_hint(kind, payload), shared_keys=shared), ids, \
-        WarmScope(salt, adapter)
+        input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size,
+        tenant=tenant.name, ttft_slo_s=body.ttft_slo_s, output_tokens_hint=body.output_tokens_hint,
+        shared_keys=shared)
+    return Keyed(req, ids, WarmScope(salt, adapter))
 
 
 async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namespace: Namespace,
@@ -236,7 +218,3 @@ async def _shared_keys(state: RouterState, head: WorkerEntry, model: str, namesp
     state.totals["shared_prefix_requests"] += 1
     return prefixes.canonical_keys(match, page_size)
 
-
-def _positive(value: object) -> bool:
-    return (isinstance(value, int | float) and not isinstance(value, bool)
-            and math.isfinite(value) and value > 0)

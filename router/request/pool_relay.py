@@ -25,7 +25,7 @@ from router.request.route import Routed
 from router.routing.contract import WorkerState
 from router.state import RouterState
 from router.transport.bodies import last_sse_event
-from router.transport.errors import ErrorType, send_error, send_failure, sse_error
+from router.transport.errors import ErrorType, HttpError, send_failure, sse_error
 from router.transport.proxy import ClientGone, until_disconnect
 
 log = logging.getLogger("radix_global.router.pd")
@@ -83,37 +83,10 @@ class PoolForward:
         return prefill, [s for s in slots if s.role == Role.DECODE]
 
     async def _run(self, send: Send) -> None:
-        st, d, inbound = self.state, self.routed.decision, self.inbound
-        if inbound.batch is not None:  # one decode stream per hand-off: a batch has many
-            self.status_code = 400
-            await send_error(send, 400, "the pool hand-off takes one prompt per request; send "
-                             "the batch's prompts as separate requests")
-            return
         try:
-            prefill, decodes = self._slots()
-        except PdFailed as exc:
-            self.started = True
-            self.status_code = 503
-            await send_error(send, 503, str(exc), ErrorType.UNAVAILABLE)
-            return
-        if prefill.pool_id:
-            self.front.probe.pool_of[inbound.req.request_id] = PoolId(prefill.pool_id)
-        payload = {**inbound.payload, **inbound.engine_fields(inbound.req.request_id)}
-        try:
-            self.run = self.front.orch.start(inbound.req, payload, inbound.kind, inbound.path,
-                                             prefill, decodes, inbound.stream,
-                                             chosen=d.decode_worker_id, headers=inbound.headers)
-        except PdRejected as exc:
-            self.started = True
-            retry = max(1, math.ceil(st.routing.slo.retry_after_s(0.0)))
-            self.status_code = 429
-            await send_error(send, 429, f"rejected before prefill: {exc.reason}",
-                             ErrorType.RATE_LIMIT, {"retry-after": str(retry)})
-            return
-        except PdFailed as exc:
-            self.started = True
-            self.status_code = 502
-            await send_error(send, 502, str(exc), ErrorType.UPSTREAM)
+            self.run = self._start()
+        except HttpError as refusal:
+            await self._refuse(send, refusal)
             return
         chunks = self.run.chunks()
         try:
@@ -121,17 +94,43 @@ class PoolForward:
         finally:
             await chunks.aclose()
 
+    async def _refuse(self, send: Send, refusal: HttpError) -> None:
+        self.started, self.status_code = True, refusal.status
+        await refusal.send(send)
+
+    def _start(self) -> PdRun:
+        """The hand-off, begun; raises the refusal when it cannot begin."""
+        st, d, inbound = self.state, self.routed.decision, self.inbound
+        if inbound.batch is not None:  # one decode stream per hand-off: a batch has many
+            raise HttpError(400, "the pool hand-off takes one prompt per request; send the "
+                            "batch's prompts as separate requests")
+        try:
+            prefill, decodes = self._slots()
+        except PdFailed as exc:
+            raise HttpError(503, str(exc), ErrorType.UNAVAILABLE) from exc
+        if prefill.pool_id:
+            self.front.probe.pool_of[inbound.req.request_id] = PoolId(prefill.pool_id)
+        payload = {**inbound.payload(), **inbound.engine_fields(inbound.req.request_id)}
+        try:
+            return self.front.orch.start(inbound.req, payload, inbound.kind, inbound.path,
+                                         prefill, decodes, inbound.stream,
+                                         chosen=d.decode_worker_id, headers=inbound.headers)
+        except PdRejected as exc:
+            retry = max(1, math.ceil(st.routing.slo.retry_after_s(0.0)))
+            raise HttpError(429, f"rejected before prefill: {exc.reason}", ErrorType.RATE_LIMIT,
+                            {"retry-after": str(retry)}) from exc
+        except PdFailed as exc:
+            raise HttpError(502, str(exc), ErrorType.UPSTREAM) from exc
+
     async def _relay(self, chunks: AsyncGenerator[bytes, None], send: Send) -> None:
         st, run, inbound = self.state, self.run, self.inbound
         assert run is not None
         try:
             first = await anext(chunks, None)
         except PdFailed as exc:
-            self.started = True
             status = run.status_code if run.status_code >= 400 else 502
-            self.status_code = status
-            await send_error(send, status, str(exc), ErrorType.INVALID_REQUEST if status == 400
-                             else ErrorType.UPSTREAM)
+            await self._refuse(send, HttpError(status, str(exc), ErrorType.INVALID_REQUEST
+                                               if status == 400 else ErrorType.UPSTREAM))
             return
         st.routing.prefill_done(inbound.req.request_id, st.clock())
         media = "text/event-stream" if inbound.stream and run.status_code == 200 \

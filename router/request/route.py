@@ -1,5 +1,5 @@
-"""The route step of a request: the routing core's decision, as a worker to send to or as the
-answer that refuses the request (429 with ``Retry-After``, or 503). The handler runs it first,
+"""The route step of a request: the routing core's decision, as a worker to send to, or the
+refusal raised (:class:`HttpError`: 429 with ``Retry-After``, or 503). The handler runs it first,
 after the request's wait at the dispatch gate when that is on (:func:`route_when_released`); the
 relays run it again, with the workers that refused excluded, to retry."""
 
@@ -9,7 +9,6 @@ import asyncio
 import math
 from typing import NamedTuple
 
-from starlette.responses import Response
 from starlette.types import Receive, Scope
 
 from router.cluster.dispatcher import HeldQueueFull, HeldTooLong, Priced
@@ -20,7 +19,7 @@ from router.request.inbound import Inbound
 from router.routing.admission import reject, ttft_excess
 from router.routing.contract import Decision, RejectReason, RouteRequest
 from router.state import RouterState
-from router.transport.errors import ErrorType, error_response
+from router.transport.errors import ErrorType, HttpError
 from router.transport.proxy import ClientGone, until_disconnect
 
 
@@ -48,15 +47,16 @@ class Routed(NamedTuple):
 
 
 async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope,
-                              receive: Receive) -> Routed | Response:
+                              receive: Receive) -> Routed:
     """:func:`route`, after holding the request at the dispatch gate while the engines that
     could take it are busy (``docs/interfaces.md``,
     "Router-side dispatch: holding requests while the engines are busy"). Not held: dispatch off, a
-    non-streaming request (no first token to see), or one the policy rejects now (answered at once).
+    non-streaming request (no first token to see), or one the policy rejects now (refused at once).
     With a TTFT SLO, the predicted hold counts: a request that would miss it after waiting behind
-    the held ones is refused now (429), as it would be without the gate. A full held queue answers
-    503 with Retry-After at once. A client that disconnects while held leaves the gate and is never
-    routed (499; ``scope`` and ``receive``: its connection, the body already read)."""
+    the held ones is refused now (429), as it would be without the gate. A full held queue is
+    refused with 503 and Retry-After at once. A client that disconnects while held leaves the gate
+    and is never routed (:class:`ClientGone` is raised; ``scope`` and ``receive``: its connection,
+    the body already read)."""
     dispatcher, req = state.dispatcher, inbound.req
     if dispatcher is None or not inbound.stream:
         return route(state, inbound, set())
@@ -69,7 +69,7 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
         excess = ttft_excess(req, estimate.predicted_ttft_s
                              + dispatcher.wait_s(inbound.model, priced.cost_s), slo)
         if excess is not None:
-            return _answer(state, inbound, reject(req, estimate.policy, RejectReason.TTFT_SLO,
+            _answer(state, inbound, reject(req, estimate.policy, RejectReason.TTFT_SLO,
                                                   slo.retry_after_s(excess),
                                                   estimate.candidates))
     try:
@@ -80,21 +80,22 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
         if dispatcher.gate.drop(req.request_id):  # released as it left: the room is free
             dispatcher.pump()
         client_gone(state)
-        return Response(status_code=499)
+        raise
     except HeldTooLong as exc:
         state.totals["held_too_long"] += 1
-        return error_response(503, str(exc), ErrorType.UNAVAILABLE)
+        raise HttpError(503, str(exc), ErrorType.UNAVAILABLE) from exc
     except HeldQueueFull as exc:
         state.totals["held_queue_full"] += 1
-        return error_response(503, str(exc), ErrorType.UNAVAILABLE,
-                              headers={"Retry-After": str(math.ceil(exc.retry_after_s))})
+        raise HttpError(503, str(exc), ErrorType.UNAVAILABLE,
+                        headers={"Retry-After": str(math.ceil(exc.retry_after_s))}) from exc
     if held_s > 0:  # placed against the cache of now, not of its arrival
         await prefetch_matches(state, req)
-    routed = route(state, inbound, set())
-    if isinstance(routed, Response):
+    try:
+        routed = route(state, inbound, set())
+    except HttpError:
         if dispatcher.gate.drop(req.request_id):
             dispatcher.pump()
-        return routed
+        raise
     return routed._replace(held_s=held_s)
 
 
@@ -106,7 +107,8 @@ async def prefetch_matches(state: RouterState, req: RouteRequest) -> None:
                                for keys in (req.page_keys, req.shared_keys) if keys))
 
 
-def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | Response:
+def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed:
+    """Where ``inbound`` goes, the workers of ``excluded`` aside; raises the refusal."""
     clock = state.clock
     t = clock()
     slots = worker_states(state.registry.for_model(inbound.model), excluded, state.view)
@@ -115,31 +117,28 @@ def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed | 
     return _answer(state, inbound, decision)
 
 
-def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed | Response:
-    """A decision as the worker to send to, or as the answer that refuses the request."""
+def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed:
+    """A decision as the worker to send to; a rejection raised as the refusal."""
     clock, m, model = state.clock, state.metrics, inbound.model
-    # accepted, or the reason (a rejection always has one; "rejected" guards a policy that
-    # forgot it)
-    outcome = "accepted" if decision.accepted else str(decision.reason or "rejected")
-    m.decision(model, outcome).inc()
-    state.totals[f"decision_{outcome}"] += 1
+    outcome = decision.outcome
+    m.decision(model, outcome.value).inc()
+    state.totals[f"decision_{outcome.value}"] += 1
     if not decision.accepted:
         # PD admission, for the utilisation report
         if decision.reason in (RejectReason.DECODE_KV, RejectReason.TBT_SLO):
             state.pd_util.rejected_before_prefill += 1
         if decision.reason is RejectReason.NO_WORKERS:
-            return error_response(503, f"no healthy worker for model {model!r}",
-                                  ErrorType.UNAVAILABLE)
+            raise HttpError(503, f"no healthy worker for model {model!r}", ErrorType.UNAVAILABLE)
         retry = decision.retry_after_s if decision.retry_after_s is not None else 1.0
         remember(state, inbound, {"accepted": False, "reason": decision.reason,
                                   "retry_after_s": retry})
-        return error_response(429, f"rejected by admission control: {decision.reason}",
-                              ErrorType.RATE_LIMIT,
-                              headers={"Retry-After": str(max(1, math.ceil(retry)))})
+        raise HttpError(429, f"rejected by admission control: {decision.reason}",
+                        ErrorType.RATE_LIMIT,
+                        headers={"Retry-After": str(max(1, math.ceil(retry)))})
     entry = state.registry.find(decision.worker_id or "")
     if entry is None:  # decided, so recorded: released here, as nothing will run
         state.routing.finished(inbound.req.request_id, False, clock())
-        return error_response(503, "the chosen worker left the pool", ErrorType.UNAVAILABLE)
+        raise HttpError(503, "the chosen worker left the pool", ErrorType.UNAVAILABLE)
     return Routed(decision, entry)
 
 

@@ -111,6 +111,19 @@ class RejectReason(StrEnum):
     TBT_SLO = "tbt_slo"  # PD: no decode slot would meet its TBT SLO
     DECODE_KV = "decode_kv"  # PD: no decode slot has KV room for it
     NO_WORKERS = "no_workers"  # nothing serves its model (or everything is draining)
+    UNSPECIFIED = "rejected"  # a policy that rejected without saying why
+
+
+class DecisionOutcome(StrEnum):
+    """How a decision went, as ``router_decisions_total`` and ``/admin/stats`` count it:
+    accepted, else the :class:`RejectReason` (whose values it shares)."""
+
+    ACCEPTED = "accepted"
+    TTFT_SLO = RejectReason.TTFT_SLO.value
+    TBT_SLO = RejectReason.TBT_SLO.value
+    DECODE_KV = RejectReason.DECODE_KV.value
+    NO_WORKERS = RejectReason.NO_WORKERS.value
+    UNSPECIFIED = RejectReason.UNSPECIFIED.value
 
 
 class Decision(NamedTuple):
@@ -133,6 +146,12 @@ class Decision(NamedTuple):
     reason: RejectReason | None = None  # why it was rejected (None: accepted)
     retry_after_s: float | None = None
     candidates: tuple[CandidateEstimate, ...] = ()  # every slot considered (metrics, debugging)
+
+    @property
+    def outcome(self) -> DecisionOutcome:
+        if self.accepted:
+            return DecisionOutcome.ACCEPTED
+        return DecisionOutcome(self.reason or RejectReason.UNSPECIFIED)
 
     @property
     def slot(self) -> Slot:

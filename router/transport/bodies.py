@@ -9,21 +9,20 @@ from typing import Any
 import msgspec
 
 
-def encode_with(payload: dict[str, Any], fields: dict[str, Any], raw: bytes | None = None
-                ) -> bytes:
-    """``payload`` with ``fields`` set, as JSON. Given ``raw`` (``payload`` as the client sent
-    it), fields the payload lacks are spliced in front of it instead of re-encoding the whole
-    request: a long ``input_ids`` list is most of a request's bytes."""
-    fields = {k: v for k, v in fields.items() if k not in payload or payload[k] != v}
-    if raw is None or any(k in payload for k in fields):
-        return msgspec.json.encode({**payload, **fields})
+def encode_with(raw: bytes, fields: dict[str, Any], replaces: bool = False) -> bytes:
+    """The JSON object ``raw`` with ``fields`` set. Spliced in front of it, not re-encoded (a
+    long ``input_ids`` list is most of a request's bytes), unless ``raw`` has one of them
+    already (``replaces``): then it is decoded and encoded whole, so no key appears twice."""
+    if replaces:
+        return msgspec.json.encode({**msgspec.json.decode(raw), **fields})
     if not fields:
         return raw
     body = raw.lstrip()
     if body[:1] != b"{":
-        raise ValueError("raw must be the JSON object payload was decoded from")
+        raise ValueError("raw must be a JSON object")
     head = msgspec.json.encode(fields)[:-1]  # '{"k":v,...' without the closing brace
-    return head + (b"," if payload else b"") + body[1:]
+    empty = body[1:].lstrip()[:1] == b"}"
+    return head + (b"" if empty else b",") + body[1:]
 
 
 def json_or_none(raw: bytes) -> Any:

@@ -1,6 +1,7 @@
 """The OpenAI error body, the one shape every error the router answers takes.
 
-``{"error": {"message": ..., "type": ..., "code": <HTTP status>}}``: as a whole JSON answer
+``{"error": {"message": ..., "type": ..., "code": <HTTP status>}}``: raised as an
+:class:`HttpError` where a request is refused and answered once, as a whole JSON answer
 (:func:`error_response` for starlette, :func:`send_error` for a raw ASGI ``send``), or as the last
 event of a stream that broke after bytes were relayed (:func:`sse_error`, then ``[DONE]``).
 """
@@ -25,6 +26,22 @@ class ErrorType(StrEnum):
     UNAVAILABLE = "service_unavailable"
     UPSTREAM = "upstream_error"
     INTERNAL = "internal_error"
+
+
+class HttpError(Exception):
+    """A refusal, raised where it is decided; the request path turns it into the answer once
+    (:meth:`response`, or :func:`send_error` on a raw ASGI channel)."""
+
+    def __init__(self, status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST,
+                 headers: dict[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.kind, self.headers = status, message, kind, headers
+
+    def response(self) -> Response:
+        return error_response(self.status, self.message, self.kind, self.headers)
+
+    async def send(self, send: Send) -> None:
+        await send_error(send, self.status, self.message, self.kind, self.headers)
 
 
 def error_body(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST) -> bytes:

@@ -68,6 +68,7 @@ class Upstream:
         # Set: a stream sends its first chunk only once this is set (an engine busy prefilling).
         self.first_chunk: threading.Event | None = None
         self.requests: list[tuple[str, dict[str, Any]]] = []
+        self.raw_requests: list[bytes] = []  # the bodies as they arrived, as self.requests
         self.aborted: list[str] = []
         self.app = Starlette(routes=[
             Route("/health", self._health), Route("/server_info", self._info),
@@ -106,6 +107,7 @@ class Upstream:
         yield b"data: [DONE]\n\n"
 
     async def _generate(self, request: Request) -> Response:
+        self.raw_requests.append(await request.body())
         body = await request.json()
         self.requests.append(("/generate", body))
         self.headers.append(dict(request.headers))
@@ -119,6 +121,7 @@ class Upstream:
         return JSONResponse({"text": text, "meta_info": self._meta(body)})
 
     async def _openai(self, request: Request) -> Response:
+        self.raw_requests.append(await request.body())
         body = await request.json()
         self.requests.append((request.url.path, body))
         self.headers.append(dict(request.headers))

@@ -38,7 +38,7 @@ from pd_workers import PAGE, Worker, kill, prompt, spawn, stop, wait_healthy
 
 from radix_global import keys
 from radix_global.types import Namespace, Role, WorkerId
-from router.keying.prompt import GENERATE
+from router.keying.request_body import RequestKind
 from router.pd.orchestrator import PdOrchestrator, PdRejected
 from router.pd.protocol import PdConfig, PdMode
 from router.routing.contract import RouteRequest, WorkerState
@@ -47,6 +47,7 @@ from sglang_patch.pool.shm_pool import ShmPagePool, destroy_pool
 
 pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow, pytest.mark.timeout(1500)]
 
+KIND = RequestKind.GENERATE
 NS = Namespace("tiny@pd")
 
 
@@ -109,7 +110,7 @@ async def disaggregated(orch: PdOrchestrator, probe: ShmPoolProbe, prefill: Work
                         decodes: list[WorkerState], rid: str, ids: list[int], n: int
                         ) -> tuple[dict[str, Any], Any]:
     probe.ids_of[rid] = ids
-    run = orch.start(route_request(rid, ids, n), body(ids, n), GENERATE, "/generate", prefill,
+    run = orch.start(route_request(rid, ids, n), body(ids, n), KIND, "/generate", prefill,
                      decodes, stream=False)
     raw = b"".join([c async for c in run.chunks()])
     assert run.status_code == 200, raw[:500]
@@ -192,7 +193,7 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
         runs = {}
         for r, ids in prompts.items():
             probe.ids_of[r] = ids
-            runs[r] = orch.start(route_request(r, ids, 8), body(ids, 8), GENERATE,
+            runs[r] = orch.start(route_request(r, ids, 8), body(ids, 8), KIND,
                                  "/generate", prefill, decodes, stream=False)
         on_d1 = [r for r, run in runs.items() if run.decode.worker_id == "D1"]
         assert on_d1, "the reservations should have spread over both decode workers"
@@ -215,11 +216,11 @@ async def _scenario(w: dict[str, Worker], pool_id: str) -> None:
         per_request = len(big) + 2000
         for i in range(capacity // per_request):
             probe.ids_of[f"h{i}"] = big
-            held.append(orch.start(route_request(f"h{i}", big, 2000), body(big, 8), GENERATE,
+            held.append(orch.start(route_request(f"h{i}", big, 2000), body(big, 8), KIND,
                                    "/generate", prefill, alive, stream=False))
         before = list(sent)
         with pytest.raises(PdRejected) as rejected:
-            orch.start(route_request("over", big, 2000), body(big, 8), GENERATE, "/generate",
+            orch.start(route_request("over", big, 2000), body(big, 8), KIND, "/generate",
                        prefill, alive, stream=False)
         assert rejected.value.reason == "decode_kv"
         assert sent == before, "a rejected request must not reach the prefill worker"

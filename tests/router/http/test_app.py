@@ -34,6 +34,28 @@ def test_models_health_and_generate(upstreams, router_factory):
         assert peer.requests[-1][1]["input_ids"] == [5, 6, 7, 8, 9]
 
 
+def test_fields_the_router_does_not_read_reach_the_engine_unchanged(upstreams, router_factory):
+    """The typed body holds only what the router reads: every other field (an engine option the
+    router has never heard of, nested values, a float's spelling) arrives as the client sent
+    it, and the router's own fields replace the client's instead of doubling them."""
+    peer, server = upstreams(model="tiny")
+    router = router_factory(workers=(server.url,))
+    router.wait_workers(1)
+    raw = (b'{"input_ids": [5, 6, 7], "sampling_params": {"max_new_tokens": 2, "top_p": 0.50},'
+           b' "engine_option_of_tomorrow": {"a": [1, {"b": null}]}, "rid": "mine"}')
+    with router.client() as c:
+        r = c.post("/generate", content=raw, headers={"content-type": "application/json"})
+        assert r.status_code == 200, r.text
+    sent = peer.raw_requests[-1]  # the client sent a rid: re-encoded, with the router's
+    assert json.loads(sent) == {**json.loads(raw), "rid": r.headers["x-radix-request-id"]}
+    assert sent.count(b'"rid"') == 1
+    raw = raw.replace(b', "rid": "mine"', b"")  # no router field: spliced, the bytes kept
+    with router.client() as c:
+        assert c.post("/generate", content=raw).status_code == 200
+    assert peer.raw_requests[-1].endswith(raw[1:])
+    assert b'"top_p": 0.50' in peer.raw_requests[-1]  # as sent, not re-encoded as 0.5
+
+
 def test_two_models_each_with_its_own_pool(upstreams, router_factory):
     _, a = upstreams(model="alpha")
     peer_b, b = upstreams(model="beta")
@@ -116,11 +138,12 @@ def test_metrics_and_admin_stats(upstreams, router_factory):
 
 def test_router_keys_equal_engine_page_keys(tokenizer_dir):
     """The router keys a prompt with the model's own tokenizer, page by page."""
-    from router.keying.prompt import CHAT, prompt_token_ids
+    from router.keying.prompt import prompt_token_ids
+    from router.keying.request_body import ChatBody
     from router.keying.tokenize import TokenizerCache
 
     tok = TokenizerCache().get(tokenizer_dir)
-    ids = prompt_token_ids(CHAT, {"messages": [{"role": "user", "content": "w1 w2 w3"}]}, tok,
+    ids = prompt_token_ids(ChatBody(messages=[{"role": "user", "content": "w1 w2 w3"}]), tok,
                            None)
     from transformers import AutoTokenizer
 

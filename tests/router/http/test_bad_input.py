@@ -162,6 +162,7 @@ def test_client_gone_before_the_forward_began_releases_the_estimate(one):
     the queue estimate must still be released (it used to stay held for the router's life)."""
     import asyncio
 
+    from router.keying.request_body import RequestKind, decode_body
     from router.request.inbound import Inbound
     from router.request.relay import Forward
     from router.request.route import Routed, route
@@ -172,8 +173,9 @@ def test_client_gone_before_the_forward_began_releases_the_estimate(one):
     st = router.state
     entry = st.registry.all()[0]
     req = RouteRequest("rg-test", entry.info.namespace, 3, [], entry.info.page_size)
-    inbound = Inbound(req, {"input_ids": [1, 2, 3]}, b'{"input_ids":[1,2,3]}', None, "generate",
-                      "/generate", entry.info.model, {}, False, 0.0, None, None)
+    raw = b'{"input_ids":[1,2,3]}'
+    inbound = Inbound(req, decode_body(RequestKind.GENERATE, raw), raw, None,
+                      RequestKind.GENERATE, "/generate", entry.info.model, {}, 0.0)
     hook = DisconnectHook()
     hook.fire()  # the connection is already gone
 

@@ -15,9 +15,9 @@ from router.keying.lora import (
     adapters_from_server_info,
     configured_extra_keys,
     parse_lora_paths,
-    request_adapter,
     resolve_model,
 )
+from router.keying.request_body import GenerateBody
 
 
 def test_model_names_an_adapter_like_sglang_reads_it():
@@ -32,13 +32,17 @@ def test_model_names_an_adapter_like_sglang_reads_it():
     assert resolve_model("tinyx", served) is None
 
 
+def _adapter(lora_path: object, from_model: str | None) -> str | None:
+    return GenerateBody(text="x", lora_path=lora_path).adapter(from_model)  # type: ignore[arg-type]
+
+
 def test_adapter_and_its_extra_key():
-    assert request_adapter({"lora_path": "a"}, "b") == "b"  # the model's suffix wins
-    assert request_adapter({"lora_path": "a"}, None) == "a"
-    assert request_adapter({"lora_path": ["a", "b"]}, None) == "a"  # the first prompt's
-    assert request_adapter({"lora_path": [None]}, None) is None
-    assert request_adapter({"lora_path": ""}, None) is None
-    assert request_adapter({}, None) is None
+    assert _adapter("a", "b") == "b"  # the model's suffix wins
+    assert _adapter("a", None) == "a"
+    assert _adapter(["a", "b"], None) == "a"  # the first prompt's
+    assert _adapter([None], None) is None
+    assert _adapter("", None) is None
+    assert _adapter(None, None) is None
     known = configured_extra_keys({"a": "/adapters/a"})
     assert adapter_extra_key("a", known) == lora_extra_key("a", "/adapters/a")  # SGLang's
     assert adapter_extra_key("b", known) == ROUTER_LORA_PREFIX + "b"

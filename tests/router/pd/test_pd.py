@@ -17,7 +17,7 @@ from radix_global.index import GlobalIndex
 from radix_global.keys import page_keys
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PoolId, Role, Tier, WorkerId
-from router.keying.prompt import CHAT, COMPLETION, GENERATE
+from router.keying.request_body import RequestKind
 from router.pd.orchestrator import IndexPoolProbe, PdOrchestrator, PdRejected
 from router.pd.protocol import (
     PdConfig,
@@ -34,6 +34,7 @@ from router.routing.contract import RouteRequest, WorkerState
 from router.routing.decode_select import DecodeSelector
 from router.transport.proxy import UpstreamUnavailable
 
+GEN = RequestKind.GENERATE
 NS = Namespace("tiny@1")
 PS = 4
 IDS = list(range(100, 140))  # 10 pages
@@ -56,30 +57,31 @@ def decodes(headroom: int | None = 10_000, running: int = 0, n: int = 2) -> list
 # --- pure bodies ---------------------------------------------------------------------------------
 
 def test_native_body_carries_sglang_bootstrap_fields() -> None:
-    body = native_body({"text": "hi", "sampling_params": {"max_new_tokens": 4}},
+    body = native_body({"text": "hi", "sampling_params": {"max_new_tokens": 4}}, None,
                        "http://10.0.0.5:30000", 8998, 1234)
     assert (body["bootstrap_host"], body["bootstrap_port"], body["bootstrap_room"]) == (
         "10.0.0.5", 8998, 1234)
-    batch = native_body({"text": ["a", "b", "c"]}, "http://h:1", 9, 7)
+    batch = native_body({"text": ["a", "b", "c"]}, 3, "http://h:1", 9, 7)
     assert batch["bootstrap_host"] == ["h"] * 3 and batch["bootstrap_port"] == [9] * 3
     assert batch["bootstrap_room"][0] == 7 and len(set(batch["bootstrap_room"])) == 3
     assert bootstrap_host_of("http://[::1]:8000") == "[::1]"
     with pytest.raises(PdError):
-        native_body({"text": "x"}, "http://h:1", 0, 1)
+        native_body({"text": "x"}, None, "http://h:1", 0, 1)
 
 
 def test_prefill_only_body_asks_for_one_token_and_keeps_the_prompt() -> None:
     payload = {"input_ids": IDS, "stream": True,
                "sampling_params": {"max_new_tokens": 64, "temperature": 0, "min_new_tokens": 9}}
-    body = prefill_only_body(payload, GENERATE, "abc")
+    body = prefill_only_body(payload, RequestKind.GENERATE, "abc")
     assert body["sampling_params"] == {"max_new_tokens": 1, "temperature": 0}
     assert body["stream"] is False and body["input_ids"] == IDS and body["rid"] == "abc-prefill"
     assert payload["sampling_params"]["max_new_tokens"] == 64  # the client's body is untouched
-    chat = prefill_only_body({"messages": [], "max_completion_tokens": 50}, CHAT, "c")
+    chat = prefill_only_body({"messages": [], "max_completion_tokens": 50}, RequestKind.CHAT, "c")
     assert chat["max_tokens"] == 1 and "max_completion_tokens" not in chat
-    assert prefill_only_body({"prompt": "x", "max_tokens": 9}, COMPLETION, "d")["max_tokens"] == 1
+    assert prefill_only_body({"prompt": "x", "max_tokens": 9}, RequestKind.COMPLETION,
+                             "d")["max_tokens"] == 1
     with pytest.raises(PdError):
-        prefill_only_body({"sampling_params": 3}, GENERATE, "e")
+        prefill_only_body({"sampling_params": 3}, RequestKind.GENERATE, "e")
 
 
 def test_cached_tokens_of_reads_sglang_and_openai_answers() -> None:
@@ -186,7 +188,7 @@ PAYLOAD = {"input_ids": IDS, "sampling_params": {"max_new_tokens": 8, "temperatu
 async def test_pool_handoff_prefills_one_token_then_decodes_on_the_reserved_worker() -> None:
     cluster = FakeCluster()
     orch = orchestrator(cluster)
-    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
+    run = orch.start(req(), PAYLOAD, GEN, "/generate", PREFILL, decodes(), stream=False)
     assert orch.selector.reserved_tokens((WorkerId("d0"), 0)) == len(IDS) + 8  # before prefill
     assert cluster.calls == []
     out = json.loads(await collect(run))
@@ -208,7 +210,7 @@ async def test_dead_decode_worker_is_skipped_without_a_second_prefill() -> None:
     answered: list[str] = []
     orch = orchestrator(cluster, on_refused=lambda w, exc: refused.append(w),
                         on_answered=answered.append)
-    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
+    run = orch.start(req(), PAYLOAD, GEN, "/generate", PREFILL, decodes(), stream=False)
     out = json.loads(await collect(run))
     assert out["output_ids"] == list(range(8))
     assert [h for h, _ in cluster.calls] == ["p0", "d0", "d1"]
@@ -220,7 +222,7 @@ async def test_dead_decode_worker_is_skipped_without_a_second_prefill() -> None:
     # brought it back) the next request may use it.
     cluster.dead.clear()
     cluster.calls.clear()
-    run2 = orch.start(req("r2"), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(),
+    run2 = orch.start(req("r2"), PAYLOAD, GEN, "/generate", PREFILL, decodes(),
                       stream=False)
     await collect(run2)
     assert [h for h, _ in cluster.calls] == ["p0", "d0"]
@@ -231,7 +233,7 @@ async def test_all_decode_workers_dead_ends_with_502_not_a_hang() -> None:
     cluster = FakeCluster()
     cluster.dead.update({"d0", "d1"})
     orch = orchestrator(cluster)
-    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=True)
+    run = orch.start(req(), PAYLOAD, GEN, "/generate", PREFILL, decodes(), stream=True)
     out = await asyncio.wait_for(collect(run), timeout=5)
     assert b"no decode worker answered" in out and out.endswith(b"data: [DONE]\n\n")
     assert run.status_code == 502
@@ -242,11 +244,11 @@ async def test_saturated_decode_pool_rejects_before_any_prefill() -> None:
     cluster = FakeCluster()
     orch = orchestrator(cluster)
     with pytest.raises(PdRejected) as kv:
-        orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(headroom=20),
+        orch.start(req(), PAYLOAD, GEN, "/generate", PREFILL, decodes(headroom=20),
                    stream=False)
     assert kv.value.reason == "decode_kv"
     with pytest.raises(PdRejected) as tbt:  # 400 running: 0.02 + 0.0005 * 401 > 0.1 s
-        orch.start(req(tbt=0.1), PAYLOAD, GENERATE, "/generate", PREFILL,
+        orch.start(req(tbt=0.1), PAYLOAD, GEN, "/generate", PREFILL,
                    decodes(running=400), stream=False)
     assert tbt.value.reason == "tbt_slo" and tbt.value.predicted_tbt_s > 0.1
     assert cluster.calls == [] and orch.util.rejected_before_prefill == 2
@@ -258,10 +260,10 @@ async def test_reservations_fill_a_decode_worker_then_reject() -> None:
     orch = orchestrator(cluster)
     need = len(IDS) + 8
     one = decodes(headroom=2 * need, n=1)
-    orch.start(req("a"), PAYLOAD, GENERATE, "/generate", PREFILL, one, stream=False)
-    orch.start(req("b"), PAYLOAD, GENERATE, "/generate", PREFILL, one, stream=False)
+    orch.start(req("a"), PAYLOAD, GEN, "/generate", PREFILL, one, stream=False)
+    orch.start(req("b"), PAYLOAD, GEN, "/generate", PREFILL, one, stream=False)
     with pytest.raises(PdRejected):  # the first two hold all of d0's free KV, none has run
-        orch.start(req("c"), PAYLOAD, GENERATE, "/generate", PREFILL, one, stream=False)
+        orch.start(req("c"), PAYLOAD, GEN, "/generate", PREFILL, one, stream=False)
 
 
 def test_the_orchestrator_runs_pool_hand_offs_only() -> None:
@@ -286,7 +288,7 @@ async def test_pool_wait_uses_the_index_pool_holdings() -> None:
             index.apply(StorePages(NS, Location(pool, 0, Tier.POOL), None, list(r.page_keys)))
 
     orch = orchestrator(cluster, probe=probe, sleep=sleep)
-    run = orch.start(r, PAYLOAD, GENERATE, "/generate", PREFILL, decodes(), stream=False)
+    run = orch.start(r, PAYLOAD, GEN, "/generate", PREFILL, decodes(), stream=False)
     await collect(run)
     assert run.stats.pool_pages == len(r.page_keys)
 
@@ -304,7 +306,7 @@ async def test_decode_worker_chosen_by_the_driver_is_kept_with_one_reservation()
     assert decision.accepted and decision.decode_worker_id == "d0"
     cluster = FakeCluster()
     orch = orchestrator(cluster, selector=selector)
-    run = orch.start(req(), PAYLOAD, GENERATE, "/generate", PREFILL, decodes(n=2),
+    run = orch.start(req(), PAYLOAD, GEN, "/generate", PREFILL, decodes(n=2),
                      stream=False, chosen=decision.decode_worker_id)
     assert selector.reserved_tokens((WorkerId("d0"), 0)) == len(IDS) + 8  # not doubled
     await collect(run)

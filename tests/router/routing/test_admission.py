@@ -114,3 +114,15 @@ def test_pd_tbt_slo_of_the_router_config_applies_to_native_pd_too() -> None:
     dec = state.routing.route(req, pd_cluster(running=10), 0.0)
     assert not dec.accepted and dec.reason == "tbt_slo"
     assert RouterState(RouterConfig()).routing.slo.tbt_slo_s is None  # 0 = no decode SLO
+
+
+def test_every_reject_reason_is_a_decision_outcome():
+    """``router_decisions_total`` counts each decision under its outcome: every reason a policy
+    may give has one, and a rejection without a reason is counted too, never lost."""
+    from router.routing.contract import Decision, DecisionOutcome, RejectReason
+
+    assert {o.value for o in DecisionOutcome} == {r.value for r in RejectReason} | {"accepted"}
+    for reason in RejectReason:
+        assert Decision("r", "p", accepted=False, reason=reason).outcome == reason.value
+    assert Decision("r", "p", accepted=False).outcome is DecisionOutcome.UNSPECIFIED
+    assert Decision("r", "p", accepted=True).outcome is DecisionOutcome.ACCEPTED
