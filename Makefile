@@ -33,7 +33,7 @@ test-e2e: bootstrap bootstrap-vllm
 
 lint: bootstrap
 	$(PY) -m ruff check .
-	$(PY) -m mypy radix_global radix_global_cli radix_global_tools router sglang_patch
+	$(PY) -m mypy radix_global radix_global_cli radix_global_tools router sglang_patch benchmarks
 
 bench: bootstrap
 	$(PY) -m benchmarks.scenarios.bench

@@ -1,8 +1,19 @@
-"""Repeated measurements as median and range (the Mooncake and shared-prompt benchmarks)."""
+"""Repeated measurements: the order of each round (:func:`rotated`) and the result as median and
+range (:func:`median_spread`)."""
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
+from typing import TypeVar
+
+T = TypeVar("T")
+
+
+def rotated(items: Sequence[T], r: int) -> list[T]:
+    """Round ``r``'s order: ``items`` rotated left by ``r`` (machine drift hits each alike)."""
+    k = r % len(items) if items else 0
+    return [*items[k:], *items[:k]]
 
 
 def median_spread(values: list[float]) -> dict[str, float]:

@@ -48,8 +48,9 @@ import httpx
 from benchmarks.harness.instant_upstream import upstream_app
 from benchmarks.harness.lean_client import exchange, run_batch
 from benchmarks.harness.paths import RESULTS
-from benchmarks.harness.spread import median_spread, spread_text
+from benchmarks.harness.spread import median_spread, rotated, spread_text
 from benchmarks.micro.router_overhead import cpu_s, pct, spawn, stop, wait_ready
+from radix_global_tools.cluster.local import RouterSpec, router_argv
 from router.coordination.config import CoordinationConfig
 from sglang_patch.ports import free_port
 
@@ -59,12 +60,6 @@ CONFIGS = ("1", "2", "3")  # routers; 2 and 3 share one Redis
 CONTROL = "3-alone"  # --control: 3 routers without Redis (more processes, no coordination)
 SMG = ("smg", "smg-2-mesh")  # --smg: smg 1.13 (cache_aware) alone, and 2 joined by its mesh
 ROUTER_IDS = "abc"  # --coordination-router-id of the routers, in order
-
-
-def rotated(items: tuple[str, ...] | list[str], r: int) -> list[str]:
-    """Round ``r``'s order: ``items`` rotated left by ``r`` (machine drift hits each alike)."""
-    k = r % len(items) if items else 0
-    return [*items[k:], *items[:k]]
 
 
 def ratios(cpu_per_request: dict[str, float]) -> dict[str, float | None]:
@@ -125,11 +120,7 @@ def start_smg(n: int, workers: list[str], work: Path, tag: str) -> list[tuple[st
     out = []
     for i in range(n):
         port = free_port()
-        cmd = [sys.executable, "-m", "smg.launch_router", "--host", "127.0.0.1", "--port",
-               str(port), "--worker-urls", *workers, "--policy", "cache_aware",
-               "--log-level", "warn",  # as ours: no line per request
-               # its metrics listener binds 0.0.0.0:29000 unless told
-               "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port())]
+        cmd = router_argv(RouterSpec("smg", "cache_aware"), port, workers, "")
         if n > 1:
             cmd += ["--enable-mesh", "--mesh-server-name", f"smg-{i}", "--mesh-host",
                     "127.0.0.1", "--mesh-port", str(mesh[i]), "--mesh-peer-urls",

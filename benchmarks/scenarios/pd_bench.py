@@ -58,7 +58,7 @@ from benchmarks.harness.pd_cluster import (
 )
 from radix_global import keys, trace
 from radix_global.types import Role, WorkerId
-from router.keying.prompt import GENERATE
+from router.keying.request_body import RequestKind
 from router.pd.orchestrator import PdOrchestrator
 from router.pd.protocol import (
     PREFILL_RID_SUFFIX,
@@ -106,7 +106,7 @@ class Bench:
                      ) -> tuple[float, list[float], int]:
         """Both halves at once, with SGLang's bootstrap fields; the decode half is timed."""
         assert self.bootstrap is not None
-        pd = native_body(body, self.urls["P"], self.bootstrap, new_bootstrap_room())
+        pd = native_body(body, None, self.urls["P"], self.bootstrap, new_bootstrap_room())
         p, d = WorkerId("P"), WorkerId("D")
         self.util.begin(p, Role.PREFILL, time.monotonic())
         self.util.begin(d, Role.DECODE, time.monotonic())
@@ -143,7 +143,8 @@ class Bench:
             decode = WorkerState(WorkerId("D"), NS, role=Role.DECODE, url=self.urls["D"])
             run = self.orch.start(RouteRequest(rid, NS, len(ids), keys.page_keys(ids, PAGE),
                                                PAGE, output_tokens_hint=out),
-                                  body, GENERATE, "/generate", prefill, [decode], stream=True)
+                                  body, RequestKind.GENERATE, "/generate", prefill, [decode],
+                                  stream=True)
             ttft, gaps, n = await timed_stream(run.chunks(), t0)
             split = (run.stats.prefill_s, run.stats.pool_wait_s)
         e2e = time.perf_counter() - t0

@@ -32,8 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.harness.paths import REPO, RESULTS
-from benchmarks.harness.spread import median_spread, spread_text
-from benchmarks.micro.router_replicas import rotated
+from benchmarks.harness.spread import median_spread, rotated, spread_text
 from benchmarks.scenarios.bench import (
     SAMPLE_TRACE,
     BenchConfig,

@@ -39,7 +39,7 @@ from typing import Any
 
 import httpx
 
-from benchmarks.harness.spread import median_spread, spread_text
+from benchmarks.harness.spread import median_spread, rotated, spread_text
 from radix_global.trace import block_prompt
 from radix_global_tools.cluster.local import EngineSet, LocalCluster, RouterSpec, flush_caches
 from radix_global_tools.replay.client import stream_ids
@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
         cluster.wait_workers(router, 2)
         model = httpx.get(router.url + "/v1/models").json()["data"][0]["id"]
         for r in range(w.repeats):
-            for mode in MODES[r % len(MODES):] + MODES[: r % len(MODES)]:
+            for mode in rotated(MODES, r):
                 reset(engines.urls)
                 if mode == "shared":
                     register(router.url, model, prompts)

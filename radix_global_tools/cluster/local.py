@@ -88,7 +88,7 @@ class EngineSet:
 
 @dataclass(frozen=True)
 class RouterSpec:
-    kind: str  # ours | sglang-router
+    kind: str  # ours | sglang-router | smg (sglang-router's successor, SGLang's gateway)
     policy: str
     options: dict[str, str] = field(default_factory=dict)  # extra --flag value pairs
 
@@ -140,13 +140,19 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
             "--radix-global-heartbeat-interval-s", "1"]
 
 
+# Run as modules: both packages install a `smg` script.
+PEER_MODULES = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}
+
+
 def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: str
                 ) -> list[str]:
     extra = [a for k, v in spec.options.items() for a in (k, v)]
-    if spec.kind == "sglang-router":  # its metrics listener binds 0.0.0.0:29000 unless told
-        return [sys.executable, "-m", "sglang_router.launch_router", "--host", "127.0.0.1",
+    if spec.kind in PEER_MODULES:  # their metrics listener binds 0.0.0.0:29000 unless told
+        quiet = ["--log-level", "warn"] if spec.kind == "smg" else []  # as ours: no line a request
+        return [sys.executable, "-m", PEER_MODULES[spec.kind], "--host", "127.0.0.1",
                 "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy,
-                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *extra]
+                "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *quiet,
+                *extra]
     if spec.kind != "ours":
         raise ValueError(f"unknown router kind {spec.kind!r}")
     argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", "127.0.0.1",

@@ -3,7 +3,8 @@ router, the delay summary."""
 
 from __future__ import annotations
 
-from benchmarks.micro.router_replicas import ratios, rotated, summary
+from benchmarks.harness.spread import rotated
+from benchmarks.micro.router_replicas import ratios, summary
 
 
 def test_each_round_rotates_the_order() -> None:

@@ -82,6 +82,9 @@ def test_command_lines() -> None:
     assert sgr[1:3] == ["-m", "sglang_router.launch_router"]
     assert sgr[sgr.index("--policy") + 1] == "cache_aware"
     assert sgr[sgr.index("--prometheus-host") + 1] == "127.0.0.1"  # never on every interface
+    smg = router_argv(RouterSpec("smg", "cache_aware"), 5, ["http://a"], "/m")
+    assert smg[1:3] == ["-m", "smg.launch_router"]  # not the `smg` script sglang-router shadows
+    assert smg[smg.index("--prometheus-host") + 1] == "127.0.0.1"
     rg = router_argv(RouterSpec("ours", "conductor"), 5, [], "/m")
     assert "--workers" not in rg and rg[rg.index("--model-path") + 1] == "/m"
     with pytest.raises(ValueError):
