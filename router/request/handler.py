@@ -61,15 +61,14 @@ THREAD_TOKENIZE_BYTES = 65536  # larger prompts are tokenized off the event loop
 
 async def read_body(request: Request, limit: int, what: str = "request body") -> bytes:
     """The whole body; 413 when it is larger than ``limit`` (read no further)."""
-    too_large = HttpError(413, f"{what} larger than {limit} bytes")
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
-        raise too_large
+        raise HttpError(413, f"{what} larger than {limit} bytes")
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise too_large
+            raise HttpError(413, f"{what} larger than {limit} bytes")
         chunks.append(chunk)
     return b"".join(chunks)
 
