@@ -7,8 +7,9 @@ in front of that upstream. The client (this process, asyncio + httpx) sends requ
 the upstream and through each router; added latency = router latency - direct latency, at the
 median and p99, for text prompts (``/v1/completions``, routers tokenize) and token-id prompts
 (``/generate`` with ``input_ids``), at 1 and 32 concurrent clients. Targets are measured in
-interleaved rounds so machine-load drift hits them alike. Our router's time per stage (tokenize,
-policy, proxy connect) comes from its ``router_stage_seconds`` metric (mean per request).
+interleaved rounds, in another order each round, so machine-load drift hits them alike. Our
+router's time per stage (tokenize, policy, proxy connect) comes from its ``router_stage_seconds``
+metric (mean per request).
 
 A third target, ``http-floor`` (``benchmarks/harness/router_floor.py``), is the HTTP stack our
 router runs on (uvicorn with our protocol, our upstream client) forwarding bodies unchanged, without
@@ -49,6 +50,7 @@ import httpx
 from benchmarks.harness.lean_client import run_batch
 from benchmarks.harness.paths import REPO as ROOT
 from benchmarks.harness.paths import RESULTS
+from benchmarks.harness.spread import rotated
 from sglang_patch.ports import free_port
 
 RESULT = RESULTS / "router_overhead.json"
@@ -195,10 +197,12 @@ def main(argv: list[str] | None = None) -> int:
         lat: dict[tuple[str, str, int], list[float]] = {}
         stages: dict[tuple[str, str, int], dict[str, list[float]]] = {}
         per_round: dict[tuple[str, str, int], list[float]] = {}  # each round's median
-        for _ in range(args.rounds):
+        for r in range(args.rounds):
             for conc in (1, 32):
                 for inp, (path, body) in inputs.items():
-                    for name, base in targets.items():
+                    # each round in another order: no target always runs after the same one
+                    for name in rotated(list(targets), r):
+                        base = targets[name]
                         is_ours = name.startswith("radix-global")
                         before = stage_sums(f"{base}/metrics") if is_ours else {}
                         n = max(conc, args.requests // args.rounds // conc * conc)
