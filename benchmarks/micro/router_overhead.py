@@ -197,11 +197,11 @@ def main(argv: list[str] | None = None) -> int:
         lat: dict[tuple[str, str, int], list[float]] = {}
         stages: dict[tuple[str, str, int], dict[str, list[float]]] = {}
         per_round: dict[tuple[str, str, int], list[float]] = {}  # each round's median
-        for r in range(args.rounds):
+        for rnd in range(args.rounds):
             for conc in (1, 32):
                 for inp, (path, body) in inputs.items():
                     # each round in another order: no target always runs after the same one
-                    for name in rotated(list(targets), r):
+                    for name in rotated(list(targets), rnd):
                         base = targets[name]
                         is_ours = name.startswith("radix-global")
                         before = stage_sums(f"{base}/metrics") if is_ours else {}

@@ -28,6 +28,10 @@ Tokens = Annotated[int, Meta(ge=0)]
 Seconds = Annotated[float, Meta(gt=0)]  # finite: JSON has no infinity, 1e999 is out of range
 
 
+# The fields the router may set in an engine's body (``router/request/inbound.py``).
+ENGINE_FIELDS = ("rid", "request_id", "cache_salt", "routed_dp_rank")
+
+
 class RequestKind(StrEnum):
     """Which front-end endpoint a request came in on."""
 
@@ -43,9 +47,10 @@ class BodyError(ValueError):
 class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
     """What every endpoint's body has that the router reads.
 
-    ``rid``, ``request_id``, ``cache_salt`` and ``routed_dp_rank`` are the router's to decide (an
-    engine never sees the client's); they default to ``UNSET`` so that a field sent as ``null`` is
-    still known to be there (it is replaced, not added). Subclasses say where the prompt is."""
+    ``rid``, ``request_id``, ``cache_salt`` and ``routed_dp_rank`` are the fields the router may
+    set in the engine's body; they default to ``UNSET`` so that one the client sent, even as
+    ``null``, is known to be there (replaced, not added twice). Subclasses say where the prompt
+    is (:meth:`_prompt`)."""
 
     model: str | None = None
     stream: bool | None = None
@@ -57,9 +62,14 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
     ttft_slo_s: Seconds | None = None
 
     def __post_init__(self) -> None:
-        batch = self.batch
-        if batch is not None and batch > MAX_BATCH:
-            raise BodyError(f"a batch of {batch} prompts is more than {MAX_BATCH}")
+        prompt = self._prompt()
+        batch = _batch_of(prompt)
+        if batch is not None:
+            if batch > MAX_BATCH:
+                raise BodyError(f"a batch of {batch} prompts is more than {MAX_BATCH}")
+            shape = type(prompt[0])
+            if not all(isinstance(p, shape) for p in prompt):
+                raise BodyError("a batch of prompts must be all strings or all token-id lists")
         if isinstance(self.rid, list) and len(self.rid) != (batch or 1):
             raise BodyError("'rid' must be one string per prompt of the batch")
         label = self.client_rid
@@ -67,10 +77,14 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
                                   or not label.isprintable()):
             raise BodyError(f"'rid' must be 1 to {CLIENT_RID_MAX_CHARS} printable characters")
 
+    def _prompt(self) -> Any:
+        """The prompt field as sent: one prompt or a batch (None: not a list-shaped prompt)."""
+        return None
+
     @property
     def batch(self) -> int | None:
         """How many prompts a batch request carries (None: one prompt, not a batch)."""
-        return None
+        return _batch_of(self._prompt())
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -103,19 +117,22 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
         return value if isinstance(value, str) and value else None
 
     def has(self, field: str) -> bool:
-        """Whether the client sent ``field``, one of the router's own, even as ``null`` (False
-        for a field this struct does not hold)."""
-        return getattr(self, field, UNSET) is not UNSET
+        """Whether the client sent ``field``, one the router may set, even as ``null`` (a name
+        this struct does not hold is an ``AttributeError``: the router cannot tell, so it must
+        not set it)."""
+        return getattr(self, field) is not UNSET
+
+    @property
+    def sets_engine_field(self) -> bool:
+        """Whether the client sent a field the router may set (its body is then rewritten)."""
+        return any(self.has(k) for k in ENGINE_FIELDS)
 
 
 def _batch_of(prompt: object) -> int | None:
     """The number of prompts of a list of prompts (strings or token-id lists), None for one
-    prompt (a string or one token-id list); a list mixing the two shapes is refused."""
+    prompt (a string or one token-id list). Its shape was checked when it was decoded."""
     if not isinstance(prompt, list) or not prompt or not isinstance(prompt[0], str | list):
         return None
-    shape = type(prompt[0])
-    if not all(isinstance(p, shape) for p in prompt):
-        raise BodyError("a batch of prompts must be all strings or all token-id lists")
     return len(prompt)
 
 
@@ -136,13 +153,15 @@ class GenerateBody(RequestBody, kw_only=True, frozen=True):
     sampling_params: SamplingParams | list[SamplingParams] | None = None
 
     def __post_init__(self) -> None:
-        if self.input_ids is None and self.text is None:
-            raise BodyError("/generate needs 'text' (string) or 'input_ids' (list of ints)")
+        if self.input_ids is None and not self.text:
+            raise BodyError("/generate needs 'text' (a string, or a non-empty list of them) or "
+                            "'input_ids' (a list of ints, or a list of such lists)")
+        if self.input_ids and isinstance(self.input_ids[0], str):
+            raise BodyError("'input_ids' must be token ids (ints), not strings")
         super().__post_init__()
 
-    @property
-    def batch(self) -> int | None:
-        return _batch_of(self.input_ids if self.input_ids is not None else self.text)
+    def _prompt(self) -> Any:
+        return self.input_ids if self.input_ids is not None else self.text
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -175,9 +194,8 @@ class CompletionBody(_OpenAiBody, kw_only=True, frozen=True):
             raise BodyError("'prompt' must not be empty")
         super().__post_init__()
 
-    @property
-    def batch(self) -> int | None:
-        return _batch_of(self.prompt)
+    def _prompt(self) -> Any:
+        return self.prompt
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -198,10 +216,26 @@ class ChatBody(_OpenAiBody, kw_only=True, frozen=True):
         super().__post_init__()
 
 
+# Lax, as the engines' pydantic models are: 100.0 is an int, "true" a bool; 100.5 is no int.
 _DECODERS: dict[RequestKind, msgspec.json.Decoder[RequestBody]] = {
-    RequestKind.GENERATE: msgspec.json.Decoder(GenerateBody),
-    RequestKind.COMPLETION: msgspec.json.Decoder(CompletionBody),
-    RequestKind.CHAT: msgspec.json.Decoder(ChatBody)}
+    RequestKind.GENERATE: msgspec.json.Decoder(GenerateBody, strict=False),
+    RequestKind.COMPLETION: msgspec.json.Decoder(CompletionBody, strict=False),
+    RequestKind.CHAT: msgspec.json.Decoder(ChatBody, strict=False)}
+
+
+def decode_object(raw: bytes) -> dict[str, Any]:
+    """``raw`` whole, as a dict, for a body the router rewrites. :class:`BodyError` for what the
+    typed decode let through because it only skipped it (a number out of range in a field the
+    router does not read, say)."""
+    try:
+        obj = msgspec.json.decode(raw)
+    except msgspec.DecodeError as exc:
+        raise BodyError(f"invalid request: {exc}") from None
+    except RecursionError:
+        raise BodyError("JSON nested too deeply") from None
+    if not isinstance(obj, dict):
+        raise BodyError("request body must be a JSON object")
+    return obj
 
 
 def decode_body(kind: RequestKind, raw: bytes) -> RequestBody:
@@ -210,7 +244,7 @@ def decode_body(kind: RequestKind, raw: bytes) -> RequestBody:
     try:
         return _DECODERS[kind].decode(raw)
     except msgspec.ValidationError as exc:
-        if str(exc).startswith("Expected `object`") and "- at `$" not in str(exc):
+        if raw.lstrip()[:1] != b"{":
             raise BodyError("request body must be a JSON object") from None
         raise BodyError(f"invalid request: {exc}") from None
     except msgspec.DecodeError as exc:

@@ -127,13 +127,12 @@ def native_body(payload: Mapping[str, Any], batch: int | None, prefill_url: str,
         raise PdError(f"prefill worker has no bootstrap port ({bootstrap_port})")
     body = dict(payload)
     host = bootstrap_host_of(prefill_url)
-    n = batch
-    if n is None:
+    if batch is None:
         body.update(bootstrap_host=host, bootstrap_port=bootstrap_port, bootstrap_room=room)
     else:
         rng = random.Random(room)
-        body.update(bootstrap_host=[host] * n, bootstrap_port=[bootstrap_port] * n,
-                    bootstrap_room=[room] + [new_bootstrap_room(rng) for _ in range(n - 1)])
+        body.update(bootstrap_host=[host] * batch, bootstrap_port=[bootstrap_port] * batch,
+                    bootstrap_room=[room] + [new_bootstrap_room(rng) for _ in range(batch - 1)])
     return body
 
 
@@ -166,10 +165,8 @@ def prefill_only_body(payload: Mapping[str, Any], kind: RequestKind, request_id:
     return body
 
 
-def decode_body(payload: Mapping[str, Any], kind: RequestKind, request_id: str) -> dict[str, Any]:
+def decode_step_body(payload: Mapping[str, Any], request_id: str) -> dict[str, Any]:
     """The decode step of a pool hand-off: the client's request under its own rid."""
-    if kind not in set(RequestKind):
-        raise PdError(f"unknown request kind {kind!r}")
     body = dict(payload)
     body["rid"] = request_id
     return body

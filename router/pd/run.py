@@ -23,7 +23,7 @@ from router.pd.protocol import (
     PdError,
     PdUtilization,
     cached_tokens_of,
-    decode_body,
+    decode_step_body,
     prefill_only_body,
 )
 from router.routing.contract import RouteRequest, WorkerState
@@ -160,7 +160,7 @@ class PdRun:
         """POST to the decode worker and yield its answer. Raises ``_Retryable`` if it failed
         before answering anything."""
         orch = self.orch
-        body = msgspec.json.encode(decode_body(self.payload, self.kind, self.req.request_id))
+        body = msgspec.json.encode(decode_step_body(self.payload, self.req.request_id))
         try:
             resp = await orch.data.open_stream(decode.url + self.path, body, self.headers)
         except UpstreamUnavailable as exc:

@@ -25,7 +25,7 @@ from starlette.responses import Response
 from starlette.types import ASGIApp
 
 from radix_global.keys import page_keys
-from radix_global.types import Namespace, PageKey
+from radix_global.types import Namespace, PageKey, Role
 from router.cluster.prefix_tokens import WarmScope
 from router.cluster.registry import WorkerEntry
 from router.keying.lora import ModelRef, adapter_extra_key, resolve_model
@@ -36,6 +36,7 @@ from router.keying.request_body import (
     RequestBody,
     RequestKind,
     decode_body,
+    decode_object,
 )
 from router.keying.tenants import Tenant, TenantError, effective_salt
 from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
@@ -136,8 +137,11 @@ async def _accept(state: RouterState, request: Request, kind: RequestKind, upstr
     # Read before the awaits below (a worker may leave meanwhile); one model, one namespace.
     keyed = await _keyed(state, entries[0], body, len(raw), ref, tenant)
     req = keyed.req
+    rewritten = body.sets_engine_field or state.pd_pool is not None \
+        or any(e.info.role is Role.DECODE for e in entries)
     inbound = Inbound(req, body, raw, keyed.scope.cache_salt, kind, upstream_path, ref.model,
-                      forward_headers(request.headers), t0)
+                      forward_headers(request.headers), t0,
+                      decode_object(raw) if rewritten else None)
     await prefetch_matches(state, req)
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)
         await state.pd_pool.learn_capacity(entries)

@@ -9,9 +9,7 @@ from __future__ import annotations
 import secrets
 from typing import Any, NamedTuple
 
-import msgspec
-
-from router.keying.request_body import RequestBody, RequestKind
+from router.keying.request_body import RequestBody, RequestKind, decode_object
 from router.routing.contract import RouteRequest
 from router.transport.bodies import encode_with
 
@@ -28,6 +26,9 @@ class Inbound(NamedTuple):
     model: str  # the served model (without a LoRA suffix)
     headers: dict[str, str]  # the request headers passed on to workers
     t0: float  # when the request arrived (router clock)
+    # ``raw`` decoded whole, at the edge, when the router may rewrite the body (the client sent
+    # a field the router sets, or a PD hand-off may follow); None on the common path
+    client_json: dict[str, Any] | None = None
 
     @property
     def stream(self) -> bool:
@@ -44,10 +45,10 @@ class Inbound(NamedTuple):
         return self.body.client_rid
 
     def payload(self) -> dict[str, Any]:
-        """The client's whole body as a dict, decoded anew (for the bodies the router rewrites:
-        PD hand-offs; the common path never needs it)."""
-        payload: dict[str, Any] = msgspec.json.decode(self.raw)
-        return payload
+        """The client's whole body as a dict (for the bodies the router rewrites: PD hand-offs).
+        Decoded at the edge where one could follow; decoded now otherwise (a decode worker
+        joined since), which is the one place a :class:`BodyError` can still surface."""
+        return self.client_json if self.client_json is not None else decode_object(self.raw)
 
     def engine_rids(self, rid: str) -> list[str]:
         """The engine request ids of ``rid``: one, or one per prompt of a batch."""
@@ -68,9 +69,9 @@ class Inbound(NamedTuple):
         return fields
 
     def engine_body(self, fields: dict[str, Any]) -> bytes:
-        """The client's body with ``fields`` set: spliced in front of the bytes as sent, or
-        the body re-encoded where the client sent one of them itself."""
-        return encode_with(self.raw, fields, replaces=any(self.body.has(k) for k in fields))
+        """The client's body with ``fields`` (of ``ENGINE_FIELDS``) set: spliced in front of the
+        bytes as sent, or the body re-encoded where the client sent one of them itself."""
+        return encode_with(self.raw, fields, self.client_json)
 
 
 def new_rid() -> str:

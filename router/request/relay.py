@@ -120,6 +120,7 @@ class Forward:
     async def _run(self, send: Send) -> None:
         st = self.state
         excluded: set[str] = set()
+        attempts = 0
         while True:
             a = self.attempt
             a.begin()
@@ -136,11 +137,12 @@ class Forward:
                 if not isinstance(exc, UpstreamGone):  # gone: removed already
                     st.health.connect_failed(wid, exc)  # timeout: kept; refused: removed
                 excluded.add(wid)
+                attempts += 1
                 # the prefill side of a refused decode saw (and dropped) that rid: a new one
-                rid = f"{self.inbound.req.request_id}-pd{len(excluded)}" \
+                rid = f"{self.inbound.req.request_id}-pd{attempts}" \
                     if isinstance(exc, DecodeRefused) else a.engine_rid
                 try:
-                    if len(excluded) > st.config.proxy.max_retries:
+                    if attempts > st.config.proxy.max_retries:
                         raise HttpError(503, "no worker took the request",
                                         ErrorType.UNAVAILABLE) from exc
                     self.attempt = Attempt(st, self.inbound, route(st, self.inbound, excluded),

@@ -4,17 +4,20 @@ event of a streamed answer (:func:`last_sse_event`)."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
 
 
-def encode_with(raw: bytes, fields: dict[str, Any], replaces: bool = False) -> bytes:
+def encode_with(raw: bytes, fields: dict[str, Any], payload: Mapping[str, Any] | None = None
+                ) -> bytes:
     """The JSON object ``raw`` with ``fields`` set. Spliced in front of it, not re-encoded (a
-    long ``input_ids`` list is most of a request's bytes), unless ``raw`` has one of them
-    already (``replaces``): then it is decoded and encoded whole, so no key appears twice."""
-    if replaces:
-        return msgspec.json.encode({**msgspec.json.decode(raw), **fields})
+    long ``input_ids`` list is most of a request's bytes), unless ``payload`` (``raw`` decoded,
+    given when ``raw`` may hold one of ``fields`` already) has one of them: then ``payload`` is
+    encoded whole with ``fields`` in place, so no key appears twice."""
+    if payload is not None and any(k in payload for k in fields):
+        return msgspec.json.encode({**payload, **fields})
     if not fields:
         return raw
     body = raw.lstrip()

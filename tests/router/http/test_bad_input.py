@@ -33,6 +33,13 @@ def test_malformed_json(one):
     assert r.status_code == 400 and "malformed JSON" in _message(r)
     r = c.post("/v1/completions", json=[1, 2])
     assert r.status_code == 400 and "JSON object" in _message(r)
+    # a number out of range where the router does not read: found when the body must be
+    # rewritten (the client sent its own rid), and a 400 then too, not a router error
+    peer, _, _ = one
+    sent = len(peer.requests)
+    r = c.post("/generate", content=b'{"input_ids": [1, 2], "temperature": 1e400, "rid": "x"}')
+    assert r.status_code == 400 and "out of range" in _message(r), r.text
+    assert len(peer.requests) == sent
 
 
 def test_unknown_model(one):

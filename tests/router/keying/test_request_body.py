@@ -17,6 +17,7 @@ from router.keying.request_body import (
     GenerateBody,
     RequestKind,
     decode_body,
+    decode_object,
 )
 from router.request.inbound import Inbound
 from router.routing.contract import RouteRequest
@@ -47,12 +48,16 @@ def test_each_endpoint_reads_its_prompt_batch_and_output_hint():
 
 @pytest.mark.parametrize(("kind", "body", "says"), [
     (RequestKind.GENERATE, {"sampling_params": {}}, "'text'"),
+    (RequestKind.GENERATE, {"text": []}, "'text'"),
+    (RequestKind.GENERATE, {"input_ids": ["a", "b"]}, "not strings"),
+    (RequestKind.GENERATE, {"input_ids": [[1], "b"]}, "all strings or all token-id lists"),
+    (RequestKind.COMPLETION, {"prompt": "x", "max_tokens": 1.5}, "max_tokens"),
     (RequestKind.GENERATE, {"text": "x", "sampling_params": {"max_new_tokens": -1}},
      "max_new_tokens"),
     (RequestKind.COMPLETION, {}, "prompt"),
     (RequestKind.COMPLETION, {"prompt": []}, "empty"),
     (RequestKind.COMPLETION, {"prompt": ["a", [1]]}, "all strings"),
-    (RequestKind.COMPLETION, {"prompt": "x", "max_tokens": "9"}, "max_tokens"),
+    (RequestKind.COMPLETION, {"prompt": "x", "max_tokens": "nine"}, "max_tokens"),
     (RequestKind.COMPLETION, {"prompt": "x", "ttft_slo_s": 0}, "ttft_slo_s"),
     (RequestKind.COMPLETION, {"prompt": "x", "ttft_slo_s": True}, "ttft_slo_s"),
     (RequestKind.COMPLETION, {"prompt": "x", "cache_salt": 3}, "cache_salt"),
@@ -72,6 +77,24 @@ def test_a_body_out_of_bounds_is_refused_naming_the_field(kind, body, says):
         _decode(kind, body)
 
 
+def test_values_the_engines_take_laxly_are_taken_too():
+    """The engines' pydantic models are lax: 100.0 is an int, "true" a bool. So are these."""
+    body = _decode(RequestKind.COMPLETION, {"prompt": "x", "max_tokens": 100.0,
+                                            "stream": "true", "ttft_slo_s": "2"})
+    assert (body.output_tokens_hint, body.stream_requested, body.ttft_slo_s) == (100, True, 2.0)
+
+
+def test_a_body_rewritten_whole_is_checked_whole():
+    """The typed decode skips what it does not read; a body the router re-encodes is decoded
+    whole, and what only that finds (a number out of range) is a 400 too, never a crash."""
+    raw = b'{"text": "x", "temperature": 1e400, "rid": "mine"}'
+    body = decode_body(RequestKind.GENERATE, raw)  # temperature is not the router's business
+    assert body.sets_engine_field
+    with pytest.raises(BodyError, match="out of range"):
+        decode_object(raw)
+    assert decode_object(b'{"a": 1}') == {"a": 1}
+
+
 def test_malformed_json_is_a_body_error():
     with pytest.raises(BodyError, match="malformed JSON"):
         decode_body(RequestKind.CHAT, b'{"messages": [')
@@ -81,15 +104,19 @@ def test_malformed_json_is_a_body_error():
 
 def test_the_router_knows_which_of_its_own_fields_the_client_sent():
     body = _decode(RequestKind.GENERATE, {"text": "x", "rid": None, "future_field": {"a": 1}})
-    assert body.has("rid") and not body.has("cache_salt") and not body.has("future_field")
+    assert body.has("rid") and not body.has("cache_salt") and body.sets_engine_field
+    with pytest.raises(AttributeError):  # not a field the router may set: it cannot tell
+        body.has("future_field")
+    assert not _decode(RequestKind.GENERATE, {"text": "x", "model": "m"}).sets_engine_field
     assert body.client_rid is None
     assert _decode(RequestKind.GENERATE, {"text": ["a", "b"], "rid": ["p", "q"]}).client_rid == "p"
 
 
 def _inbound(raw: bytes) -> Inbound:
     req = RouteRequest("rg-1", Namespace("ns"), 1, [], 16)
-    return Inbound(req, decode_body(RequestKind.GENERATE, raw), raw, "salt",
-                   RequestKind.GENERATE, "/generate", "m", {}, 0.0)
+    body = decode_body(RequestKind.GENERATE, raw)
+    return Inbound(req, body, raw, "salt", RequestKind.GENERATE, "/generate", "m", {}, 0.0,
+                   decode_object(raw) if body.sets_engine_field else None)
 
 
 def test_unknown_fields_reach_the_engine_byte_for_byte():
