@@ -24,7 +24,9 @@ replaced in the same interleaved rounds, under the same machine load.
 
 The client is lean on purpose (asyncio streams, request bytes built once, httptools parsing), so
 its own CPU, on the same machine as the routers, stays small. The run ends with a verdict against
-the issue's target: median added latency <= 1 ms and within 1.5x of sglang-router's.
+the issue's target: median added latency <= 1 ms and within 1.5x of sglang-router's. A fifth target,
+``smg`` (1.13, ``cache_aware``: sglang-router's successor as SGLang's gateway), gives the ratios of
+ours to today's peer, and the check of issue 39: our CPU per request <= 1.5x smg's.
 
 Run: ``python -m benchmarks.micro.router_overhead`` (table +
 ``benchmarks/results/router_overhead.json``).
@@ -51,10 +53,12 @@ from benchmarks.harness.lean_client import run_batch
 from benchmarks.harness.paths import REPO as ROOT
 from benchmarks.harness.paths import RESULTS
 from benchmarks.harness.spread import rotated
+from radix_global_tools.cluster.local import RouterSpec, router_argv
 from sglang_patch.ports import free_port
 
 RESULT = RESULTS / "router_overhead.json"
 FLOOR = "http-floor"  # benchmarks/harness/router_floor.py: our HTTP stack forwarding, no routing
+SMG = "smg"  # smg 1.13, sglang-router's successor as SGLang's gateway (cache_aware)
 
 # ---- processes ------------------------------------------------------------------------------
 
@@ -170,14 +174,16 @@ def main(argv: list[str] | None = None) -> int:
                             "--policy", "cache_aware", "--log-level", "warn",
                             "--prometheus-host", "127.0.0.1", "--prometheus-port",
                             str(free_port())], work / "sgl.log"))
-        floor_port = free_port()
+        floor_port, smg_port = free_port(), free_port()
         procs.append(spawn([sys.executable, "-m", "benchmarks.harness.router_floor", "--upstream",
                             up, "--port", str(floor_port)], work / "floor.log"))
+        procs.append(spawn(router_argv(RouterSpec(SMG, "cache_aware"), smg_port, [up], ""),
+                           work / "smg.log"))
         targets = {"direct": up, "radix-global": f"http://127.0.0.1:{ours_port}",
                    "sglang-router": f"http://127.0.0.1:{sgl_port}",
-                   FLOOR: f"http://127.0.0.1:{floor_port}"}
+                   FLOOR: f"http://127.0.0.1:{floor_port}", SMG: f"http://127.0.0.1:{smg_port}"}
         pids = {"radix-global": procs[1].pid, "sglang-router": procs[2].pid,
-                FLOOR: procs[3].pid}
+                FLOOR: procs[3].pid, SMG: procs[4].pid}
         if args.baseline:
             base_root = checkout(args.baseline, work / "baseline")
             base_port = free_port()
@@ -256,15 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{r['router']:<22} {r['input']:<5} {r['concurrency']:>4} {r['median_ms']:>8.3f} "
               f"{r['p99_ms']:>8.3f} {r['added_median_ms']:>8.3f} {r['added_p99_ms']:>8.3f} "
               f"{r['cpu_ms_per_request']:>8.3f}  {st}")
-    ratios: dict[str, float | None] = {}
-    for conc in (1, 32):
-        for inp in inputs:
-            ours = next(r for r in rows if r["router"] == "radix-global" and r["input"] == inp
-                        and r["concurrency"] == conc)
-            peer = next(r for r in rows if r["router"] == "sglang-router" and r["input"] == inp
-                        and r["concurrency"] == conc)
-            ratios[f"{inp}@{conc}"] = (ours["added_median_ms"] / peer["added_median_ms"]
-                                       if peer["added_median_ms"] > 0 else None)
+    ratios = ratios_to(rows, "sglang-router", "added_median_ms")
     result = {"prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
               "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows,
               "added_median_ratio_ours_over_sglang_router": ratios,
@@ -272,18 +270,23 @@ def main(argv: list[str] | None = None) -> int:
                                    *(argv or sys.argv[1:])])}
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(result, indent=2))
-    cpu_ratio = {k: r["cpu_ms_per_request"] / p["cpu_ms_per_request"]
-                 for r in rows if r["router"] == "radix-global"
-                 for p in rows if p["router"] == "sglang-router" and p["input"] == r["input"]
-                 and p["concurrency"] == r["concurrency"]
-                 for k in [f"{r['input']}@{r['concurrency']}"] if p["cpu_ms_per_request"] > 0}
+    cpu_ratio = ratios_to(rows, "sglang-router", "cpu_ms_per_request")
     result["cpu_ratio_ours_over_sglang_router"] = cpu_ratio
+    smg_added = ratios_to(rows, SMG, "added_median_ms")
+    smg_cpu = ratios_to(rows, SMG, "cpu_ms_per_request")
+    result.update(added_median_ratio_ours_over_smg=smg_added, cpu_ratio_ours_over_smg=smg_cpu)
     result["verdict"] = verdict(rows)
     if args.baseline:
         result["versus_baseline"] = versus_baseline(rows, f"radix-global@{args.baseline}")
     Path(args.json).write_text(json.dumps(result, indent=2))
     print(f"ratio ours/sglang-router (added median): {ratios}")
     print(f"ratio ours/sglang-router (router CPU per request): {cpu_ratio}")
+    print(f"ratio ours/smg (added median): {_rounded(smg_added)}")
+    cpu_met = all(v is not None and v <= TARGET_CPU_RATIO_SMG for v in smg_cpu.values())
+    result["cpu_vs_smg_met"] = cpu_met
+    Path(args.json).write_text(json.dumps(result, indent=2))
+    print(f"ratio ours/smg (router CPU per request): {_rounded(smg_cpu)}; target <= "
+          f"{TARGET_CPU_RATIO_SMG}x: {'MET' if cpu_met else 'MISSED'}")
     for line in result["verdict"]["lines"] + result.get("versus_baseline", {}).get("lines", []):
         print(line)
     print(f"wrote {args.json}")
@@ -292,6 +295,21 @@ def main(argv: list[str] | None = None) -> int:
 
 TARGET_ADDED_MEDIAN_MS = 1.0
 TARGET_RATIO = 1.5
+TARGET_CPU_RATIO_SMG = 1.5  # issue 39: router CPU per request <= 1.5x smg's, same run
+
+
+def ratios_to(rows: list[dict[str, Any]], peer: str, key: str) -> dict[str, float | None]:
+    """Ours over ``peer`` in ``key``, per ``<input>@<clients>``; None where the peer's <= 0."""
+    out: dict[str, float | None] = {}
+    for r in (r for r in rows if r["router"] == "radix-global"):
+        p = next(p for p in rows if p["router"] == peer and p["input"] == r["input"]
+                 and p["concurrency"] == r["concurrency"])
+        out[f"{r['input']}@{r['concurrency']}"] = r[key] / p[key] if p[key] > 0 else None
+    return out
+
+
+def _rounded(ratios: dict[str, float | None]) -> dict[str, float | None]:
+    return {k: None if v is None else round(v, 2) for k, v in ratios.items()}
 
 
 def verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
