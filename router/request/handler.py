@@ -127,7 +127,8 @@ async def _accept(state: RouterState, request: Request, kind: RequestKind, upstr
                   ) -> ASGIApp:
     cfg = state.config
     t0 = state.clock()
-    tenant = state.tenants.resolve(request.headers.get("authorization"))  # before the body
+    headers = forward_headers(request.scope["headers"])
+    tenant = state.tenants.resolve(headers.get("authorization"))  # before the body
     raw = await read_body(request, cfg.client.max_body_bytes)
     body = decode_body(kind, raw)
     ref = _model_of(state, body.model, kind)
@@ -140,7 +141,7 @@ async def _accept(state: RouterState, request: Request, kind: RequestKind, upstr
     rewritten = body.sets_engine_field or state.pd_pool is not None \
         or any(e.info.role is Role.DECODE for e in entries)
     inbound = Inbound(req, body, raw, keyed.scope.cache_salt, kind, upstream_path, ref.model,
-                      forward_headers(request.headers), t0,
+                      headers, t0,
                       decode_object(raw) if rewritten else None)
     await prefetch_matches(state, req)
     if state.pd_pool is not None:  # prefill/decode hand-off through the L3 pool (docs/pd.md)

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Iterable
 from dataclasses import dataclass
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, TypeVar
 
 import httpx
 from starlette.types import Receive, Scope
@@ -40,7 +40,7 @@ T = TypeVar("T")
 
 # Request headers worth passing on; hop-by-hop and length headers are recomputed. Not the
 # client's x-request-id: engines may key requests by it (vLLM), so the relay sends the router's.
-_FORWARD_HEADERS = ("authorization", "accept", "user-agent")
+_FORWARD_HEADERS = frozenset({b"authorization", b"accept", b"user-agent"})
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,13 @@ class ClientGone(Exception):
     """The client disconnected before the answer was complete."""
 
 
-def forward_headers(headers: Any) -> dict[str, str]:
-    out = {k: headers[k] for k in _FORWARD_HEADERS if k in headers}
+def forward_headers(raw: Iterable[tuple[bytes, bytes]]) -> dict[str, str]:
+    """The client's headers passed on to a worker, from the ASGI scope's ``headers`` (names in
+    lower case; a repeated header's first value): one pass, no per-name search of the list."""
+    out: dict[str, str] = {}
+    for name, value in raw:
+        if name in _FORWARD_HEADERS:
+            out.setdefault(name.decode("latin-1"), value.decode("latin-1"))
     out["content-type"] = "application/json"
     return out
 

@@ -112,7 +112,8 @@ def test_until_disconnect_with_the_servers_hook():
 
 
 def test_headers_and_sse_helpers():
-    fwd = forward_headers({"authorization": "Bearer k", "host": "x", "content-length": "3"})
+    fwd = forward_headers([(b"authorization", b"Bearer k"), (b"host", b"x"),
+                           (b"content-length", b"3"), (b"authorization", b"Bearer other")])
     assert fwd == {"authorization": "Bearer k", "content-type": "application/json"}
     err = sse_error("boom").decode()
     assert json.loads(err.split("\n\n")[0][5:])["error"]["message"] == "boom"
