@@ -28,7 +28,7 @@ from sglang_patch.ports import free_port
 REPO = Path(__file__).resolve().parents[3]
 
 
-def _until(predicate: Any, timeout: float = 10.0) -> None:
+def _until(predicate: Any, timeout: float = 30.0) -> None:  # waits, not bounds: CI is shared
     deadline = time.monotonic() + timeout
     while not predicate():
         assert time.monotonic() < deadline, "timed out"
