@@ -30,14 +30,16 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import httpx
 
@@ -173,12 +175,25 @@ class LocalCluster:
         self.procs: list[Proc] = []
         self.pools: list[tuple[str, str]] = []  # (pool id, root) to destroy on close
         self.sems = semaphores()  # /dev/shm before any engine of this cluster started
+        self._sigterm: Any = None  # the SIGTERM handler before ours, while ours is set
 
     def __enter__(self) -> LocalCluster:
+        # SIGTERM (a timeout, CI, a user's kill) would end this process at once and leave its
+        # engines, their own children and shared memory behind (each runs in its own session);
+        # as SystemExit it unwinds through close(). Only where nobody chose a handler already,
+        # and only the main thread may set one.
+        if (threading.current_thread() is threading.main_thread()
+                and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL):
+            self._sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        self.close()
+        try:
+            self.close()
+        finally:
+            if self._sigterm is not None:
+                signal.signal(signal.SIGTERM, self._sigterm)
+                self._sigterm = None
 
     def _spawn(self, name: str, argv: list[str], url: str, env: dict[str, str] | None = None,
                cores: set[int] | None = None) -> Proc:
@@ -285,6 +300,10 @@ class LocalCluster:
             self.stop(proc)
         for pool_id, root in list(self.pools):
             self._destroy_pool(pool_id, root)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _worker_list(data: object) -> list[object]:

@@ -1,0 +1,50 @@
+"""LocalCluster stops what it started when its process is told to stop (SIGTERM)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[3]
+
+# Starts one long-lived child through the cluster, prints its pid, then waits to be stopped.
+_OWNER = """
+import sys, time
+from radix_global_tools.cluster.local import LocalCluster
+with LocalCluster(sys.argv[1], stop_timeout_s=5) as cluster:
+    child = cluster._spawn("sleeper", [sys.executable, "-c", "import time; time.sleep(120)"],
+                           "http://127.0.0.1:9")
+    print(child.popen.pid, flush=True)
+    time.sleep(120)
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except FileNotFoundError:
+        return False
+    return state != "Z"
+
+
+def test_sigterm_stops_the_clusters_processes(tmp_path: Path) -> None:
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER, str(tmp_path)], cwd=REPO,
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    child = int(owner.stdout.readline())
+    try:
+        assert _alive(child)
+        owner.send_signal(signal.SIGTERM)
+        assert owner.wait(timeout=30) == 128 + signal.SIGTERM
+        deadline = time.monotonic() + 10
+        while _alive(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not _alive(child), "the cluster's child outlived its owner"
+    finally:
+        owner.kill()
+        if _alive(child):
+            os.kill(child, signal.SIGKILL)
