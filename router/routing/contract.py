@@ -22,6 +22,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
+from operator import attrgetter
 from typing import ClassVar, NamedTuple, Protocol
 
 from radix_global.ops import MatchResult
@@ -229,11 +230,14 @@ def is_prefill_candidate(req: RouteRequest, worker: WorkerState) -> bool:
     return worker.accepting and worker.role != Role.DECODE and worker.namespace == req.namespace
 
 
+_SLOT_ORDER = attrgetter("worker_id", "dp_rank")  # ``WorkerState.slot``, without the property
+
+
 def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
     """Slots that may run ``req``'s prefill (accepting, not decode-only, same namespace), in slot
     order (worker id, dp rank): rotations and tie-breaks then do not depend on the order the
     caller listed the workers in."""
-    return sorted((w for w in workers if is_prefill_candidate(req, w)), key=lambda w: w.slot)
+    return sorted((w for w in workers if is_prefill_candidate(req, w)), key=_SLOT_ORDER)
 
 
 def slot_load(worker: WorkerState, view: ClusterView) -> int:

@@ -135,7 +135,12 @@ class CostModel:
         """The wait before a request routed to ``worker`` now starts its prefill: the FIFO of
         prefills (with the other routers' and corrected by the engine's report), plus the drag
         of the requests it has."""
-        return self._fifo_s(worker, now) + self.drag_s(worker.slot, worker.peer_requests)
+        slot = worker.slot
+        fifo = self._fifo_s(worker, slot, now)
+        drag = self._drag.get(slot[0])
+        if drag is None:  # the common case, kept cheap: this runs for every slot of a decision
+            return fifo
+        return fifo + drag.predict(self.queue.outstanding(slot) + worker.peer_requests)
 
     def drag_s(self, slot: Slot, elsewhere: int = 0) -> float:
         """What the requests ``slot`` has (queued or decoding; ``elsewhere``: routed by other
@@ -145,17 +150,17 @@ class CostModel:
         return drag.predict(self.queue.outstanding(slot) + elsewhere) if drag is not None \
             else 0.0
 
-    def _fifo_s(self, worker: WorkerState, now: float) -> float:
+    def _fifo_s(self, worker: WorkerState, slot: Slot, now: float) -> float:
         # Queued prompts are batched by the engine's scheduler: price other routers' and the
         # engine's queued tokens as one cold prefill of separate prompts (no attention across
         # them; their lengths are not known).
-        model = self.prefill_model(worker.worker_id)
-        routers = self.queue.queue_s(worker.slot, now)
+        routers = self.queue.queue_s(slot, now)
         if worker.peer_prefill_tokens > 0:
-            routers += model.predict_separate(worker.peer_prefill_tokens)
+            routers += self.prefill_model(worker.worker_id).predict_separate(
+                worker.peer_prefill_tokens)
         if not worker.waiting_tokens:  # unknown or none: the routers' view stands
             return routers
-        engine = model.predict_separate(worker.waiting_tokens)
+        engine = self.prefill_model(worker.worker_id).predict_separate(worker.waiting_tokens)
         # Only upwards: the engine sees what bypassed every router, but not what is on its way
         # to it (routed a moment ago), so a smaller report does not shorten the queue.
         return routers + self.config.engine_queue_weight * max(0.0, engine - routers)

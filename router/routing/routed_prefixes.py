@@ -17,7 +17,7 @@ at ``max_pages_per_slot`` (no eviction signal otherwise). Pure: time is passed i
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Sequence, Set
 
 from radix_global.types import PageKey, WorkerId
 
@@ -71,6 +71,10 @@ class RoutedPrefixes:
                 break
             count += 1
         return count
+
+    def slots(self) -> Set[Slot]:
+        """The slots some prefix was routed to (a view: read it, do not keep it)."""
+        return self._pages.keys()
 
     def pages(self, slot: Slot) -> int:
         return len(self._pages.get(slot, ()))

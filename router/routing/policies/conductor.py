@@ -40,6 +40,7 @@ nodes: that is what makes prefixes hot); it changes no other state.
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Sequence
 
 from radix_global.ops import IndexRefusal, MatchResult
@@ -247,23 +248,25 @@ class ConductorPolicy(RoutingPolicy):
         local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
         (then least load, then rotation)."""
         held = match.matched if match is not None else {}
+        routed_slots = self._routed.slots() if self._routed is not None else frozenset()
         keep: list[tuple[int, WorkerState, float | None, int | None]] = []
-        others: list[tuple[float, int, int, WorkerState]] = []
+        # (queue, load, rotation, position, slot): the order ``_pick`` breaks ties in (load,
+        # then rotation), so idle equal slots are shortlisted in the rotation the exhaustive
+        # choice would follow; the rotation is unique, so the slot itself is never compared.
+        others: list[tuple[float, int, int, int, WorkerState]] = []
+        n, turn = len(candidates), self._turn
         for i, c in enumerate(candidates):
-            own = held.get((c.worker_id, c.dp_rank))
+            slot = c.slot
+            own = held.get(slot)
             queue = view.cost.queue_s(c, now)
-            routed = self._routed_pages(c, req, now)
+            routed = self._routed_pages(c, req, now) if slot in routed_slots else 0
             if (own is not None and own.host > 0) or routed > 0:
                 keep.append((i, c, queue, routed))
             else:
-                others.append((queue, slot_load(c, view), i, c))
+                others.append((queue, slot_load(c, view), (i - turn) % n, i, c))
         if len(others) > k:
-            # Same order as ``_pick``'s tie-break (load, then rotation), so idle equal slots
-            # are shortlisted in the rotation the exhaustive choice would follow.
-            n, turn = len(candidates), self._turn
-            others.sort(key=lambda o: (o[0], o[1], (o[2] - turn) % n))
-            del others[k:]
-        keep.extend((i, c, queue, 0) for queue, _, i, c in others)
+            others = heapq.nsmallest(k, others)  # O(n log k), not a sort of every slot
+        keep.extend((i, c, queue, 0) for queue, _, _, i, c in others)
         keep.sort(key=lambda t: t[0])
         return keep
 
