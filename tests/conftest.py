@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.util
+import os
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,22 @@ settings.register_profile("radix-global", deadline=None)
 settings.load_profile("radix-global")
 
 SGLANG_INSTALLED = importlib.util.find_spec("sglang") is not None
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist (``make test-unit``), each worker process hands out ports from its own
+    slice of ``sglang_patch.ports.LATER_BIND_PORTS``: a port checked free by one worker and bound
+    seconds later (a spawned interpreter's) is then never handed out by the other meanwhile."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")  # gw0, gw1, ...
+    count = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if not worker.startswith("gw") or count < 2:
+        return
+    from sglang_patch import ports
+
+    low, high = ports.LATER_BIND_PORTS
+    size = (high - low + 1) // count
+    start = low + int(worker[2:]) * size
+    ports.LATER_BIND_PORTS = (start, start + size - 1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

@@ -330,12 +330,12 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     a pool lost silently is published as removed by the resync thread, shared-prefix
     aliases let a second tenant read (and not rewrite) the first one's prefix pages only, and
     over a Mooncake pool a batch of pages moves in one call."""
-    import socket
+    from sglang_patch.ports import free_port
 
     prefix = f"test-st-{uuid.uuid4().hex[:8]}"
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    # Bound seconds later, in a spawned interpreter: below the ephemeral range, where no
+    # outgoing connection (of the tests running beside this one) can take it meanwhile.
+    port = free_port()
     try:
         _isolated(_all_checks, prefix, port)
     finally:

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator
@@ -22,6 +21,8 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
+
+from sglang_patch.ports import free_port
 
 
 class SsePeer:
@@ -37,9 +38,7 @@ class SsePeer:
         self.bodies: list[dict[str, Any]] = []
         self.app = Starlette(routes=[Route("/generate", self._generate, methods=["POST"]),
                                      Route("/health", self._health)])
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = int(s.getsockname()[1])
+        self.port = free_port()  # below the ephemeral range: bound later, by uvicorn
         self.url = f"http://127.0.0.1:{self.port}"
         self._server = uvicorn.Server(uvicorn.Config(self.app, host="127.0.0.1", port=self.port,
                                                      log_level="warning"))
