@@ -12,7 +12,9 @@ import logging
 import math
 from collections import Counter
 from collections.abc import Sequence
-from typing import Any, NamedTuple, cast
+from typing import Annotated, Any, NamedTuple, cast
+
+import msgspec
 
 from radix_global.hotness import DEFAULT_HALF_LIFE_S, Decay
 from radix_global.locset import LocSetInterner
@@ -229,13 +231,13 @@ class GlobalIndex:
             parent_i, keys, locs, hits, stamp = node
             parent_i = _int(parent_i, -1, len(made) - 1, "parent index")
             parent = tree.root if parent_i == -1 else made[parent_i]
-            page_keys = [_int(k, *_INT64, "page key") for k in _list(keys, "keys")]
+            page_keys = _page_keys(keys)
             locations: set[Location] = set()
             for loc in _list(locs, "locations"):
                 if not isinstance(loc, list) or len(loc) != 3 or not isinstance(loc[0], str):
                     raise MalformedEventError("a snapshot location is [holder, dp_rank, tier]")
                 dp = _int(loc[1], 0, _UINT32_MAX, "dp_rank")
-                tier = Tier(_int(loc[2], min(Tier), max(Tier), "tier"))
+                tier = Tier(_int(loc[2], *_TIERS, "tier"))
                 locations.add(Location(cast(HolderId, loc[0]), dp, tier))
             made.append(tree.graft(parent, page_keys, frozenset(locations),
                                    _number(hits, "hits"), _shifted(stamp, shift_s, "stamp")))
@@ -262,6 +264,21 @@ def _list(value: Any, what: str) -> list[Any]:
     if not isinstance(value, list):
         raise MalformedEventError(f"snapshot {what} must be a list")
     return value
+
+
+_TIERS = (min(Tier), max(Tier))
+_PAGE_KEYS = list[Annotated[int, msgspec.Meta(ge=_INT64[0], le=_INT64[1])]]
+
+
+def _page_keys(value: Any) -> list[int]:
+    """A node's page keys, each an int64 (not a bool, not a float), checked in one C pass: a
+    restore checks every key of the index, 10M of them at 10M pages."""
+    try:
+        keys: list[int] = msgspec.convert(_list(value, "keys"), _PAGE_KEYS, strict=True)
+    except msgspec.ValidationError as exc:
+        raise MalformedEventError(f"snapshot page key must be an int in [{_INT64[0]}, "
+                                  f"{_INT64[1]}]: {exc}") from None
+    return keys
 
 
 def _int(value: Any, lo: int, hi: int, what: str) -> int:

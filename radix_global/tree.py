@@ -356,7 +356,7 @@ class RadixTree:
         self, parent: Node, keys: list[int], locs: frozenset[Location], hits: float, stamp: float
     ) -> Node:
         """Attach a restored node under ``parent`` as is (no merging); for ``restore`` only."""
-        if not keys or any(k in self._table for k in keys) or keys[0] in parent.children:
+        if not keys or not self._table.keys().isdisjoint(keys) or keys[0] in parent.children:
             raise KeyConflictError("snapshot node repeats a key")
         node = Node(list(keys), parent, self._sets.empty, hits, stamp)
         parent.children[keys[0]] = node
