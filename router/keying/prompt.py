@@ -5,13 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from router.keying.request_body import (
-    ChatBody,
-    CompletionBody,
-    GenerateBody,
-    RequestBody,
-    first_prompt,
-)
+from router.keying.request_body import ChatBody, RequestBody, first_prompt
 from router.keying.tokenize import ModelTokenizer, check_token_ids
 
 
@@ -24,13 +18,7 @@ def prompt_token_ids(body: RequestBody, tok: ModelTokenizer | None, vocab_size: 
             return None
         return tok.encode_chat(body.messages, tools=body.tools,
                                template_kwargs=body.chat_template_kwargs)
-    if isinstance(body, GenerateBody):
-        prompt = body.input_ids if body.input_ids is not None else body.text
-    elif isinstance(body, CompletionBody):
-        prompt = body.prompt
-    else:
-        raise TypeError(f"no prompt in a {type(body).__name__}")
-    first = first_prompt(prompt)
+    first = first_prompt(body.prompt_field())
     if isinstance(first, list):
         return check_token_ids(first, vocab_size)
     return tok.encode_text(first) if tok is not None else None

@@ -50,7 +50,7 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
     ``rid``, ``request_id``, ``cache_salt`` and ``routed_dp_rank`` are the fields the router may
     set in the engine's body; they default to ``UNSET`` so that one the client sent, even as
     ``null``, is known to be there (replaced, not added twice). Subclasses say where the prompt
-    is (:meth:`_prompt`)."""
+    is (:meth:`prompt_field`)."""
 
     model: str | None = None
     stream: bool | None = None
@@ -62,7 +62,7 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
     ttft_slo_s: Seconds | None = None
 
     def __post_init__(self) -> None:
-        prompt = self._prompt()
+        prompt = self.prompt_field()
         batch = _batch_of(prompt)
         if batch is not None:
             if batch > MAX_BATCH:
@@ -77,14 +77,14 @@ class RequestBody(msgspec.Struct, kw_only=True, frozen=True):
                                   or not label.isprintable()):
             raise BodyError(f"'rid' must be 1 to {CLIENT_RID_MAX_CHARS} printable characters")
 
-    def _prompt(self) -> Any:
+    def prompt_field(self) -> Any:
         """The prompt field as sent: one prompt or a batch (None: not a list-shaped prompt)."""
         return None
 
     @property
     def batch(self) -> int | None:
         """How many prompts a batch request carries (None: one prompt, not a batch)."""
-        return _batch_of(self._prompt())
+        return _batch_of(self.prompt_field())
 
     @property
     def needs_tokenizer(self) -> bool:
@@ -160,7 +160,7 @@ class GenerateBody(RequestBody, kw_only=True, frozen=True):
             raise BodyError("'input_ids' must be token ids (ints), not strings")
         super().__post_init__()
 
-    def _prompt(self) -> Any:
+    def prompt_field(self) -> Any:
         return self.input_ids if self.input_ids is not None else self.text
 
     @property
@@ -194,7 +194,7 @@ class CompletionBody(_OpenAiBody, kw_only=True, frozen=True):
             raise BodyError("'prompt' must not be empty")
         super().__post_init__()
 
-    def _prompt(self) -> Any:
+    def prompt_field(self) -> Any:
         return self.prompt
 
     @property
