@@ -79,8 +79,13 @@ class LoadView:
         """This router's in-flight work per slot (what it publishes)."""
         active, prefills = self.driver.cost.queue.slot_work()
         gate = self.driver.gate
-        held = [s for s in gate.held_servers() if _is_slot(s)] if gate is not None else []
-        return own_loads(active, prefills, self.driver.decode.reserved(), held)
+        if gate is None:
+            return own_loads(active, prefills, self.driver.decode.reserved(), ())
+        # a compute domain's room is not one slot's: what is held or released for one is
+        # left out (its peers price those slots from the routed work alone)
+        return own_loads(active, prefills, self.driver.decode.reserved(),
+                         [s for s in gate.held_servers() if _is_slot(s)],
+                         [s for s in gate.released_servers() if _is_slot(s)])
 
     # --- life cycle and jobs -----------------------------------------------------------------
 

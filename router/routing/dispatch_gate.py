@@ -339,5 +339,10 @@ class DispatchGate:
         """The server each held request's policy placed it on (None: none), one per request."""
         return [h.server for h in self._held.values()]
 
+    def released_servers(self) -> list[Hashable]:
+        """The server each released, not yet placed request was released to, one per request
+        (the room it takes until :meth:`placed` or :meth:`drop`)."""
+        return [server for _, server in self._unplaced.values()]
+
     def in_flight(self, server: Hashable) -> int:
         return self._in_flight[server]

@@ -11,6 +11,7 @@ router is silent or dead) stops counting.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable, Mapping
 from typing import NamedTuple
 
@@ -49,18 +50,20 @@ NO_LOAD = SlotLoad()
 
 
 def own_loads(active: Mapping[Slot, int], prefills: Mapping[Slot, tuple[int, int]],
-              decode_tokens: Mapping[Slot, int], held: Iterable[Slot]) -> dict[Slot, SlotLoad]:
+              decode_tokens: Mapping[Slot, int], held: Iterable[Slot],
+              released: Iterable[Slot] = ()) -> dict[Slot, SlotLoad]:
     """One router's work per slot from its parts: requests routed and not finished, (prefills
     without a first token, their tokens to compute), decode reservations, gate-held requests by
-    the slot their policy placed them on."""
-    held_per: dict[Slot, int] = {}
-    for slot in held:
-        held_per[slot] = held_per.get(slot, 0) + 1
+    the slot their policy placed them on, and requests the gate released to a slot and not yet
+    routed (a request and a prefill there each: the room they are about to take)."""
+    held_per, released_per = Counter(held), Counter(released)
     out: dict[Slot, SlotLoad] = {}
-    for slot in set(active) | set(prefills) | set(decode_tokens) | set(held_per):
+    for slot in set(active) | set(prefills) | set(decode_tokens) | set(held_per) \
+            | set(released_per):
         n, tokens = prefills.get(slot, (0, 0))
-        load = SlotLoad(active.get(slot, 0), n, tokens, decode_tokens.get(slot, 0),
-                        held_per.get(slot, 0))
+        going = released_per[slot]
+        load = SlotLoad(active.get(slot, 0) + going, n + going, tokens,
+                        decode_tokens.get(slot, 0), held_per[slot])
         if not load.empty:
             out[slot] = load
     return out

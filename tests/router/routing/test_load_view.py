@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 
 from radix_global.types import WorkerId
 from router.routing.load_view import NO_LOAD, PeerLoads, SlotLoad, own_loads
+from router.routing.queue_model import Slot
 
 SLOTS = [(WorkerId(w), r) for w in ("a", "b", "c") for r in (0, 1)]
 loads = st.builds(SlotLoad, *(st.integers(0, 50) for _ in range(5)), age_s=st.just(0.0))
@@ -68,3 +69,45 @@ def test_own_loads_gathers_each_part_per_slot():
     a, b = SLOTS[0], SLOTS[1]
     got = own_loads({a: 3}, {a: (2, 500)}, {b: 128}, [a, a, b])
     assert got == {a: SlotLoad(3, 2, 500, 0, 2), b: SlotLoad(0, 0, 0, 128, 1)}
+
+
+def test_own_loads_counts_released_requests_as_prefills_until_routed():
+    a = SLOTS[0]
+    assert own_loads({a: 1}, {a: (1, 100)}, {}, [], [a, a]) == {a: SlotLoad(3, 3, 100, 0, 0)}
+
+
+def test_a_peer_never_sees_room_a_release_is_about_to_take():
+    """Router p's prefill on a depth-1 slot ends and p's gate releases its held request to that
+    slot; the request is routed a moment later, in its own coroutine. A publication of p's work
+    in between must still show the slot taken, or router q, pumping on it, books it again."""
+    from radix_global.types import Namespace, WorkerId
+    from router.routing.contract import RouteRequest, WorkerState
+    from router.routing.cost import CostModel
+    from router.routing.dispatch_gate import DispatchGate, Fifo
+    from router.routing.driver import PolicyDriver
+    from router.routing.policies import get_policy
+
+    ns, slot = Namespace("ns"), (WorkerId("w0"), 0)
+    servers = {"m": {slot}}
+    p_gate = DispatchGate(Fifo(), depth=1)
+    p = PolicyDriver(get_policy("round_robin"), CostModel(), gate=p_gate)
+    p_gate.hold("a", "m", 1.0, now=0.0)
+    assert p_gate.release(servers, now=0.0) == ["a"]
+    p.route(RouteRequest("a", ns, 10, [], 16), [WorkerState(WorkerId("w0"), ns)], now=0.0)
+    p_gate.hold("b", "m", 1.0, now=0.0)
+    p.on_room = lambda: p_gate.release(servers, now=1.0)  # what the dispatcher's pump does
+    p.prefill_done("a", now=1.0)  # releases "b", not routed yet
+
+    def published(with_released: bool) -> dict[Slot, SlotLoad]:
+        active, prefills = p.cost.queue.slot_work()
+        return own_loads(active, prefills, {}, p_gate.held_servers(),
+                         p_gate.released_servers() if with_released else ())
+
+    def q_releases(publication: dict[Slot, SlotLoad]) -> list[str]:
+        q_gate = DispatchGate(Fifo(), depth=1)
+        q_gate.elsewhere = lambda s: publication.get(s, NO_LOAD).prefilling  # type: ignore[arg-type]
+        q_gate.hold("c", "m", 1.0, now=1.0)
+        return q_gate.release(servers, now=1.0)
+
+    assert q_releases(published(with_released=True)) == []
+    assert q_releases(published(with_released=False)) == ["c"]  # the negative control
