@@ -115,10 +115,10 @@ class Reader:
             self.shared.profile_seen(rec.decode(raw, rec.ProfileRecord))
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
-            ended = self.peers.update(ident, load.seq, rec.load_slots(load), self.clock())
-            if ended is None:
+            gave = self.peers.update(ident, load.seq, rec.load_slots(load), self.clock())
+            if gave is None:
                 self.peers.refreshed(ident, self.clock())
-            elif ended:  # room another router's prefills freed
+            elif gave:  # room another router freed, or no longer shares
                 self._peer_load()
 
     def _peer_load(self) -> None:

@@ -9,6 +9,7 @@ Without ``coordination_url`` there is no link: peers' load is zero, every job ru
 from __future__ import annotations
 
 import time
+import zlib
 from collections.abc import Callable, Hashable
 from typing import Any, TypeGuard
 
@@ -22,9 +23,14 @@ from router.coordination.config import CoordinationConfig
 from router.coordination.link import Coordinator
 from router.keying.alias_book import AliasBook
 from router.keying.shared_prefixes import SharedPrefixes
+from router.routing.dispatch_gate import fair_share
 from router.routing.driver import PolicyDriver
 from router.routing.load_view import NO_LOAD, SlotLoad, own_loads
 from router.routing.queue_model import Slot
+
+# The remainder of a server's depth split among routers (more routers than places) moves from
+# one to the next this often: wall-clock seconds, which the routers agree on to a few ms.
+SHARE_TURN_S = 1.0
 
 
 class LoadView:
@@ -35,8 +41,9 @@ class LoadView:
                  registry: WorkerRegistry, driver: PolicyDriver, client: httpx.AsyncClient,
                  prefixes: SharedPrefixes, aliases: AliasBook, profile: ProfileSink,
                  heartbeat_ttl_s: float, router_id: str, version: str, digest: str,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.registry, self.driver, self.clock = registry, driver, clock
+                 clock: Callable[[], float] = time.monotonic,
+                 wall: Callable[[], float] = time.time) -> None:
+        self.registry, self.driver, self.clock, self.wall = registry, driver, clock, wall
         self.engines = EngineLoadPoller(client, engines, self._targets, clock)
         self.link: Coordinator | None = None
         self.writes: SharedWrites | None = None
@@ -50,6 +57,7 @@ class LoadView:
             driver.on_change = self.link.changed
             if driver.gate is not None:
                 driver.gate.elsewhere = self.prefilling_elsewhere
+                driver.gate.share = self.share_of
                 self.link.reader.on_peer_load = driver.peers_changed
 
     def _targets(self) -> list[tuple[str, str, str, int]]:
@@ -75,17 +83,37 @@ class LoadView:
         return sum(self.link.peers.load(s, now).prefilling for s in self.link.peers.slots()
                    if queue.server(s) == server)
 
+    def share_of(self, server: Hashable) -> int:
+        """How much of ``server``'s dispatch depth this router may book while peers hold
+        requests for it too (:func:`router.routing.dispatch_gate.fair_share`)."""
+        gate = self.driver.gate
+        depth = gate.depth if gate is not None else 0
+        lead = self.driver.cost.queue.lead_slot(server)
+        if self.link is None or lead is None:
+            return depth
+        waiting = self.link.peers.waiting(lead)
+        if not waiting:
+            return depth
+        key = zlib.crc32(f"{lead[0]}:{lead[1]}".encode())
+        return fair_share(depth, self.link.router_id, waiting, key,
+                          int(self.wall() / SHARE_TURN_S))
+
     def own(self) -> dict[Slot, SlotLoad]:
-        """This router's in-flight work per slot (what it publishes)."""
-        active, prefills = self.driver.cost.queue.slot_work()
+        """This router's in-flight work per slot (what it publishes). The dispatch gate's held
+        and released requests wait for a server: each is published on the server's lead slot
+        (``QueueModel.lead_slot``), where every router looks for them."""
+        queue = self.driver.cost.queue
+        active, prefills = queue.slot_work()
         gate = self.driver.gate
         if gate is None:
             return own_loads(active, prefills, self.driver.decode.reserved(), ())
-        # a compute domain's room is not one slot's: what is held or released for one is
-        # left out (its peers price those slots from the routed work alone)
+
+        def leads(servers: list[Hashable]) -> list[Slot]:
+            return [lead for s in servers if s is not None
+                    and (lead := queue.lead_slot(s)) is not None]
+
         return own_loads(active, prefills, self.driver.decode.reserved(),
-                         [s for s in gate.held_servers() if _is_slot(s)],
-                         [s for s in gate.released_servers() if _is_slot(s)])
+                         leads(gate.held_servers()), leads(gate.released_servers()))
 
     # --- life cycle and jobs -----------------------------------------------------------------
 

@@ -129,6 +129,21 @@ class HighestRatio(DispatchOrder):
         return h.cost_s <= cost_s or now - h.arrived >= h.cost_s - cost_s
 
 
+def fair_share(depth: int, me: str, waiting: Collection[str], key: int, turn: int) -> int:
+    """This router's share of a server's ``depth`` while the routers in ``waiting`` (its peers)
+    hold requests for that server too: ``depth`` split evenly among them and ``me``, the
+    remainder going to the routers whose rank, rotated by the server's ``key`` and by ``turn``
+    (a clock tick all routers agree on), comes first. Every router computes the same split from
+    the same view, so together they book at most ``depth`` where each would book all of it;
+    rotating the remainder keeps a router from waiting for ever where there are more routers
+    than places."""
+    if not waiting:
+        return depth
+    routers = sorted({me, *waiting})
+    base, extra = divmod(depth, len(routers))
+    return base + ((routers.index(me) + key + turn) % len(routers) < extra)
+
+
 OFF = "off"
 # name -> the order, given (max_hold_s, overdue_s)
 DISPATCH_ORDERS: dict[str, Callable[[float, float], DispatchOrder]] = {
@@ -214,6 +229,9 @@ class DispatchGate:
         # other routers' prefills without a first token on a server (the shared load view);
         # they take room there as this gate's own do
         self.elsewhere: Callable[[Hashable], int] | None = None
+        # how much of a server's depth this gate may book while other routers hold requests for
+        # it too (:func:`fair_share`; None: all of it)
+        self.share: Callable[[Hashable], int] | None = None
 
     def hold(self, request_id: str, group: str, cost_s: float, now: float,
              server: Hashable | None = None) -> None:
@@ -260,8 +278,10 @@ class DispatchGate:
         return out
 
     def _free(self, group: str, servers: set[Hashable]) -> dict[Hashable, int]:
-        elsewhere = self.elsewhere
-        free = {s: self.depth - self._in_flight[s] - (elsewhere(s) if elsewhere else 0)
+        elsewhere, share = self.elsewhere, self.share
+        # room left on the server, and of this gate's share of it when peers wait for it too
+        free = {s: min(self.depth - (elsewhere(s) if elsewhere else 0),
+                       share(s) if share else self.depth) - self._in_flight[s]
                 for s in servers}
         for g, s in self._unplaced.values():
             if g == group and s in free:
@@ -338,6 +358,12 @@ class DispatchGate:
     def held_servers(self) -> list[Hashable]:
         """The server each held request's policy placed it on (None: none), one per request."""
         return [h.server for h in self._held.values()]
+
+    def released_to(self, request_id: str) -> Hashable | None:
+        """The server ``request_id`` was released to while it is not placed yet (None: not
+        released, or released to any server: its group had none)."""
+        released = self._unplaced.get(request_id)
+        return released[1] if released is not None else None
 
     def released_servers(self) -> list[Hashable]:
         """The server each released, not yet placed request was released to, one per request

@@ -64,8 +64,16 @@ class PolicyDriver:
 
     def route(self, req: RouteRequest, workers: Sequence[WorkerState], now: float) -> Decision:
         """Decide and, if accepted, record the request as routed. A caller that then fails to
-        forward it must call ``finished(request_id, ok=False, now)``."""
-        decision = self.policy.choose(req, workers, self.view, now)
+        forward it must call ``finished(request_id, ok=False, now)``. A request the dispatch
+        gate released to a server goes to one of that server's slots: the room it took is
+        there, and the policy, asked again a moment later, may prefer a server that has none
+        (while that server has a slot among ``workers``)."""
+        candidates = workers
+        if self.gate is not None and (target := self.gate.released_to(req.request_id)) \
+                is not None:
+            server = self.cost.queue.server  # decode workers stay in ``workers``: PD picks one
+            candidates = [w for w in workers if server(w.slot) == target] or workers
+        decision = self.policy.choose(req, candidates, self.view, now)
         if not decision.accepted:
             return decision
         chosen = next((w for w in workers if w.slot == decision.slot), None)

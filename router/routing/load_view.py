@@ -89,8 +89,9 @@ class PeerLoads:
     def update(self, router_id: str, seq: int, slots: Mapping[Slot, SlotLoad],
                now: float) -> int | None:
         """Count ``slots`` (a peer's publication number ``seq``) instead of that peer's previous
-        one: how many of its prefills ended since (they freed room a held request may take);
-        None if it is not newer than the one counted (a notice for an older write)."""
+        one: how many of its prefills ended since plus the slots it no longer holds requests for
+        (room a request held here may take: freed, or no longer shared with it); None if it is
+        not newer than the one counted (a notice for an older write)."""
         old = self._peers.get(router_id)
         if old is not None and seq <= old.seq:
             return None
@@ -103,8 +104,12 @@ class PeerLoads:
         self._oldest = min(p.at for p in self._peers.values())
         if old is None:
             return 0
-        return sum(max(0, load.prefilling - (kept[slot].prefilling if slot in kept else 0))
-                   for slot, load in old.slots.items())
+        gave = 0
+        for slot, load in old.slots.items():
+            now_load = kept.get(slot, NO_LOAD)
+            gave += max(0, load.prefilling - now_load.prefilling) \
+                + (load.held > 0 and now_load.held == 0)
+        return gave
 
     def refreshed(self, router_id: str, now: float) -> None:
         """The peer's record is unchanged and still live (its key was refreshed)."""
@@ -141,6 +146,11 @@ class PeerLoads:
         if total is None:
             return NO_LOAD
         return total._replace(age_s=now - self._oldest if self._oldest is not None else 0.0)
+
+    def waiting(self, slot: Slot) -> list[str]:
+        """The peers holding requests for ``slot`` (their dispatch gates wait for room there)."""
+        return [rid for rid, peer in self._peers.items()
+                if (load := peer.slots.get(slot)) is not None and load.held > 0]
 
     def slots(self) -> list[Slot]:
         """The slots some peer has work on."""

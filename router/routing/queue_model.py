@@ -50,13 +50,28 @@ class QueueModel:
         self._active: dict[Slot, set[str]] = {}  # routed, not finished (prefill or decode)
         self._slot_of: dict[str, Slot] = {}
         self._domain: dict[WorkerId, str] = {}
+        self._members: dict[str, set[WorkerId]] = {}  # the reverse of ``_domain``
 
     def share_compute(self, worker_id: WorkerId, domain: str | None) -> None:
         """``worker_id``'s slots queue on ``domain``'s one FIFO server (None: each its own)."""
-        if domain is None:
-            self._domain.pop(worker_id, None)
-        else:
+        old = self._domain.pop(worker_id, None)
+        if old is not None:
+            self._members[old].discard(worker_id)
+            if not self._members[old]:
+                del self._members[old]
+        if domain is not None:
             self._domain[worker_id] = domain
+            self._members.setdefault(domain, set()).add(worker_id)
+
+    def lead_slot(self, server: Hashable) -> Slot | None:
+        """The one slot that stands for ``server`` where a slot must (what a router publishes
+        per slot of its held requests, which wait for a server): the slot itself, or rank 0 of
+        the compute domain's first worker by id (every router picks the same); None when the
+        domain has no worker."""
+        if isinstance(server, tuple) and len(server) == 2 and server[0] == "domain":
+            members = self._members.get(server[1])
+            return (min(members), 0) if members else None
+        return server  # type: ignore[return-value]  # a slot is its own server
 
     def server(self, slot: Slot) -> Hashable:
         """The FIFO server ``slot`` queues on: itself, or its compute domain."""
@@ -153,4 +168,4 @@ class QueueModel:
             if server == slot:
                 self._pending.pop(slot, None)
                 self._last_done.pop(slot, None)
-        self._domain.pop(worker_id, None)
+        self.share_compute(worker_id, None)

@@ -249,7 +249,9 @@ def test_a_burst_across_both_routers_books_each_engine_once(up: Up) -> None:
     # other); unshared, each books DEPTH there (seen: shared 3/3 and 4/3, unshared 4/5, 5/4).
     # Both may peak alike in the burst's first milliseconds, before either router published:
     # the over-booking over the whole burst is what the shared view removes (seen: 4/4 peaks
-    # both ways in one CI run, so the peaks alone are no negative control).
+    # both ways in one CI run, so the peaks alone are no negative control). Seen: 0.31 and
+    # 0.35 vs 2.69 and 3.43 since the gates share a server's depth fairly and route a released
+    # request where it was released to; 0.72-1.57 vs 2.5-3.0 before (CI failed at 1.57).
     assert max(shared.values()) <= DEPTH + 2, shared
     assert alone_excess > 2 * shared_excess, (alone_excess, shared_excess)
 

@@ -14,6 +14,7 @@ from router.routing.dispatch_gate import (
     Held,
     HighestRatio,
     ShortestFirst,
+    fair_share,
 )
 
 SERVERS = {"m": {"s0", "s1"}}
@@ -43,6 +44,39 @@ def test_other_routers_prefills_take_room_on_a_server():
     assert gate.release(SERVERS, now=0.0) == ["r0"]  # one free place, on s1
     busy.clear()  # their first tokens came back
     assert gate.release(SERVERS, now=0.0) == ["r1", "r2"]
+
+
+@given(st.integers(1, 8), st.integers(1, 5), st.integers(0, 2**32), st.integers(0, 10**6))
+def test_fair_shares_add_up_to_the_depth_and_the_remainder_rotates(depth, n, key, turn):
+    routers = [f"r{i}" for i in range(n)]
+
+    def shares(t: int) -> list[int]:
+        return [fair_share(depth, me, [r for r in routers if r != me], key, t) for me in routers]
+
+    assert sum(shares(turn)) == depth
+    assert all(depth // n <= x <= depth // n + 1 for x in shares(turn))
+    if depth < n:  # fewer places than routers: each has one within n turns
+        assert all(any(shares(turn + t)[i] for t in range(n)) for i in range(n))
+    assert fair_share(depth, "r0", [], key, turn) == depth  # alone: all of it
+
+
+def test_routers_freed_at_once_book_the_depth_once_between_them():
+    """Two routers' requests on a depth-2 server end together, each router holds more and sees
+    the other's requests end (the shared view): with shares each books its own half; without,
+    each books the whole depth, twice the server's (the negative control)."""
+    def booked(shared: bool) -> int:
+        gates = {me: DispatchGate(Fifo(), depth=2) for me in ("p", "q")}
+        for me, gate in gates.items():
+            gate.elsewhere = lambda s: 0  # the other's first tokens were published
+            if shared:  # each sees the other waiting for the server (its held requests)
+                gate.share = lambda s, me=me: fair_share(2, me, ["q" if me == "p" else "p"],
+                                                         key=7, turn=0)
+            for i in range(3):
+                gate.hold(f"{me}{i}", "m", 1.0, now=0.0)
+        return sum(len(g.release({"m": {"s0"}}, now=0.0)) for g in gates.values())
+
+    assert booked(shared=True) == 2
+    assert booked(shared=False) == 4
 
 
 def test_shortest_first_and_the_overdue_go_first():
@@ -271,6 +305,29 @@ def test_the_driver_tells_the_gate_where_a_request_went_and_when_it_made_room():
     driver.route(RouteRequest(second, ns, 10, [], 16), workers, now=2.0)
     driver.finished(second, False, now=3.0)  # failed before its first token
     assert rooms == [0, 0] and gate.in_flight(("w0", 0)) == 0
+
+
+def test_a_released_request_is_routed_to_the_server_it_was_released_to():
+    """The gate released it to w1's room; the policy, asked again at routing, would pick w0
+    (round robin's turn), where there is none: it goes to w1."""
+    from radix_global.types import Namespace, WorkerId
+    from router.routing.contract import RouteRequest, WorkerState
+    from router.routing.cost import CostModel
+    from router.routing.driver import PolicyDriver
+    from router.routing.policies import get_policy
+
+    ns = Namespace("ns")
+    workers = [WorkerState(WorkerId("w0"), ns), WorkerState(WorkerId("w1"), ns)]
+    gate = DispatchGate(Fifo(), depth=1)
+    driver = PolicyDriver(get_policy("round_robin"), CostModel(), gate=gate)
+    gate.hold("r", "m", 1.0, now=0.0, server=("w1", 0))
+    assert gate.release({"m": {("w0", 0), ("w1", 0)}}, now=0.0) == ["r"]
+    assert gate.released_to("r") == ("w1", 0)
+    # not released by the gate: the policy's own picks, w0 then w1; w0's turn next
+    assert [driver.route(RouteRequest(rid, ns, 10, [], 16), workers, now=0.0).slot
+            for rid in ("s", "t")] == [("w0", 0), ("w1", 0)]
+    assert driver.route(RouteRequest("r", ns, 10, [], 16), workers, now=0.0).slot == ("w1", 0)
+    assert gate.released_to("r") is None and gate.in_flight(("w1", 0)) == 1
 
 
 def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():

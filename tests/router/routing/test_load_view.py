@@ -26,10 +26,19 @@ def test_the_kept_sum_equals_a_brute_force_sum(steps):
         if op == "update":
             seq += 1
             before = model.get(router, (now, {}))[1]
-            ended = sum(max(0, x.prefilling - slots.get(s, NO_LOAD).prefilling)
-                        for s, x in before.items())
-            assert view.update(router, seq, slots, now) == ended  # prefills that ended
+            gave = sum(max(0, x.prefilling - slots.get(s, NO_LOAD).prefilling)
+                       + (x.held > 0 and slots.get(s, NO_LOAD).held == 0)
+                       for s, x in before.items())
+            # prefills that ended, slots no longer waited for
+            assert view.update(router, seq, slots, now) == gave
+            want_waiting = {s: sorted(r for r, (_, p) in model.items()
+                                      if r != router and p.get(s, NO_LOAD).held > 0)
+                            for s in SLOTS}
             model[router] = (now, {s: x for s, x in slots.items() if not x.empty})
+            for s in SLOTS:
+                if slots.get(s, NO_LOAD).held > 0:
+                    want_waiting[s] = sorted([*want_waiting[s], router])
+                assert sorted(view.waiting(s)) == want_waiting[s]
         elif op == "drop":
             view.drop(router)
             model.pop(router, None)
@@ -63,6 +72,15 @@ def test_negative_contributions_are_not_counted():
     view, slot = PeerLoads(1.0), SLOTS[0]
     view.update("r", 1, {slot: SlotLoad(requests=-3), SLOTS[1]: SlotLoad(held=1)}, 0.0)
     assert view.load(slot, 0.0) == NO_LOAD and view.load(SLOTS[1], 0.0).held == 1
+
+
+def test_waiting_names_the_peers_holding_requests_for_a_slot():
+    view, (a, b) = PeerLoads(1.0), SLOTS[:2]
+    view.update("r1", 1, {a: SlotLoad(prefilling=2), b: SlotLoad(held=1)}, 0.0)
+    view.update("r2", 1, {a: SlotLoad(held=3)}, 0.0)
+    assert view.waiting(a) == ["r2"] and view.waiting(b) == ["r1"]
+    view.drop("r2")
+    assert view.waiting(a) == []
 
 
 def test_own_loads_gathers_each_part_per_slot():
