@@ -25,13 +25,14 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import msgspec
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
+from radix_global.types import PageKey
 from router.coordination import records as rec
 from router.coordination.config import CoordinationConfig
 from router.coordination.lease import Lease
@@ -80,6 +81,9 @@ class Coordinator:
         # publications are numbered from the wall clock: a restarted router's are newer
         self._seq = time.time_ns() // 1_000_000
         self._published: Mapping[Slot, SlotLoad] | None = None
+        # prompts routed since the last publication: (slot, last page key), the newest last
+        self._tips: collections.deque[tuple[Slot, PageKey]] = collections.deque(
+            maxlen=rec.MAX_ROUTED_TIPS)
         self._published_at = 0.0
         self._tasks: list[asyncio.Task[None]] = []
         self._spawned: set[asyncio.Task[Any]] = set()
@@ -131,6 +135,13 @@ class Coordinator:
         """This router's in-flight work changed: published at once, or when the rate bound
         (``load_publish_s``) lets it."""
         self._changed.set()
+
+    def routed(self, slot: Slot, keys: Sequence[PageKey]) -> None:
+        """A prompt of page ``keys`` was routed to ``slot``: its last key rides on the next
+        publication (at most ``MAX_ROUTED_TIPS`` per publication, the oldest dropped)."""
+        if keys and not self.config.unshared_load:
+            self._tips.append((slot, keys[-1]))
+            self._changed.set()
 
     def leads(self) -> bool:
         """Whether this router holds the leader lease now (runs the once-per-cluster jobs)."""
@@ -310,15 +321,18 @@ class Coordinator:
         now = self.clock()
         loads = dict(self.own_load())
         ttl = self.config.load_expire_s
-        if loads == self._published and now - self._published_at < ttl / 3:
+        unchanged = loads == self._published and not self._tips
+        if unchanged and now - self._published_at < ttl / 3:
             return
         key = self.keys.key(Kind.LOAD, self.router_id)
-        if loads == self._published and await self._call(
+        if unchanged and await self._call(
                 "touch_load", self.redis.pexpire(key, int(ttl * 1000))):
             self._published_at = now
             return
         self._seq += 1
-        value = rec.encode(rec.load_record(self.router_id, self._seq, loads))
+        tips = list(self._tips)
+        self._tips.clear()  # best effort: a publication that fails loses them (events follow)
+        value = rec.encode(rec.load_record(self.router_id, self._seq, loads, tips))
         # the record rides on its notice: peers publishing up to 50 times a second are
         # applied without a read each
         notice = rec.Notice(self.router_id, Kind.LOAD, self.router_id, value.decode()).encode()

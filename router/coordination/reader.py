@@ -16,9 +16,11 @@ from typing import Protocol, TypeVar
 
 import msgspec
 
+from radix_global.types import PageKey
 from router.coordination import records as rec
 from router.coordination.records import Kind, RecordError
 from router.routing.load_view import PeerLoads
+from router.routing.queue_model import Slot
 
 log = logging.getLogger("radix_global.router.coordination")
 R = TypeVar("R", bound=msgspec.Struct)
@@ -54,6 +56,9 @@ class Reader:
         self._logged: set[str] = set()
         # called after the peers' load changed (a newer publication, one gone)
         self.on_peer_load: Callable[[], None] | None = None
+        # called with each prompt a peer routed (its slot, its last page key), from a newer
+        # publication only
+        self.on_peer_routed: Callable[[Slot, PageKey], None] | None = None
 
     def apply(self, kind: Kind, ident: str, raw: bytes | str) -> None:
         """One record as read; refused (counted) when it does not decode or does not fit."""
@@ -115,10 +120,15 @@ class Reader:
             self.shared.profile_seen(rec.decode(raw, rec.ProfileRecord))
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
-            gave = self.peers.update(ident, load.seq, rec.load_slots(load), self.clock())
+            slots, tips = rec.load_slots(load), rec.load_tips(load)  # all checked first
+            gave = self.peers.update(ident, load.seq, slots, self.clock())
             if gave is None:
                 self.peers.refreshed(ident, self.clock())
-            elif gave:  # room another router freed, or no longer shares
+                return
+            if self.on_peer_routed is not None:
+                for slot, tip in tips:
+                    self.on_peer_routed(slot, tip)
+            if gave:  # room another router freed, or no longer shares
                 self._peer_load()
 
     def _peer_load(self) -> None:

@@ -10,20 +10,22 @@ had).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import NamedTuple, TypeVar
 
 import msgspec
 
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
-from radix_global.types import WorkerId
+from radix_global.types import PageKey, WorkerId
 from router.routing.load_view import SlotLoad
 from router.routing.queue_model import Slot
 
 SCHEMA = 1
 MAX_RECORD_BYTES = 1 << 20  # a shared prefix of 65,536 token ids as JSON; everything else is less
 MAX_LOAD_SLOTS = 1 << 16  # slots one router may report load for
+MAX_ROUTED_TIPS = 256  # routed prompts' tips in one load record (the oldest dropped beyond)
+INT64 = (-(1 << 63), (1 << 63) - 1)  # a page key's range
 PROFILE_COEFS = 4  # router/routing/prefill_model.py's prior
 
 
@@ -129,14 +131,25 @@ class SlotLoadRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknow
     held: int
 
 
+class RoutedTipRecord(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
+    """A prompt one router routed: its slot and its last page key (which stands for the whole
+    prefix: page keys are chained)."""
+
+    worker_id: str
+    dp_rank: int
+    tip: int
+
+
 class LoadRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
-    """One router's in-flight work on every slot where it has some; ``seq`` grows with each
-    publication, so a reader knows a changed record from a refreshed one."""
+    """One router's in-flight work on every slot where it has some, and the prompts it routed
+    since its previous publication; ``seq`` grows with each publication, so a reader knows a
+    changed record from a refreshed one."""
 
     v: int
     router_id: str
     seq: int
     slots: list[SlotLoadRecord]
+    routed: list[RoutedTipRecord] = msgspec.field(default_factory=list)
 
 
 class DrainRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -183,10 +196,24 @@ class ProfileRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 R = TypeVar("R", bound=msgspec.Struct)
 
 
-def load_record(router_id: str, seq: int, loads: Mapping[Slot, SlotLoad]) -> LoadRecord:
+def load_record(router_id: str, seq: int, loads: Mapping[Slot, SlotLoad],
+                routed: Sequence[tuple[Slot, PageKey]] = ()) -> LoadRecord:
     return LoadRecord(SCHEMA, router_id, seq, [
         SlotLoadRecord(str(w), r, x.requests, x.prefilling, x.prefill_tokens, x.decode_tokens,
-                       x.held) for (w, r), x in sorted(loads.items())])
+                       x.held) for (w, r), x in sorted(loads.items())],
+        [RoutedTipRecord(str(w), r, tip) for (w, r), tip in routed[-MAX_ROUTED_TIPS:]])
+
+
+def load_tips(record: LoadRecord) -> list[tuple[Slot, PageKey]]:
+    """A peer's routed prompts' (slot, last page key); :class:`RecordError` for a negative
+    rank or a key out of the int64 range."""
+    out: list[tuple[Slot, PageKey]] = []
+    for t in record.routed:
+        if t.dp_rank < 0 or not INT64[0] <= t.tip <= INT64[1]:
+            raise RecordError(f"LoadRecord of {record.router_id!r}: bad routed tip on "
+                              f"{t.worker_id[:120]!r}")
+        out.append(((WorkerId(t.worker_id), t.dp_rank), PageKey(t.tip)))
+    return out
 
 
 def load_slots(record: LoadRecord) -> dict[Slot, SlotLoad]:
@@ -224,8 +251,10 @@ def decode(raw: bytes | str | None, kind: type[R], ident: str | None = None,
                 if hasattr(record, f)), None)
     if ident is not None and own is not None and own != ident:
         raise RecordError(f"{kind.__name__}: key names {ident[:120]!r}, record {str(own)[:120]!r}")
-    if isinstance(record, LoadRecord) and len(record.slots) > MAX_LOAD_SLOTS:
-        raise RecordError(f"LoadRecord: {len(record.slots)} slots, over {MAX_LOAD_SLOTS}")
+    if isinstance(record, LoadRecord) and (len(record.slots) > MAX_LOAD_SLOTS
+                                           or len(record.routed) > MAX_ROUTED_TIPS):
+        raise RecordError(f"LoadRecord: {len(record.slots)} slots, {len(record.routed)} routed "
+                          f"tips, over {MAX_LOAD_SLOTS} or {MAX_ROUTED_TIPS}")
     return record
 
 

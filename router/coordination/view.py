@@ -15,7 +15,7 @@ from typing import Any, TypeGuard
 
 import httpx
 
-from radix_global.types import WorkerId
+from radix_global.types import PageKey, WorkerId
 from router.cluster.engine_loads import EngineLoad, EngineLoadConfig, EngineLoadPoller
 from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.coordination.bridge import ProfileSink, SharedView, SharedWrites
@@ -55,10 +55,15 @@ class LoadView:
                                     self.own, clock)
             self.writes = SharedWrites(self.link, self.shared)
             driver.on_change = self.link.changed
+            driver.on_routed = self.link.routed
+            self.link.reader.on_peer_routed = self._peer_routed
             if driver.gate is not None:
                 driver.gate.elsewhere = self.prefilling_elsewhere
                 driver.gate.share = self.share_of
                 self.link.reader.on_peer_load = driver.peers_changed
+
+    def _peer_routed(self, slot: Slot, tip: PageKey) -> None:
+        self.driver.policy.on_peer_routed(slot, tip, self.clock())
 
     def _targets(self) -> list[tuple[str, str, str, int]]:
         return [(e.info.worker_id, e.info.url, e.info.engine, e.info.dp_size)

@@ -221,6 +221,12 @@ class RoutingPolicy(ABC):
     def on_worker_removed(self, worker_id: WorkerId) -> None:  # noqa: B027
         """A worker left the cluster: forget anything kept about it."""
 
+    def on_peer_routed(self, slot: tuple[WorkerId, int], tip: PageKey,  # noqa: B027
+                       now: float) -> None:
+        """Another router routed a prompt whose last page key is ``tip`` to ``slot`` (the
+        shared load view): a policy that remembers where it routed prompts may remember it
+        too."""
+
 
 class PolicyConfigError(ValueError):
     """Unknown policy name or bad policy option."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 
-from radix_global.types import Role, WorkerId
+from radix_global.types import PageKey, Role, WorkerId
 from router.routing.admission import SloConfig, reject
 from router.routing.contract import (
     ClusterView,
@@ -21,6 +21,7 @@ from router.routing.contract import (
     RejectReason,
     RouteRequest,
     RoutingPolicy,
+    Slot,
     WorkerState,
 )
 from router.routing.cost import CostModel
@@ -55,6 +56,9 @@ class PolicyDriver:
         # called when this router's in-flight work changed (routed, first token, ended): the
         # shared load view publishes it (router/coordination/link.py)
         self.on_change: Callable[[], None] | None = None
+        # called with the slot and the prompt's page keys of each request routed: the shared
+        # load view tells the other routers where its prefix went
+        self.on_routed: Callable[[Slot, Sequence[PageKey]], None] | None = None
 
     def estimate(self, req: RouteRequest, workers: Sequence[WorkerState], now: float
                  ) -> Decision:
@@ -95,6 +99,8 @@ class PolicyDriver:
             self.gate.placed(req.request_id, self.cost.queue.server(decision.slot))
         self.cost.on_routed(req, decision, now)
         self.policy.on_routed(req, decision, now)
+        if self.on_routed is not None and req.page_keys:
+            self.on_routed(decision.slot, req.page_keys)
         self._changed()
         return decision
 

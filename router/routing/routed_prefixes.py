@@ -12,6 +12,11 @@ an engine evicts a finished prompt's pages within seconds, and only its events s
 Page keys are chained hashes: a key stands for its whole prefix, so a slot's "tree" is a set and
 its match is the leading run of the prompt's keys it holds. Each slot's memory is an LRU bounded
 at ``max_pages_per_slot`` (no eviction signal otherwise). Pure: time is passed in.
+
+Other routers' routings arrive as *tips*: a routed prompt's last page key and its slot
+(``docs/interfaces.md``, "Several routers, one view", routed, not yet in the index). A request
+whose keys contain a tip has the tip's whole prefix there; :meth:`RoutedPrefixes.tips` finds
+them in one scan of the request's keys, whatever the number of slots.
 """
 
 from __future__ import annotations
@@ -25,15 +30,19 @@ Slot = tuple[WorkerId, int]
 
 
 class RoutedPrefixes:
-    def __init__(self, max_pages_per_slot: int = 100_000, ttl_s: float | None = None) -> None:
+    def __init__(self, max_pages_per_slot: int = 100_000, ttl_s: float | None = None,
+                 max_tips: int = 100_000) -> None:
         """``ttl_s``: forget a page this long after it was last routed (None: LRU bound only)."""
-        if max_pages_per_slot < 1:
-            raise ValueError("max_pages_per_slot must be >= 1")
+        if max_pages_per_slot < 1 or max_tips < 1:
+            raise ValueError("max_pages_per_slot and max_tips must be >= 1")
         if ttl_s is not None and ttl_s <= 0:
             raise ValueError("ttl_s must be > 0 (or None)")
         self.max_pages_per_slot = max_pages_per_slot
         self.ttl_s = ttl_s
         self._pages: dict[Slot, OrderedDict[PageKey, float]] = {}  # key -> expiry time
+        # a peer's routed prompt's last page -> slot -> expiry; least recent first
+        self._tips: OrderedDict[PageKey, dict[Slot, float]] = OrderedDict()
+        self.max_tips = max_tips
 
     def add(self, slot: Slot, keys: Sequence[PageKey], now: float) -> None:
         """``keys`` (one prompt, in order) were routed to ``slot`` at ``now``."""
@@ -72,6 +81,30 @@ class RoutedPrefixes:
             count += 1
         return count
 
+    def add_tip(self, slot: Slot, tip: PageKey, now: float) -> None:
+        """Another router routed a prompt whose last page key is ``tip`` to ``slot`` at
+        ``now``."""
+        expiry = float("inf") if self.ttl_s is None else now + self.ttl_s
+        self._tips.setdefault(tip, {})[slot] = expiry
+        self._tips.move_to_end(tip)
+        while len(self._tips) > self.max_tips:
+            self._tips.popitem(last=False)
+
+    def tips(self, keys: Sequence[PageKey], now: float) -> dict[Slot, int]:
+        """Per slot, the most leading pages of ``keys`` that another router's routed prompt
+        ending there covers (none: empty)."""
+        out: dict[Slot, int] = {}
+        if not self._tips:
+            return out
+        for i in range(len(keys) - 1, -1, -1):
+            found = self._tips.get(keys[i])
+            if found is None:
+                continue
+            for slot, expiry in found.items():
+                if expiry >= now and slot not in out:
+                    out[slot] = i + 1
+        return out
+
     def slots(self) -> Set[Slot]:
         """The slots some prefix was routed to (a view: read it, do not keep it)."""
         return self._pages.keys()
@@ -82,6 +115,12 @@ class RoutedPrefixes:
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._pages if s[0] == worker_id]:
             del self._pages[slot]
+        for tip in [t for t, slots in self._tips.items() if any(s[0] == worker_id for s in slots)]:
+            kept = {s: v for s, v in self._tips[tip].items() if s[0] != worker_id}
+            if kept:
+                self._tips[tip] = kept
+            else:
+                del self._tips[tip]
 
     def _expire(self, held: OrderedDict[PageKey, float], now: float) -> None:
         # Least recently routed first; stop at the first page not expired (a settled page

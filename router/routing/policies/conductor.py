@@ -114,11 +114,14 @@ class ConductorPolicy(RoutingPolicy):
         shared = _pool_pages(shared_match) if shared_match is not None else None
         n = len(candidates)
         k = self.price_top_k
+        # other routers' routings of this prompt's prefixes: one scan of its keys
+        tips = self._routed.tips(req.page_keys, now) if self._routed is not None else {}
         priced: list[tuple[int, WorkerState, float | None, int | None]]
         if k is None:
-            priced = [(i, c, None, None) for i, c in enumerate(candidates)]
+            priced = [(i, c, None, self._routed_pages(c, req, now, tips))
+                      for i, c in enumerate(candidates)]
         else:
-            priced = self._shortlist(req, candidates, match, view, now, k)
+            priced = self._shortlist(req, candidates, match, view, now, k, tips)
         estimates = [self.estimate(req, c, match, view, now, pools, queue, routed, shared)
                      for _, c, queue, routed in priced]
         best = self._pick(estimates, [p[0] for p in priced], n)
@@ -146,6 +149,10 @@ class ConductorPolicy(RoutingPolicy):
         opened = self._open.pop(request_id, None)
         if opened is not None and self._routed is not None:
             self._routed.settle(*opened, now, self.routed_settle_s)
+
+    def on_peer_routed(self, slot: Slot, tip: PageKey, now: float) -> None:
+        if self._routed is not None:
+            self._routed.add_tip(slot, tip, now)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         if self._routed is not None:
@@ -216,10 +223,14 @@ class ConductorPolicy(RoutingPolicy):
             return recompute
         return fetch
 
-    def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float) -> int:
+    def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float,
+                      tips: dict[Slot, int] | None = None) -> int:
+        """Leading pages of ``req`` routed to ``worker``'s slot, by this router or (``tips``:
+        :meth:`RoutedPrefixes.tips` of ``req``) another."""
         if self._routed is None:
             return 0
-        return self._routed.match(worker.slot, req.page_keys, now)
+        mine = self._routed.match(worker.slot, req.page_keys, now)
+        return max(mine, tips.get(worker.slot, 0)) if tips else mine
 
     def _worth_fetching(self, local_pages: int, pool_pages: int) -> bool:
         if pool_pages <= local_pages:
@@ -242,7 +253,7 @@ class ConductorPolicy(RoutingPolicy):
 
     def _shortlist(
         self, req: RouteRequest, candidates: list[WorkerState], match: MatchResult | None,
-        view: ClusterView, now: float, k: int,
+        view: ClusterView, now: float, k: int, tips: dict[Slot, int],
     ) -> list[tuple[int, WorkerState, float | None, int | None]]:
         """(position, slot, queue, routed pages) of the slots worth pricing, in slot order: every
         local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
@@ -259,7 +270,8 @@ class ConductorPolicy(RoutingPolicy):
             slot = c.slot
             own = held.get(slot)
             queue = view.cost.queue_s(c, now)
-            routed = self._routed_pages(c, req, now) if slot in routed_slots else 0
+            routed = self._routed_pages(c, req, now, tips) \
+                if slot in routed_slots or slot in tips else 0
             if (own is not None and own.host > 0) or routed > 0:
                 keep.append((i, c, queue, routed))
             else:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radix_global.registration import WorkerInfo, encode_worker_info
-from radix_global.types import WorkerId
+from radix_global.types import PageKey, WorkerId
 from router.coordination import records as rec
 from router.coordination.records import Keys, Kind, RecordError
 from router.routing.load_view import SlotLoad
@@ -72,6 +72,24 @@ def test_load_records_round_trip_and_refuse_negative_load():
         rec.decode(rec.encode(many), rec.LoadRecord, "r", max_bytes=1 << 30)
 
 
+def test_routed_tips_ride_on_a_load_record_bounded_and_checked():
+    slot, tips = (WorkerId("w1"), 0), [((WorkerId("w1"), 0), PageKey(-(1 << 63)))]
+    record = rec.decode(rec.encode(rec.load_record("r", 7, {}, tips)), rec.LoadRecord, "r")
+    assert rec.load_tips(record) == tips
+    many = [(slot, PageKey(i)) for i in range(rec.MAX_ROUTED_TIPS + 5)]
+    record = rec.load_record("r", 8, {}, many)  # the newest kept
+    assert rec.load_tips(record) == many[5:]
+    for bad in (rec.RoutedTipRecord("w1", -1, 5), rec.RoutedTipRecord("w1", 0, 1 << 63)):
+        with pytest.raises(RecordError, match="routed tip"):
+            rec.load_tips(rec.LoadRecord(rec.SCHEMA, "r", 9, [], [bad]))
+    over = rec.LoadRecord(rec.SCHEMA, "r", 9, [], [rec.RoutedTipRecord("w", 0, 1)]
+                          * (rec.MAX_ROUTED_TIPS + 1))
+    with pytest.raises(RecordError, match="routed tips"):
+        rec.decode(rec.encode(over), rec.LoadRecord, "r")
+    old = b'{"v":1,"router_id":"r","seq":1,"slots":[]}'  # a record without tips reads
+    assert rec.load_tips(rec.decode(old, rec.LoadRecord, "r")) == []
+
+
 def test_notices_round_trip_with_and_without_the_record_inline():
     plain = rec.Notice("r1", Kind.WORKER, "w:1")  # an id may contain ':'
     assert rec.parse_notice(plain.encode()) == plain
@@ -113,5 +131,12 @@ def test_a_peers_load_is_applied_from_its_notice_without_a_read():
         asyncio.run(coord._notice(notice.encode()))
     assert coord.peers.load(slot, 0.0)[:2] == (2, 1)
     assert ended == [1]  # the second publication ended one prefill: the gate is pumped once
+    told: list[tuple[object, int]] = []
+    coord.reader.on_peer_routed = lambda s, tip: told.append((s, tip))
+    record = rec.encode(rec.load_record("peer", 3, {}, [(slot, PageKey(42))]))
+    notice = rec.Notice("peer", Kind.LOAD, "peer", record.decode()).encode()
+    for _ in range(2):  # the same publication again (a resync's read) tells nothing new
+        asyncio.run(coord._notice(notice))
+    assert told == [(slot, 42)]
     asyncio.run(coord._notice(b"peer nosuchkind:x"))
     assert coord.refused["notice"] == 1

@@ -82,3 +82,39 @@ def test_a_finished_turn_evicted_under_pressure_is_not_counted_after_settling() 
     assert second_prefix() == 0
     # Negative control: standing in for the whole ttl (the old rule) predicts 32 pages held.
     assert second_prefix(routed_settle_s=30.0) == 32 * PS
+
+
+def test_a_peers_tip_covers_the_prefix_it_ends_deepest_first_per_slot() -> None:
+    memory, other = RoutedPrefixes(ttl_s=10.0, max_tips=2), (WorkerId("w1"), 0)
+    assert memory.tips(KEYS[:16], now=0.0) == {}
+    memory.add_tip(SLOT, KEYS[7], now=0.0)  # a peer routed KEYS[:8] to w0
+    memory.add_tip(SLOT, KEYS[3], now=0.0)  # and KEYS[:4], to w0 too: the deeper one counts
+    assert memory.tips(KEYS[:16], now=5.0) == {SLOT: 8}
+    assert memory.tips(KEYS[:6], now=5.0) == {SLOT: 4}  # a shorter prompt: its own prefix
+    assert memory.tips(KEYS[:16], now=10.5) == {}  # older than ttl
+    memory.add_tip(other, KEYS[11], now=11.0)  # a third tip: the least recent one goes
+    assert memory.tips(KEYS[:16], now=11.0) == {other: 12}
+    memory.add_tip(SLOT, KEYS[11], now=11.0)
+    memory.forget_worker(WorkerId("w1"))
+    assert memory.tips(KEYS[:16], now=11.0) == {SLOT: 12}
+    with pytest.raises(ValueError):
+        RoutedPrefixes(max_tips=0)
+
+
+def test_next_turn_follows_a_prompt_another_router_routed_before_its_events_arrived() -> None:
+    """Router A routed turn 1; router B, told its tip (the shared load view), sends turn 2 to
+    the same worker before any KV event; without the tip (the negative control) B finds the
+    holder cold and busier."""
+    def second(told: bool) -> tuple[str | None, str | None, int]:
+        a, b, ws = driver(index_with()), driver(index_with()), workers(2)
+        first = a.route(RouteRequest("t1", NS, 32 * PS, KEYS[:32], PS), ws, 0.0)
+        b.route(RouteRequest("x", NS, 8 * PS, [PageKey(-i) for i in range(1, 9)], PS), ws, 0.0)
+        if told:
+            b.policy.on_peer_routed(first.slot, KEYS[31], 0.0)
+        turn2 = b.route(RouteRequest("t2", NS, 64 * PS, KEYS[:64], PS), ws, 0.01)
+        return first.worker_id, turn2.worker_id, turn2.prefix_tokens
+
+    first, then, prefix = second(told=True)
+    assert then == first and prefix == 32 * PS
+    first, then, prefix = second(told=False)
+    assert then != first and prefix == 0
