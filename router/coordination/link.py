@@ -139,9 +139,8 @@ class Coordinator:
     def routed(self, slot: Slot, keys: Sequence[PageKey]) -> None:
         """A prompt of page ``keys`` was routed to ``slot``: its last key rides on the next
         publication (at most ``MAX_ROUTED_TIPS`` per publication, the oldest dropped)."""
-        if keys and not self.config.unshared_load:
+        if keys and not self.config.unshared_load:  # published with the routing's change
             self._tips.append((slot, keys[-1]))
-            self._changed.set()
 
     def leads(self) -> bool:
         """Whether this router holds the leader lease now (runs the once-per-cluster jobs)."""

@@ -121,11 +121,14 @@ class Reader:
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
             slots, tips = rec.load_slots(load), rec.load_tips(load)  # all checked first
+            counted = ident in self.peers.counted()
             gave = self.peers.update(ident, load.seq, slots, self.clock())
             if gave is None:
                 self.peers.refreshed(ident, self.clock())
                 return
-            if self.on_peer_routed is not None:
+            # a peer's first record read may be old (a quiet router only refreshes its TTL):
+            # its tips are not news
+            if counted and self.on_peer_routed is not None:
                 for slot, tip in tips:
                     self.on_peer_routed(slot, tip)
             if gave:  # room another router freed, or no longer shares

@@ -63,7 +63,11 @@ class LoadView:
                 self.link.reader.on_peer_load = driver.peers_changed
 
     def _peer_routed(self, slot: Slot, tip: PageKey) -> None:
-        self.driver.policy.on_peer_routed(slot, tip, self.clock())
+        """A peer routed a prompt ending in ``tip`` to ``slot``; a slot no registered worker
+        has is ignored (a hostile or stale record must not grow the memory)."""
+        entry = self.registry.find(slot[0])
+        if entry is not None and 0 <= slot[1] < entry.info.dp_size:
+            self.driver.policy.on_peer_routed(slot, tip, self.clock())
 
     def _targets(self) -> list[tuple[str, str, str, int]]:
         return [(e.info.worker_id, e.info.url, e.info.engine, e.info.dp_size)
@@ -88,19 +92,22 @@ class LoadView:
         return sum(self.link.peers.load(s, now).prefilling for s in self.link.peers.slots()
                    if queue.server(s) == server)
 
-    def share_of(self, server: Hashable) -> int:
+    def share_of(self, server: Hashable, waiting_here: bool) -> int:
         """How much of ``server``'s dispatch depth this router may book while peers hold
-        requests for it too (:func:`router.routing.dispatch_gate.fair_share`)."""
+        requests for it too (:func:`router.routing.dispatch_gate.fair_share`); none when this
+        router holds none for it (``waiting_here``) and peers do: they split all of it."""
         gate = self.driver.gate
-        depth = gate.depth if gate is not None else 0
+        assert gate is not None  # asked by the gate only
         lead = self.driver.cost.queue.lead_slot(server)
         if self.link is None or lead is None:
-            return depth
+            return gate.depth
         waiting = self.link.peers.waiting(lead)
         if not waiting:
-            return depth
+            return gate.depth
+        if not waiting_here:
+            return 0
         key = zlib.crc32(f"{lead[0]}:{lead[1]}".encode())
-        return fair_share(depth, self.link.router_id, waiting, key,
+        return fair_share(gate.depth, self.link.router_id, waiting, key,
                           int(self.wall() / SHARE_TURN_S))
 
     def own(self) -> dict[Slot, SlotLoad]:
@@ -113,12 +120,12 @@ class LoadView:
         if gate is None:
             return own_loads(active, prefills, self.driver.decode.reserved(), ())
 
-        def leads(servers: list[Hashable]) -> list[Slot]:
+        def on_leads(servers: list[Hashable]) -> list[Slot]:
             return [lead for s in servers if s is not None
                     and (lead := queue.lead_slot(s)) is not None]
 
         return own_loads(active, prefills, self.driver.decode.reserved(),
-                         leads(gate.held_servers()), leads(gate.released_servers()))
+                         on_leads(gate.held_servers()), on_leads(gate.released_servers()))
 
     # --- life cycle and jobs -----------------------------------------------------------------
 

@@ -230,8 +230,8 @@ class DispatchGate:
         # they take room there as this gate's own do
         self.elsewhere: Callable[[Hashable], int] | None = None
         # how much of a server's depth this gate may book while other routers hold requests for
-        # it too (:func:`fair_share`; None: all of it)
-        self.share: Callable[[Hashable], int] | None = None
+        # it too, given whether this gate holds any for it (:func:`fair_share`; None: all of it)
+        self.share: Callable[[Hashable, bool], int] | None = None
 
     def hold(self, request_id: str, group: str, cost_s: float, now: float,
              server: Hashable | None = None) -> None:
@@ -279,9 +279,10 @@ class DispatchGate:
 
     def _free(self, group: str, servers: set[Hashable]) -> dict[Hashable, int]:
         elsewhere, share = self.elsewhere, self.share
+        waiting = {h.server for h in self._held.values() if h.group == group} if share else ()
         # room left on the server, and of this gate's share of it when peers wait for it too
         free = {s: min(self.depth - (elsewhere(s) if elsewhere else 0),
-                       share(s) if share else self.depth) - self._in_flight[s]
+                       share(s, s in waiting) if share else self.depth) - self._in_flight[s]
                 for s in servers}
         for g, s in self._unplaced.values():
             if g == group and s in free:

@@ -23,6 +23,7 @@ from router.routing.contract import (
     RoutingPolicy,
     Slot,
     WorkerState,
+    is_prefill_candidate,
 )
 from router.routing.cost import CostModel
 from router.routing.decode_select import DecodeSelector
@@ -76,7 +77,8 @@ class PolicyDriver:
         if self.gate is not None and (target := self.gate.released_to(req.request_id)) \
                 is not None:
             server = self.cost.queue.server  # decode workers stay in ``workers``: PD picks one
-            candidates = [w for w in workers if server(w.slot) == target] or workers
+            candidates = [w for w in workers if server(w.slot) == target
+                          and is_prefill_candidate(req, w)] or workers
         decision = self.policy.choose(req, candidates, self.view, now)
         if not decision.accepted:
             return decision

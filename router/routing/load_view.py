@@ -12,7 +12,7 @@ router is silent or dead) stops counting.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 from radix_global.types import WorkerId
@@ -158,6 +158,10 @@ class PeerLoads:
 
     def routers(self) -> list[str]:
         return sorted(self._peers)
+
+    def counted(self) -> Collection[str]:
+        """The peers whose publication counts now (a view: read it, do not keep it)."""
+        return self._peers.keys()
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         """A worker left: its slots stop counting until a peer publishes them again."""

@@ -51,17 +51,21 @@ class QueueModel:
         self._slot_of: dict[str, Slot] = {}
         self._domain: dict[WorkerId, str] = {}
         self._members: dict[str, set[WorkerId]] = {}  # the reverse of ``_domain``
+        self._lead: dict[str, WorkerId] = {}  # each domain's first member by id
 
     def share_compute(self, worker_id: WorkerId, domain: str | None) -> None:
         """``worker_id``'s slots queue on ``domain``'s one FIFO server (None: each its own)."""
         old = self._domain.pop(worker_id, None)
         if old is not None:
             self._members[old].discard(worker_id)
-            if not self._members[old]:
-                del self._members[old]
+            if self._members[old]:
+                self._lead[old] = min(self._members[old])
+            else:
+                del self._members[old], self._lead[old]
         if domain is not None:
             self._domain[worker_id] = domain
             self._members.setdefault(domain, set()).add(worker_id)
+            self._lead[domain] = min(self._members[domain])
 
     def lead_slot(self, server: Hashable) -> Slot | None:
         """The one slot that stands for ``server`` where a slot must (what a router publishes
@@ -69,8 +73,8 @@ class QueueModel:
         the compute domain's first worker by id (every router picks the same); None when the
         domain has no worker."""
         if isinstance(server, tuple) and len(server) == 2 and server[0] == "domain":
-            members = self._members.get(server[1])
-            return (min(members), 0) if members else None
+            lead = self._lead.get(server[1])
+            return (lead, 0) if lead is not None else None
         return server  # type: ignore[return-value]  # a slot is its own server
 
     def server(self, slot: Slot) -> Hashable:

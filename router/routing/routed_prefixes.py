@@ -81,11 +81,10 @@ class RoutedPrefixes:
             count += 1
         return count
 
-    def add_tip(self, slot: Slot, tip: PageKey, now: float) -> None:
+    def add_tip(self, slot: Slot, tip: PageKey, now: float, ttl_s: float) -> None:
         """Another router routed a prompt whose last page key is ``tip`` to ``slot`` at
-        ``now``."""
-        expiry = float("inf") if self.ttl_s is None else now + self.ttl_s
-        self._tips.setdefault(tip, {})[slot] = expiry
+        ``now``; it counts for ``ttl_s``."""
+        self._tips.setdefault(tip, {})[slot] = now + ttl_s
         self._tips.move_to_end(tip)
         while len(self._tips) > self.max_tips:
             self._tips.popitem(last=False)

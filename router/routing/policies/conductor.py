@@ -151,8 +151,10 @@ class ConductorPolicy(RoutingPolicy):
             self._routed.settle(*opened, now, self.routed_settle_s)
 
     def on_peer_routed(self, slot: Slot, tip: PageKey, now: float) -> None:
+        # the peer settles its own memory when the request ends; this router does not see
+        # the end, and the index takes over once the KV events arrive
         if self._routed is not None:
-            self._routed.add_tip(slot, tip, now)
+            self._routed.add_tip(slot, tip, now, 2 * self.routed_settle_s)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         if self._routed is not None:

@@ -138,5 +138,9 @@ def test_a_peers_load_is_applied_from_its_notice_without_a_read():
     for _ in range(2):  # the same publication again (a resync's read) tells nothing new
         asyncio.run(coord._notice(notice))
     assert told == [(slot, 42)]
+    coord.peers.drop("peer")  # read again from scratch (a restart, an expiry): maybe old news
+    record = rec.encode(rec.load_record("peer", 4, {}, [(slot, PageKey(43))]))
+    asyncio.run(coord._notice(rec.Notice("peer", Kind.LOAD, "peer", record.decode()).encode()))
+    assert told == [(slot, 42)] and coord.peers.routers() == ["peer"]
     asyncio.run(coord._notice(b"peer nosuchkind:x"))
     assert coord.refused["notice"] == 1

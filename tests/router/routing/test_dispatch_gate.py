@@ -58,6 +58,7 @@ def test_fair_shares_add_up_to_the_depth_and_the_remainder_rotates(depth, n, key
     if depth < n:  # fewer places than routers: each has one within n turns
         assert all(any(shares(turn + t)[i] for t in range(n)) for i in range(n))
     assert fair_share(depth, "r0", [], key, turn) == depth  # alone: all of it
+    assert fair_share(depth, "r0", routers, key, turn) == shares(turn)[0]  # itself: no matter
 
 
 def test_routers_freed_at_once_book_the_depth_once_between_them():
@@ -69,10 +70,10 @@ def test_routers_freed_at_once_book_the_depth_once_between_them():
         for me, gate in gates.items():
             gate.elsewhere = lambda s: 0  # the other's first tokens were published
             if shared:  # each sees the other waiting for the server (its held requests)
-                gate.share = lambda s, me=me: fair_share(2, me, ["q" if me == "p" else "p"],
-                                                         key=7, turn=0)
+                gate.share = lambda s, here, me=me: fair_share(
+                    2, me, ["q" if me == "p" else "p"], key=7, turn=0) if here else 0
             for i in range(3):
-                gate.hold(f"{me}{i}", "m", 1.0, now=0.0)
+                gate.hold(f"{me}{i}", "m", 1.0, now=0.0, server="s0")
         return sum(len(g.release({"m": {"s0"}}, now=0.0)) for g in gates.values())
 
     assert booked(shared=True) == 2
@@ -328,6 +329,12 @@ def test_a_released_request_is_routed_to_the_server_it_was_released_to():
             for rid in ("s", "t")] == [("w0", 0), ("w1", 0)]
     assert driver.route(RouteRequest("r", ns, 10, [], 16), workers, now=0.0).slot == ("w1", 0)
     assert gate.released_to("r") is None and gate.in_flight(("w1", 0)) == 1
+    # released to w1, which began draining meanwhile: routed where it can go, not refused
+    gate.hold("d", "m", 1.0, now=1.0, server=("w1", 0))
+    gate.first_token("r")
+    assert gate.release({"m": {("w1", 0)}}, now=1.0) == ["d"]
+    draining = [workers[0], workers[1]._replace(accepting=False)]
+    assert driver.route(RouteRequest("d", ns, 10, [], 16), draining, now=1.0).slot == ("w0", 0)
 
 
 def test_highest_ratio_favours_short_work_and_ages_long_work_by_its_size():

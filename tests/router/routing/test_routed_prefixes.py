@@ -85,16 +85,16 @@ def test_a_finished_turn_evicted_under_pressure_is_not_counted_after_settling() 
 
 
 def test_a_peers_tip_covers_the_prefix_it_ends_deepest_first_per_slot() -> None:
-    memory, other = RoutedPrefixes(ttl_s=10.0, max_tips=2), (WorkerId("w1"), 0)
+    memory, other = RoutedPrefixes(max_tips=2), (WorkerId("w1"), 0)
     assert memory.tips(KEYS[:16], now=0.0) == {}
-    memory.add_tip(SLOT, KEYS[7], now=0.0)  # a peer routed KEYS[:8] to w0
-    memory.add_tip(SLOT, KEYS[3], now=0.0)  # and KEYS[:4], to w0 too: the deeper one counts
+    memory.add_tip(SLOT, KEYS[7], now=0.0, ttl_s=10.0)  # a peer routed KEYS[:8] to w0
+    memory.add_tip(SLOT, KEYS[3], now=0.0, ttl_s=10.0)  # and KEYS[:4]: the deeper one counts
     assert memory.tips(KEYS[:16], now=5.0) == {SLOT: 8}
     assert memory.tips(KEYS[:6], now=5.0) == {SLOT: 4}  # a shorter prompt: its own prefix
     assert memory.tips(KEYS[:16], now=10.5) == {}  # older than ttl
-    memory.add_tip(other, KEYS[11], now=11.0)  # a third tip: the least recent one goes
+    memory.add_tip(other, KEYS[11], now=11.0, ttl_s=10.0)  # a third: the least recent goes
     assert memory.tips(KEYS[:16], now=11.0) == {other: 12}
-    memory.add_tip(SLOT, KEYS[11], now=11.0)
+    memory.add_tip(SLOT, KEYS[11], now=11.0, ttl_s=10.0)
     memory.forget_worker(WorkerId("w1"))
     assert memory.tips(KEYS[:16], now=11.0) == {SLOT: 12}
     with pytest.raises(ValueError):
