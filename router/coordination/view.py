@@ -11,7 +11,7 @@ from __future__ import annotations
 import time
 import zlib
 from collections.abc import Callable, Hashable
-from typing import Any, TypeGuard
+from typing import Any
 
 import httpx
 
@@ -87,8 +87,9 @@ class LoadView:
         if self.link is None:
             return 0
         queue, now = self.driver.cost.queue, self.clock()
-        if _is_slot(server):
-            return self.link.peers.load(server, now).prefilling
+        lead = queue.lead_slot(server)
+        if lead is not None and lead == server:  # a slot is its own lead: no domain to sum
+            return self.link.peers.load(lead, now).prefilling
         return sum(self.link.peers.load(s, now).prefilling for s in self.link.peers.slots()
                    if queue.server(s) == server)
 
@@ -175,7 +176,3 @@ class LoadView:
             await self.link.stop()
         await self.engines.stop()
 
-
-def _is_slot(server: Hashable) -> TypeGuard[Slot]:
-    return (isinstance(server, tuple) and len(server) == 2 and isinstance(server[0], str)
-            and isinstance(server[1], int) and server[0] != "domain")
