@@ -21,6 +21,7 @@ from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.profiling import Profiler
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
+from router.cluster.slots import SlotTables
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
 from router.coordination.view import LoadView
@@ -144,6 +145,8 @@ class RouterState:
             or f"{socket.gethostname()}:{config.listen.port}",
             version=__version__, digest=config.digest(), clock=clock)
         self.view.engines.bind_metrics(self.metrics.registry)
+        # each model's slots, kept between decisions, with the view laid over the loaded ones
+        self.slots = SlotTables(self.registry, self.view)
         self.warmer.leads = self.view.leads
         self.profiler = Profiler(config.profiling, self.routing.cost, self.registry,
                                  self.proxy.client, self.view, config.models.page_size,

@@ -4,7 +4,9 @@ the mean over each run (median and range of the runs) and the p50 / p99 of every
 A GlobalIndex holds ``--prompts`` prompts of 24 pages (first 16 on one worker's GPU, all 24 in the
 pool); requests cycle through them; each request's prefill completes 8 requests later, so queues
 stay short and the regression keeps learning. ``conductor_all`` is the Conductor pricing every
-slot (``price_top_k=None``), side by side with the default shortlist. Prints a table and writes
+slot (``price_top_k=None``), side by side with the default shortlist. ``--slots`` passes the
+slots as a list (every decision walks them, the reference) or as the router's slot table
+(``router/routing/slot_table.py``, built once: a decision reads it). Prints a table and writes
 JSON.
 
     python -m benchmarks.micro.policy_bench [--requests 2000] [--out benchmarks/results/...]
@@ -17,6 +19,7 @@ import json
 import random
 import statistics
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from radix_global.index import GlobalIndex
@@ -27,13 +30,15 @@ from router.routing.cost import CostModel
 from router.routing.driver import PolicyDriver
 from router.routing.policies import get_policy
 from router.routing.prefill_model import PrefillModel
+from router.routing.slot_table import SlotTable
 
 NS = Namespace("bench@1")
 POLICIES = ("round_robin", "least_load", "approx_cache", "conductor_all", "conductor")
 PAGE = 512
 
 
-def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int) -> list[float]:
+def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int,
+            slots: str = "table") -> list[float]:
     """Microseconds of each request's ``route`` + ``prefill_done`` + ``finished``."""
     rng = random.Random(seed)
     index = GlobalIndex()
@@ -46,7 +51,10 @@ def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int) -
     cost = CostModel(prefill_prior=PrefillModel.llama3_70b_8xa800)
     options = {"price_top_k": None} if policy == "conductor_all" else {}
     driver = PolicyDriver(get_policy(policy.removesuffix("_all"), **options), cost, index)
-    ws = [WorkerState(WorkerId(f"w{i}"), NS, pool_id=PoolId("pool")) for i in range(workers)]
+    ws: Sequence[WorkerState] = [WorkerState(WorkerId(f"w{i}"), NS, pool_id=PoolId("pool"))
+                                 for i in range(workers)]
+    if slots == "table":
+        ws = SlotTable(ws)
     times = []
     clock = time.perf_counter
     for r in range(requests):
@@ -73,23 +81,28 @@ def main() -> None:
     ap.add_argument("--workers", type=int, nargs="+", default=[4, 16, 64],
                     help="slots (one per worker); issue 39 asks for 1,024 and 10,000")
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
+    ap.add_argument("--slots", nargs="+", default=["list", "table"], choices=["list", "table"],
+                    help="how the slots are passed: a list walked per decision, or the table")
     ap.add_argument("--out", default="benchmarks/results/policy_bench.json")
     args = ap.parse_args()
     rows = []
-    print(f"{'policy':14s} {'workers':>7s} {'mean us/req':>12s} {'min':>8s} {'max':>8s} "
-          f"{'p50':>8s} {'p99':>8s}")
+    print(f"{'policy':14s} {'slots':>5s} {'workers':>7s} {'mean us/req':>12s} {'min':>8s} "
+          f"{'max':>8s} {'p50':>8s} {'p99':>8s}")
     for workers in args.workers:
         for policy in args.policies:
-            runs = [one_run(policy, workers, args.requests, args.prompts, seed)
-                    for seed in range(args.repeats)]
-            means = [statistics.mean(r) for r in runs]
-            every = [t for r in runs for t in r]
-            row = {"policy": policy, "workers": workers, "median_us": statistics.median(means),
-                   "min_us": min(means), "max_us": max(means), "p50_us": _p(every, 0.5),
-                   "p99_us": _p(every, 0.99), "requests": args.requests}
-            rows.append(row)
-            print(f"{policy:14s} {workers:7d} {row['median_us']:12.1f} {row['min_us']:8.1f} "
-                  f"{row['max_us']:8.1f} {row['p50_us']:8.1f} {row['p99_us']:8.1f}")
+            for slots in args.slots:
+                runs = [one_run(policy, workers, args.requests, args.prompts, seed, slots)
+                        for seed in range(args.repeats)]
+                means = [statistics.mean(r) for r in runs]
+                every = [t for r in runs for t in r]
+                row = {"policy": policy, "slots": slots, "workers": workers,
+                       "median_us": statistics.median(means), "min_us": min(means),
+                       "max_us": max(means), "p50_us": _p(every, 0.5),
+                       "p99_us": _p(every, 0.99), "requests": args.requests}
+                rows.append(row)
+                print(f"{policy:14s} {slots:>5s} {workers:7d} {row['median_us']:12.1f} "
+                      f"{row['min_us']:8.1f} {row['max_us']:8.1f} {row['p50_us']:8.1f} "
+                      f"{row['p99_us']:8.1f}")
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"benchmark": "policy_bench", "rows": rows}, indent=2))

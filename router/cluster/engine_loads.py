@@ -23,7 +23,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, NamedTuple
@@ -245,6 +245,10 @@ class EngineLoadPoller:
         self._metric = Counter(
             "router_engine_load_failures", "Failed reads of an engine's own load report "
             "(timeout, connect, status, parse, error)", ["worker", "kind"], registry=registry)
+
+    def slots(self) -> Collection[Slot]:
+        """The slots with a reading, stale ones included (a view: read it, do not keep it)."""
+        return self._loads.keys()
 
     def load(self, slot: Slot, now: float | None = None) -> EngineLoad | None:
         """The slot's last reading, or None when there is none or it is stale."""

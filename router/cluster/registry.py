@@ -105,6 +105,9 @@ class WorkerRegistry:
         self._page_size: dict[Namespace, int] = {}
         self._on_added = on_added
         self._on_removed = on_removed
+        # counts the changes to who may be routed to (joined, left, drained, back): what is
+        # built from the members (router/cluster/slots.py's tables) is rebuilt when it moves
+        self.generation = 0
 
     # --- membership -------------------------------------------------------------------------
 
@@ -146,13 +149,15 @@ class WorkerRegistry:
                             last_seen=now, lora=dict(lora or {}))
         if old is not None and old.info == info:
             entry = old
-            entry.last_seen, entry.draining = now, False
+            entry.last_seen = now
+            self.set_draining(info.worker_id, False)
             entry.model_path = model_path or entry.model_path
             entry.context_length = context_length or entry.context_length
             return entry
         had_page_size = ns in self._page_size
         self._page_size[ns] = info.page_size
         self._workers[entry.worker_id] = entry
+        self.generation += 1
         if self._on_added is not None:
             try:
                 self._on_added(entry)
@@ -174,12 +179,19 @@ class WorkerRegistry:
 
     def _drop(self, entry: WorkerEntry) -> None:
         self._workers.pop(entry.worker_id, None)
+        self.generation += 1
         if self._on_removed is not None:
             self._on_removed(entry)
 
     def drain(self, worker_id: str) -> WorkerEntry:
+        return self.set_draining(worker_id, True)
+
+    def set_draining(self, worker_id: str, draining: bool) -> WorkerEntry:
+        """Take ``worker_id`` out of routing (``draining``) or put it back."""
         entry = self.get(worker_id)
-        entry.draining = True
+        if entry.draining != draining:
+            entry.draining = draining
+            self.generation += 1
         return entry
 
     def heartbeat(self, worker_id: str, now: float) -> WorkerEntry:

@@ -1,4 +1,5 @@
-"""Registry entries -> the policy contract's :class:`WorkerState` slots.
+"""Registry entries -> the policy contract's :class:`WorkerState` slots, and the slot tables a
+decision reads them from (``docs/interfaces.md``, "Several routers, one view", the slot table).
 
 The life cycle of a request (route, prefill done, finished, worker gone) goes through
 :class:`router.routing.driver.PolicyDriver`.
@@ -6,15 +7,16 @@ The life cycle of a request (route, prefill done, finished, worker gone) goes th
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Sequence
 from typing import Protocol
 
 from radix_global.types import Namespace, PoolId, WorkerId
 from router.cluster.engine_loads import EngineLoad
-from router.cluster.registry import WorkerEntry
+from router.cluster.registry import WorkerEntry, WorkerRegistry
 from router.routing.contract import WorkerState
 from router.routing.load_view import SlotLoad
 from router.routing.queue_model import Slot
+from router.routing.slot_table import SlotTable
 
 
 class SlotView(Protocol):
@@ -23,6 +25,37 @@ class SlotView(Protocol):
 
     def peer(self, slot: Slot) -> SlotLoad: ...
     def engine(self, slot: Slot) -> EngineLoad | None: ...
+
+    def loaded(self) -> Collection[Slot]:
+        """Every slot :meth:`peer` or :meth:`engine` may say something of (a superset)."""
+        ...
+
+
+class SlotTables:
+    """One :class:`SlotTable` per model, rebuilt when the registry's membership moves; a
+    decision gets it with the load view laid over the loaded slots only."""
+
+    def __init__(self, registry: WorkerRegistry, view: SlotView | None = None) -> None:
+        self.registry, self.view = registry, view
+        self._tables: dict[str, SlotTable] = {}
+        self._generation = -1
+
+    def slots(self, model: str, exclude: set[str] | None = None) -> Sequence[WorkerState]:
+        """``model``'s slots now. With ``exclude`` (workers a retry must avoid): a list built
+        for this one decision, as before the tables."""
+        registry = self.registry
+        if exclude:
+            return worker_states(registry.for_model(model), exclude, self.view)
+        if registry.generation != self._generation:
+            self._tables.clear()
+            self._generation = registry.generation
+        table = self._tables.get(model)
+        if table is None:
+            table = self._tables[model] = SlotTable(worker_states(registry.for_model(model)))
+        view = self.view
+        if view is None:
+            return table
+        return table.with_loads(view.loaded(), lambda state: _with_load(state, view))
 
 
 def worker_states(entries: Iterable[WorkerEntry], exclude: set[str] | None = None,

@@ -96,15 +96,13 @@ class SharedView:
         self.admitted_at.pop(worker_id, None)
 
     def drained(self, worker_id: str) -> None:
-        entry = self.registry.find(worker_id)
-        if entry is not None:
-            entry.draining = True
+        if self.registry.find(worker_id) is not None:
+            self.registry.set_draining(worker_id, True)
             self.taken_drains.add(worker_id)
 
     def undrained(self, worker_id: str) -> None:
-        entry = self.registry.find(worker_id)
-        if entry is not None:
-            entry.draining = False
+        if self.registry.find(worker_id) is not None:
+            self.registry.set_draining(worker_id, False)
         self.taken_drains.discard(worker_id)
 
     def prefix_seen(self, record: rec.PrefixRecord) -> None:

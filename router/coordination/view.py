@@ -81,6 +81,10 @@ class LoadView:
     def engine(self, slot: Slot) -> EngineLoad | None:
         return self.engines.load(slot)
 
+    def loaded(self) -> list[Slot]:
+        peers = self.link.peers.slots() if self.link is not None else []
+        return [*peers, *self.engines.slots()]
+
     def prefilling_elsewhere(self, server: Hashable) -> int:
         """Other routers' prefills without a first token on a FIFO server (a slot, or a
         compute domain: all its slots), which the dispatch gate counts as taken room."""

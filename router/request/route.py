@@ -13,7 +13,6 @@ from starlette.types import Receive, Scope
 
 from router.cluster.dispatcher import HeldQueueFull, HeldTooLong, Priced
 from router.cluster.registry import WorkerEntry
-from router.cluster.slots import worker_states
 from router.request.finish import client_gone, remember
 from router.request.inbound import Inbound
 from router.routing.admission import reject, ttft_excess
@@ -111,7 +110,7 @@ def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed:
     """Where ``inbound`` goes, the workers of ``excluded`` aside; raises the refusal."""
     clock = state.clock
     t = clock()
-    slots = worker_states(state.registry.for_model(inbound.model), excluded, state.view)
+    slots = state.slots.slots(inbound.model, excluded)
     decision = state.routing.route(inbound.req, slots, clock())
     state.metrics.stage("policy").observe(clock() - t)
     return _answer(state, inbound, decision)
@@ -148,8 +147,7 @@ def _estimate(state: RouterState, inbound: Inbound) -> tuple[Decision, Priced] |
     not place it."""
     req = inbound.req
     estimate = state.routing.estimate(
-        req, worker_states(state.registry.for_model(inbound.model), view=state.view),
-        state.clock())
+        req, state.slots.slots(inbound.model), state.clock())
     if not estimate.accepted or estimate.worker_id is None:
         return None
     prefill_s = (estimate.predicted_prefill_s if estimate.predicted_prefill_s is not None

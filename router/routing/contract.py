@@ -19,7 +19,7 @@ it in one place, use it rather than calling the pieces):
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import attrgetter
@@ -178,6 +178,23 @@ class CostView(Protocol):
 
     def outstanding(self, slot: Slot) -> int: ...
 
+    def idle_queue_s(self, worker: WorkerId) -> float:
+        """``queue_s`` of a slot of ``worker`` with nothing in flight there from any router,
+        nothing queued on its server and no engine report of load: what only a learned fit
+        adds (its drag base). Changes only where :meth:`idle_changes` says."""
+        ...
+
+    def idle_changes(self, since: int) -> tuple[int, list[WorkerId]]:
+        """(the change count now, the workers whose :meth:`idle_queue_s` changed after count
+        ``since``); a reader keeps the count it last saw."""
+        ...
+
+    def busy(self) -> tuple[Collection[Slot], Collection[WorkerId]]:
+        """The slots with requests of this router in flight, and the workers whose shared
+        compute holds prefills of this router's (all their slots queue behind them): every
+        other slot's own queue and load are zero."""
+        ...
+
     def prefetch_reserved_tokens(self, slot: Slot, min_tokens: int) -> int:
         """Prompt tokens beyond the local prefix of ``slot``'s requests still before their
         first token, counting those of at least ``min_tokens``."""
@@ -232,17 +249,40 @@ class PolicyConfigError(ValueError):
     """Unknown policy name or bad policy option."""
 
 
+def takes_prefills(worker: WorkerState) -> bool:
+    """Accepting and not decode-only: a prefill candidate for a request of its namespace."""
+    return worker.accepting and worker.role != Role.DECODE
+
+
 def is_prefill_candidate(req: RouteRequest, worker: WorkerState) -> bool:
-    return worker.accepting and worker.role != Role.DECODE and worker.namespace == req.namespace
+    return takes_prefills(worker) and worker.namespace == req.namespace
 
 
 _SLOT_ORDER = attrgetter("worker_id", "dp_rank")  # ``WorkerState.slot``, without the property
 
 
-def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]) -> list[WorkerState]:
+class SlotSet(Sequence[WorkerState], ABC):
+    """Every slot, kept between decisions (:class:`router.routing.slot_table.SlotTable`): what a
+    caller may pass as ``workers`` in place of a list, so that a decision builds nothing per
+    slot. As a sequence: every slot in slot order."""
+
+    @abstractmethod
+    def candidates(self, namespace: Namespace) -> Sequence[WorkerState]:
+        """The prefill candidates of a request of ``namespace`` (:func:`prefill_candidates`),
+        in slot order; read them, do not change them."""
+
+    @abstractmethod
+    def get(self, slot: Slot) -> WorkerState | None:
+        """``slot``'s state (None: no such slot)."""
+
+
+def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]
+                       ) -> Sequence[WorkerState]:
     """Slots that may run ``req``'s prefill (accepting, not decode-only, same namespace), in slot
     order (worker id, dp rank): rotations and tie-breaks then do not depend on the order the
-    caller listed the workers in."""
+    caller listed the workers in. A :class:`SlotSet` has them ready."""
+    if isinstance(workers, SlotSet):
+        return workers.candidates(req.namespace)
     return sorted((w for w in workers if is_prefill_candidate(req, w)), key=_SLOT_ORDER)
 
 

@@ -23,7 +23,7 @@ called by :class:`router.routing.driver.PolicyDriver`. Pure: time is always pass
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Annotated, Any
 
@@ -98,6 +98,10 @@ class CostModel:
         self._load_Bps: dict[WorkerId, float] = {}  # worker -> its engine's measured load path
         self._installed: set[WorkerId] = set()  # prefill from a profile, not the prior
         self._drag: dict[WorkerId, DragModel] = {}
+        # workers whose idle_queue_s changed, by the change count it last changed at, oldest
+        # first (a reader walks back from the newest to the count it saw)
+        self._idle_changed: dict[WorkerId, int] = {}
+        self._idle_count = 0
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -141,6 +145,27 @@ class CostModel:
         if drag is None:  # the common case, kept cheap: this runs for every slot of a decision
             return fifo
         return fifo + drag.predict(self.queue.outstanding(slot) + worker.peer_requests)
+
+    def idle_queue_s(self, worker: WorkerId) -> float:
+        # what queue_s adds up to with no FIFO, no peers' and no engine's queue: 0.0 + the drag
+        drag = self._drag.get(worker)
+        return 0.0 if drag is None else 0.0 + drag.predict(0)
+
+    def idle_changes(self, since: int) -> tuple[int, list[WorkerId]]:
+        changed = []
+        for worker in reversed(self._idle_changed):
+            if self._idle_changed[worker] <= since:
+                break
+            changed.append(worker)
+        return self._idle_count, changed
+
+    def busy(self) -> tuple[Collection[Slot], Collection[WorkerId]]:
+        return self.queue.busy()
+
+    def _idle_change(self, worker: WorkerId) -> None:
+        self._idle_count += 1
+        self._idle_changed.pop(worker, None)
+        self._idle_changed[worker] = self._idle_count
 
     def drag_s(self, slot: Slot, elsewhere: int = 0) -> float:
         """What the requests ``slot`` has (queued or decoding; ``elsewhere``: routed by other
@@ -263,8 +288,11 @@ class CostModel:
             drag = self._drag.get(worker)
             if drag is None:
                 drag = self._drag[worker] = DragModel(half_life)
+            idle = drag.predict(0)
             drag.observe(p.outstanding,
                          (now - p.routed_at) - (p.wait_s + p.transfer_s + p.predicted_s))
+            if drag.predict(0) != idle:
+                self._idle_change(worker)
 
     def on_finished(self, request_id: str, now: float) -> None:
         self.queue.finished(request_id)
@@ -275,7 +303,8 @@ class CostModel:
         self._measured_only.discard(worker_id)
         self._load_Bps.pop(worker_id, None)
         self._installed.discard(worker_id)
-        self._drag.pop(worker_id, None)
+        if self._drag.pop(worker_id, None) is not None:
+            self._idle_change(worker_id)
         if self.topology is not None:
             self.topology.remove(worker_id)
 

@@ -22,6 +22,7 @@ from router.routing.contract import (
     RouteRequest,
     RoutingPolicy,
     Slot,
+    SlotSet,
     WorkerState,
     is_prefill_candidate,
 )
@@ -82,7 +83,8 @@ class PolicyDriver:
         decision = self.policy.choose(req, candidates, self.view, now)
         if not decision.accepted:
             return decision
-        chosen = next((w for w in workers if w.slot == decision.slot), None)
+        chosen = workers.get(decision.slot) if isinstance(workers, SlotSet) \
+            else next((w for w in workers if w.slot == decision.slot), None)
         if chosen is not None and chosen.role == Role.PREFILL:
             pick = self.decode.choose(req, workers, self.slo.tbt_for(req))
             if not pick.accepted:

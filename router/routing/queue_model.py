@@ -72,8 +72,8 @@ class QueueModel:
         per slot of its held requests, which wait for a server): the slot itself, or rank 0 of
         the compute domain's first worker by id (every router picks the same); None when the
         domain has no worker."""
-        if isinstance(server, tuple) and len(server) == 2 and server[0] == "domain":
-            lead = self._lead.get(server[1])
+        if _is_domain(server):
+            lead = self._lead.get(server[1])  # type: ignore[index]
             return (lead, 0) if lead is not None else None
         return server  # type: ignore[return-value]  # a slot is its own server
 
@@ -112,7 +112,11 @@ class QueueModel:
         queue = self._pending.get(self.server(slot))
         if queue is not None:
             queue.pop(request_id, None)
-        self._active.get(slot, set()).discard(request_id)
+        active = self._active.get(slot)
+        if active is not None:
+            active.discard(request_id)
+            if not active:  # kept small: busy() lists what is in it
+                del self._active[slot]
         return slot
 
     def queue_s(self, slot: Slot, now: float) -> float:
@@ -145,6 +149,15 @@ class QueueModel:
                 total += rest
         return total
 
+    def busy(self) -> tuple[list[Slot], list[WorkerId]]:
+        """The slots with requests in flight (routed, not finished), and the workers of every
+        compute domain with prefills queued (their slots all wait behind them)."""
+        workers: list[WorkerId] = []
+        for server, queue in self._pending.items():
+            if queue and _is_domain(server):
+                workers.extend(self._members.get(server[1], ()))  # type: ignore[index]
+        return list(self._active), workers
+
     def outstanding(self, slot: Slot) -> int:
         return len(self._active.get(slot, ()))
 
@@ -173,3 +186,7 @@ class QueueModel:
                 self._pending.pop(slot, None)
                 self._last_done.pop(slot, None)
         self.share_compute(worker_id, None)
+
+
+def _is_domain(server: Hashable) -> bool:
+    return isinstance(server, tuple) and len(server) == 2 and server[0] == "domain"

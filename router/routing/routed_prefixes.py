@@ -40,6 +40,9 @@ class RoutedPrefixes:
         self.max_pages_per_slot = max_pages_per_slot
         self.ttl_s = ttl_s
         self._pages: dict[Slot, OrderedDict[PageKey, float]] = {}  # key -> expiry time
+        # a routed prompt's first page key -> the slots holding it: a request's holders are
+        # found from its first key, not by asking every slot
+        self._heads: dict[PageKey, set[Slot]] = {}
         # a peer's routed prompt's last page -> slot -> expiry; least recent first
         self._tips: OrderedDict[PageKey, dict[Slot, float]] = OrderedDict()
         self.max_tips = max_tips
@@ -54,9 +57,10 @@ class RoutedPrefixes:
         for key in reversed(keys):
             held[key] = expiry
             held.move_to_end(key)
+        self._heads.setdefault(keys[0], set()).add(slot)
         while len(held) > self.max_pages_per_slot:
-            held.popitem(last=False)
-        self._expire(held, now)
+            self._unhead(held.popitem(last=False)[0], slot)
+        self._expire(slot, held, now)
 
     def settle(self, slot: Slot, keys: Sequence[PageKey], now: float, within_s: float) -> None:
         """``keys`` were computed on ``slot`` (the request finished): the engine's events for
@@ -80,6 +84,14 @@ class RoutedPrefixes:
                 break
             count += 1
         return count
+
+    def holders(self, keys: Sequence[PageKey], now: float) -> list[Slot]:
+        """The slots where :meth:`match` of ``keys`` is not 0, found from the first key."""
+        if not keys:
+            return []
+        key = keys[0]
+        return [slot for slot in self._heads.get(key, ())
+                if self._pages[slot].get(key, -1.0) >= now]
 
     def add_tip(self, slot: Slot, tip: PageKey, now: float, ttl_s: float) -> None:
         """Another router routed a prompt whose last page key is ``tip`` to ``slot`` at
@@ -113,7 +125,8 @@ class RoutedPrefixes:
 
     def forget_worker(self, worker_id: WorkerId) -> None:
         for slot in [s for s in self._pages if s[0] == worker_id]:
-            del self._pages[slot]
+            for key in self._pages.pop(slot):
+                self._unhead(key, slot)
         for tip in [t for t, slots in self._tips.items() if any(s[0] == worker_id for s in slots)]:
             kept = {s: v for s, v in self._tips[tip].items() if s[0] != worker_id}
             if kept:
@@ -121,7 +134,7 @@ class RoutedPrefixes:
             else:
                 del self._tips[tip]
 
-    def _expire(self, held: OrderedDict[PageKey, float], now: float) -> None:
+    def _expire(self, slot: Slot, held: OrderedDict[PageKey, float], now: float) -> None:
         # Least recently routed first; stop at the first page not expired (a settled page
         # further on is dropped by a later call, and ``match`` ignores it meanwhile).
         while held:
@@ -129,3 +142,11 @@ class RoutedPrefixes:
             if t >= now:
                 break
             del held[key]
+            self._unhead(key, slot)
+
+    def _unhead(self, key: PageKey, slot: Slot) -> None:
+        slots = self._heads.get(key)
+        if slots is not None:
+            slots.discard(slot)
+            if not slots:
+                del self._heads[key]

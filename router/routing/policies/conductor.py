@@ -34,6 +34,13 @@ the shortest queues are where their best one is. With ``price_top_k >= len(candi
 ``None``) every slot is priced and the choice is exactly the exhaustive one
 (``tests/router/routing/test_conductor_shortlist.py`` compares them).
 
+Given a :class:`router.routing.slot_table.SlotTable` rather than a list, the shortlist is built
+without a pass over the slots: every slot that can differ from an idle one (a prefix holder, one
+with requests of this router, of a peer or of the engine's report, one behind a shared compute
+domain's queue) is ranked as above, and the idle ones come ranked already
+(:mod:`router.routing.idle_slots`): the same shortlist, in the busy and held slots' time
+(``tests/router/routing/test_slot_table.py`` compares the decisions).
+
 ``choose`` calls the index's ``match`` once per request (which counts one hit on the matched
 nodes: that is what makes prefixes hot); it changes no other state.
 """
@@ -41,11 +48,12 @@ nodes: that is what makes prefixes hot); it changes no other state.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
+from itertools import chain
 
-from radix_global.ops import IndexRefusal, MatchResult
+from radix_global.ops import HolderMatch, IndexRefusal, MatchResult
 from radix_global.pool_ids import is_segment, store_of
-from radix_global.types import HolderId, PageKey, PoolId, WorkerId
+from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.routing.admission import SloConfig, check_ttft, reject
 from router.routing.contract import (
     CandidateEstimate,
@@ -61,7 +69,9 @@ from router.routing.contract import (
     prefill_candidates,
     slot_load,
 )
+from router.routing.idle_slots import IdleSlots
 from router.routing.routed_prefixes import RoutedPrefixes
+from router.routing.slot_table import SlotTable
 
 
 class ConductorPolicy(RoutingPolicy):
@@ -99,6 +109,9 @@ class ConductorPolicy(RoutingPolicy):
         self.routed_settle_s = routed_settle_s
         self._open: dict[str, tuple[Slot, Sequence[PageKey]]] = {}  # routed, not finished
         self._turn = 0
+        # per namespace: the slot table's candidates it was built for, the idle order, and
+        # the cost model's idle change count it has seen
+        self._idle: dict[Namespace, tuple[tuple[WorkerState, ...], IdleSlots, int]] = {}
         self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
 
     def choose(
@@ -121,7 +134,8 @@ class ConductorPolicy(RoutingPolicy):
             priced = [(i, c, None, self._routed_pages(c, req, now, tips))
                       for i, c in enumerate(candidates)]
         else:
-            priced = self._shortlist(req, candidates, match, view, now, k, tips)
+            table = workers if isinstance(workers, SlotTable) else None
+            priced = self._shortlist(req, candidates, match, view, now, k, tips, table)
         estimates = [self.estimate(req, c, match, view, now, pools, queue, routed, shared)
                      for _, c, queue, routed in priced]
         best = self._pick(estimates, [p[0] for p in priced], n)
@@ -254,12 +268,14 @@ class ConductorPolicy(RoutingPolicy):
             return None
 
     def _shortlist(
-        self, req: RouteRequest, candidates: list[WorkerState], match: MatchResult | None,
+        self, req: RouteRequest, candidates: Sequence[WorkerState], match: MatchResult | None,
         view: ClusterView, now: float, k: int, tips: dict[Slot, int],
+        table: SlotTable | None = None,
     ) -> list[tuple[int, WorkerState, float | None, int | None]]:
         """(position, slot, queue, routed pages) of the slots worth pricing, in slot order: every
         local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
-        (then least load, then rotation)."""
+        (then least load, then rotation). From a ``table``: the slots that may differ from idle
+        ones, priced, and the first ``k`` idle ones in that order, not priced."""
         held = match.matched if match is not None else {}
         routed_slots = self._routed.slots() if self._routed is not None else frozenset()
         keep: list[tuple[int, WorkerState, float | None, int | None]] = []
@@ -268,7 +284,14 @@ class ConductorPolicy(RoutingPolicy):
         # choice would follow; the rotation is unique, so the slot itself is never compared.
         others: list[tuple[float, int, int, int, WorkerState]] = []
         n, turn = len(candidates), self._turn
-        for i, c in enumerate(candidates):
+        walk: Iterable[int] = range(n)
+        if table is not None:
+            walk = self._not_idle(req, table, held, view, now, tips)
+            idle = self._idle_slots(table, req.namespace, view)
+            others = [(idle.cost(i), 0, (i - turn) % n, i, candidates[i])
+                      for i in idle.first(k, turn, walk)]
+        for i in walk:
+            c = candidates[i]
             slot = c.slot
             own = held.get(slot)
             queue = view.cost.queue_s(c, now)
@@ -283,6 +306,43 @@ class ConductorPolicy(RoutingPolicy):
         keep.extend((i, c, queue, 0) for queue, _, _, i, c in others)
         keep.sort(key=lambda t: t[0])
         return keep
+
+    def _not_idle(self, req: RouteRequest, table: SlotTable,
+                  held: Mapping[tuple[HolderId, int], HolderMatch],
+                  view: ClusterView, now: float, tips: dict[Slot, int]) -> set[int]:
+        """The positions of ``table``'s candidates for ``req`` that the shortlist must look at
+        one by one: prefix holders, and slots with work in flight or reported (any router's,
+        the engine's, their compute domain's)."""
+        ns = req.namespace
+        slots: list[Slot] = [s for s, m in held.items() if m.host > 0]  # type: ignore[misc]
+        if self._routed is not None:
+            slots += self._routed.holders(req.page_keys, now)
+        busy_slots, busy_workers = view.cost.busy()
+        out = {p for s in chain(slots, tips, busy_slots, table.loaded())
+               if (p := table.position(ns, s)) is not None}
+        per_worker = table.worker_positions(ns)
+        for worker in busy_workers:
+            out.update(per_worker.get(worker, ()))
+        return out
+
+    def _idle_slots(self, table: SlotTable, ns: Namespace, view: ClusterView) -> IdleSlots:
+        """The idle order of ``table``'s candidates of ``ns``: built once per table, then
+        updated for the workers whose fit changed since the last decision."""
+        base, cost = table.base(ns), view.cost
+        cached = self._idle.get(ns)
+        if cached is None or cached[0] is not base:
+            count, _ = cost.idle_changes(-1)
+            idle = IdleSlots([cost.idle_queue_s(s.worker_id) for s in base])
+        else:
+            idle = cached[1]
+            count, changed = cost.idle_changes(cached[2])
+            per_worker = table.worker_positions(ns)
+            for worker in changed:
+                value = cost.idle_queue_s(worker)
+                for p in per_worker.get(worker, ()):
+                    idle.update(p, value)
+        self._idle[ns] = (base, idle, count)
+        return idle
 
     def _pick(self, estimates: list[CandidateEstimate], positions: list[int] | None = None,
               n: int | None = None) -> CandidateEstimate:
