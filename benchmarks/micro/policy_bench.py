@@ -2,12 +2,12 @@
 the mean over each run (median and range of the runs) and the p50 / p99 of every request.
 
 A GlobalIndex holds ``--prompts`` prompts of 24 pages (first 16 on one worker's GPU, all 24 in the
-pool); requests cycle through them; each request's prefill completes 8 requests later, so queues
-stay short and the regression keeps learning. ``conductor_all`` is the Conductor pricing every
-slot (``price_top_k=None``), side by side with the default shortlist. ``--slots`` passes the
-slots as a list (every decision walks them, the reference) or as the router's slot table
-(``router/routing/slot_table.py``, built once: a decision reads it). Prints a table and writes
-JSON.
+pool); requests cycle through them; each request's prefill completes ``--in-flight`` (8) requests
+later, so queues stay short and the regression keeps learning. ``conductor_all`` is the Conductor
+pricing every slot (``price_top_k=None``), side by side with the default shortlist.
+``--slots`` passes the slots as a list (every decision walks them, the reference) or as the
+router's slot table (``router/routing/slot_table.py``, built once: a decision reads it). Prints a
+table and writes JSON.
 
     python -m benchmarks.micro.policy_bench [--requests 2000] [--out benchmarks/results/...]
 """
@@ -38,7 +38,7 @@ PAGE = 512
 
 
 def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int,
-            slots: str = "table") -> list[float]:
+            slots: str = "table", in_flight: int = 8) -> list[float]:
     """Microseconds of each request's ``route`` + ``prefill_done`` + ``finished``."""
     rng = random.Random(seed)
     index = GlobalIndex()
@@ -61,9 +61,9 @@ def one_run(policy: str, workers: int, requests: int, prompts: int, seed: int,
         now = r * 0.01
         start = clock()
         driver.route(RouteRequest(f"r{r}", NS, 24 * PAGE, keysets[r % prompts], PAGE), ws, now)
-        if r >= 8:
-            driver.prefill_done(f"r{r - 8}", now, 0.5)
-            driver.finished(f"r{r - 8}", True, now)
+        if r >= in_flight:  # a slot with a request in flight is busy: priced one by one
+            driver.prefill_done(f"r{r - in_flight}", now, 0.5)
+            driver.finished(f"r{r - in_flight}", True, now)
         times.append(1e6 * (clock() - start))
     return times
 
@@ -83,6 +83,8 @@ def main() -> None:
     ap.add_argument("--policies", nargs="+", default=list(POLICIES), choices=POLICIES)
     ap.add_argument("--slots", nargs="+", default=["list", "table"], choices=["list", "table"],
                     help="how the slots are passed: a list walked per decision, or the table")
+    ap.add_argument("--in-flight", type=int, default=8,
+                    help="requests in flight at once (each ends this many requests later)")
     ap.add_argument("--out", default="benchmarks/results/policy_bench.json")
     args = ap.parse_args()
     rows = []
@@ -91,14 +93,16 @@ def main() -> None:
     for workers in args.workers:
         for policy in args.policies:
             for slots in args.slots:
-                runs = [one_run(policy, workers, args.requests, args.prompts, seed, slots)
+                runs = [one_run(policy, workers, args.requests, args.prompts, seed, slots,
+                                args.in_flight)
                         for seed in range(args.repeats)]
                 means = [statistics.mean(r) for r in runs]
                 every = [t for r in runs for t in r]
                 row = {"policy": policy, "slots": slots, "workers": workers,
                        "median_us": statistics.median(means), "min_us": min(means),
                        "max_us": max(means), "p50_us": _p(every, 0.5),
-                       "p99_us": _p(every, 0.99), "requests": args.requests}
+                       "p99_us": _p(every, 0.99), "requests": args.requests,
+                       "in_flight": args.in_flight}
                 rows.append(row)
                 print(f"{policy:14s} {slots:>5s} {workers:7d} {row['median_us']:12.1f} "
                       f"{row['min_us']:8.1f} {row['max_us']:8.1f} {row['p50_us']:8.1f} "
