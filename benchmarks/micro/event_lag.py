@@ -38,6 +38,7 @@ import zmq.asyncio
 
 from benchmarks.harness.paths import FULL_TRACE, RESULTS
 from benchmarks.micro.index_bench import NS, PAGE_SIZE, TOKENS_PER_HASH_ID, LruTier
+from radix_global import events
 from radix_global import keys as page_keying
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexOp, RemovePages, StorePages
@@ -207,13 +208,19 @@ def main() -> None:
     ap.add_argument("--engine-pages", type=int, default=1024,
                     help="pages each engine holds before it evicts (64 tokens a page)")
     ap.add_argument("--burst", type=int, default=1, help="batches each engine sends at once")
+    ap.add_argument("--whole-decode", action="store_true",
+                    help="decode every batch whole, token ids included (the reference decoder, "
+                         "as before token ids were left undecoded)")
     ap.add_argument("--json", type=Path, default=RESULTS / "event_lag.json")
     args = ap.parse_args()
     soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < 4 * args.engines + 256:
         raise SystemExit(f"open files limit {soft} is too low for {args.engines} engines "
                          f"(ulimit -n {4 * args.engines + 256})")
+    if args.whole_decode:
+        events._envelope = lambda payload, decoder: decoder.decode(payload)
     res = asyncio.run(run(args))
+    res["whole_decode"] = args.whole_decode
     print(json.dumps(res, indent=2))
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(res, indent=2) + "\n")

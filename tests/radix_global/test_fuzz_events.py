@@ -20,7 +20,7 @@ from fuzz_tally import Tally, examples
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from radix_global import keys
+from radix_global import events, keys
 from radix_global.events import EngineKind, EventDecoder
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexRefusal
@@ -217,3 +217,27 @@ def test_fuzz_kv_event_frames(messages: list[list[bytes]]) -> None:
         bad = any(len(m) != 3 or len(m[1]) != 8 or int.from_bytes(m[1], "big") >= 2**63
                   for m in messages)
         tally.add("refused" if bad else "ok")
+
+
+# batches of events, in both forms, more often than ``payloads`` draws them
+batches = st.builds(lambda ts, evs, rank: enc([ts, evs, rank]), st.sampled_from([0.0, 1, 2.5]),
+                    st.lists(event(), min_size=1, max_size=4), st.sampled_from([0, 1, None]))
+
+
+@settings(max_examples=examples(400), suppress_health_check=list(HealthCheck))
+@given(payload=st.one_of(payloads, batches, batches), engine=st.sampled_from(["sglang", "vllm"]),
+       dp_size=st.integers(1, 3))
+def test_token_ids_left_undecoded_until_needed_change_no_outcome(
+        payload: bytes, engine: str, dp_size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``events._envelope`` leaves each store's ``token_ids`` undecoded until a re-key needs
+    them: the decoder's outcome (ops, refusal reasons, readability) is the one of decoding the
+    whole payload at once, the reference."""
+    _, fast = _fresh_decoder(engine, dp_size)
+    got = fast.decode(payload)
+    with monkeypatch.context() as m:
+        m.setattr(events, "_envelope", lambda payload, decoder: decoder.decode(payload))
+        _, whole = _fresh_decoder(engine, dp_size)
+        want = whole.decode(payload)
+    assert (got.ts, got.dp_rank, got.ops, got.unreadable) == \
+        (want.ts, want.dp_rank, want.ops, want.unreadable)
+    assert [r.reason for r in got.refusals] == [r.reason for r in want.refusals]
