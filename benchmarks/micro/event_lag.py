@@ -11,8 +11,8 @@ is reported apart.
 Workload: the Mooncake conversation trace, its requests dealt to the engines in turn, at the
 trace's rate per instance (its 12,031 requests over 59 minutes were served by the paper's 16
 instances, Fig. 5) times ``--load``, cut at ``--duration-s``. Per request one ``BlockStored`` of
-the pages its engine did not hold (page size 64, 512 tokens per hash id, token ids included as
-SGLang sends them) and a ``BlockRemoved`` of the least recently used pages past
+the pages its engine did not hold (page size 64, 512 tokens per hash id; a tagged array with its
+token ids, as SGLang sends it) and a ``BlockRemoved`` of the least recently used pages past
 ``--engine-pages``. Then a burst: every engine publishes ``--burst`` more batches at one instant.
 
     python -m benchmarks.micro.event_lag [--engines 1000] [--load 1] [--duration-s 20]
@@ -53,13 +53,13 @@ TRACE_SECONDS = 59 * 60
 Frame = tuple[float, int, int, bytes]  # due (s after start), engine, seq, payload
 
 
-def _event(op: IndexOp, tokens: dict[PageKey, list[int]]) -> dict[str, Any]:
+def _event(op: IndexOp, tokens: dict[PageKey, list[int]]) -> list[Any]:
+    """The event as SGLang encodes it: a tagged array (its structs are ``array_like``)."""
     if isinstance(op, StorePages):
-        return {"type": "BlockStored", "block_hashes": op.keys, "parent_block_hash": op.parent,
-                "token_ids": [t for k in op.keys for t in tokens[k]], "block_size": PAGE_SIZE,
-                "lora_id": None, "medium": "GPU"}
+        return ["BlockStored", op.keys, op.parent, [t for k in op.keys for t in tokens[k]],
+                PAGE_SIZE, None, "GPU"]
     assert isinstance(op, RemovePages)
-    return {"type": "BlockRemoved", "block_hashes": op.keys, "medium": "GPU"}
+    return ["BlockRemoved", op.keys, "GPU"]
 
 
 def build_frames(engines: int, load: float, duration_s: float, engine_pages: int, burst: int,
@@ -71,7 +71,7 @@ def build_frames(engines: int, load: float, duration_s: float, engine_pages: int
     seqs = [0] * engines
     frames: list[Frame] = []
     pages = 0
-    last: list[list[dict[str, Any]]] = [[] for _ in range(engines)]
+    last: list[list[list[Any]]] = [[] for _ in range(engines)]
     for n, req in enumerate(read_trace(trace)):
         due = req.timestamp_ms / 1000.0 / rate_scale
         if due > duration_s:
@@ -94,7 +94,7 @@ def build_frames(engines: int, load: float, duration_s: float, engine_pages: int
         for _ in range(burst if last[e] else 0):
             frames.append((at, e, seqs[e], msgspec.msgpack.encode([at, last[e], 0])))
             seqs[e] += 1
-            pages += sum(len(ev["block_hashes"]) for ev in last[e])
+            pages += sum(len(ev[1]) for ev in last[e])
     frames.sort(key=lambda f: f[0])
     return frames, pages
 
