@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import time
 from collections import Counter
 from collections.abc import Callable, Mapping
@@ -98,6 +99,22 @@ class SubscriberStats(NamedTuple):
     restarts: int = 0  # publishers whose seq went backwards (restarted engines): resynced
     subscribe_failures: int = 0  # publisher endpoints that could not be subscribed
     replay_lost: int = 0  # replayed batches whose payload did not decode: worker resynced
+
+
+def raise_open_files_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit (every followed engine
+    rank holds a socket and its descriptors); the limit now."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft >= hard:
+        return soft
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError) as exc:  # a sandbox may refuse: the old limit stands
+        log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, exc)
+        return soft
+    log.info("open files limit raised from %d to %d (one socket per followed engine rank)",
+             soft, hard)
+    return hard
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -169,7 +186,15 @@ class KVEventSubscriber:
         self._clock = clock
         self.timeout_s = timeout_s
         self.replay_timeout_s = replay_timeout_s
-        self._ctx = context or zmq.asyncio.Context.instance()
+        self._own_ctx = context is None
+        if context is None:
+            # A context allows 1,023 sockets by default and a process 1,024 open files on many
+            # systems: a router following more engine ranks than that failed to subscribe the
+            # rest ("Too many open files", benchmarks/micro/event_lag.py at 1,100 engines).
+            context = zmq.asyncio.Context()
+            context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
+            raise_open_files_limit()
+        self._ctx = context
         self._lora = dict(lora_extra_keys or {})
         self._on_timeout = on_timeout
         self._feeds: dict[WorkerId, _Feed] = {}
@@ -346,6 +371,8 @@ class KVEventSubscriber:
     async def close(self) -> None:
         for wid in list(self._feeds):
             await self.remove_worker(wid)
+        if self._own_ctx:
+            self._ctx.destroy(linger=0)
 
     def workers(self) -> list[WorkerId]:
         return list(self._feeds)

@@ -337,3 +337,18 @@ async def test_pool_stream_applies_to_pool_holder_and_survives_gaps(env: Any) ->
     finally:
         events.close()
         pool.close()
+
+
+@pytest.mark.asyncio
+async def test_an_own_context_follows_more_than_1023_sockets() -> None:
+    """Without a context given, the subscriber makes its own, not capped at ZMQ's default 1,023
+    sockets (a router following 1,100 engines failed to subscribe the last 77), raises the open
+    files limit, and closes the context with itself."""
+    sub = KVEventSubscriber(GlobalIndex())
+    ctx = sub._ctx
+    assert ctx.get(zmq.MAX_SOCKETS) > 1023
+    socks = [ctx.socket(zmq.SUB) for _ in range(1100)]  # as many as 1,100 engines' feeds
+    for s in socks:
+        s.close(linger=0)
+    await sub.close()
+    assert ctx.closed
