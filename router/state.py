@@ -40,6 +40,7 @@ from router.routing.decode_select import DecodeSelector
 from router.routing.driver import PolicyDriver
 from router.routing.policies import get_policy
 from router.transport.proxy import Proxy
+from router.transport.request_ids import RequestIds
 
 log = logging.getLogger("radix_global.router")
 UNSAFE_SHARE_ENV = "RADIX_GLOBAL_UNSAFE_SHARE_PAST_PREFIX"
@@ -133,6 +134,7 @@ class RouterState:
             self.pd_util = PdUtilization(config.pd)
         self.recent: collections.deque[dict[str, Any]] = collections.deque(maxlen=200)
         self.totals: collections.Counter[str] = collections.Counter()
+        self.request_ids = RequestIds()
         self.started_clock = clock()
         # Beyond this router: the other routers' load and the engines' own reports; with a
         # coordination service, membership and shared state too (router/coordination/).

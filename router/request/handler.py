@@ -40,7 +40,7 @@ from router.keying.request_body import (
 )
 from router.keying.tenants import Tenant, TenantError, effective_salt
 from router.keying.tokenize import ModelTokenizer, PromptError, model_vocab_size
-from router.request.inbound import Inbound, new_rid
+from router.request.inbound import Inbound
 from router.request.pool_relay import PoolForward
 from router.request.relay import Forward
 from router.request.route import prefetch_matches, route_when_released
@@ -197,7 +197,7 @@ async def _keyed(state: RouterState, head: WorkerEntry, body: RequestBody, size:
                                     keys[0], tok)
     state.metrics.stage("tokenize").observe(clock() - t_tok)
     req = RouteRequest(
-        request_id=new_rid(), namespace=namespace,
+        request_id=state.request_ids.new(), namespace=namespace,
         input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size,
         tenant=tenant.name, ttft_slo_s=body.ttft_slo_s, output_tokens_hint=body.output_tokens_hint,
         shared_keys=shared)

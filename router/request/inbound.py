@@ -6,7 +6,6 @@ request id); the route step, the relays and the bookkeeping read it and never ch
 
 from __future__ import annotations
 
-import secrets
 from typing import Any, NamedTuple
 
 from router.keying.request_body import RequestBody, RequestKind, decode_object
@@ -73,8 +72,3 @@ class Inbound(NamedTuple):
         bytes as sent, or the body re-encoded where the client sent one of them itself."""
         return encode_with(self.raw, fields, self.client_json)
 
-
-def new_rid() -> str:
-    """An engine request id nobody else can guess or claim (aborts and duplicates are keyed by
-    it at the engine): 96 random bits, not a counter that a client could predict."""
-    return f"rg-{secrets.token_hex(12)}"

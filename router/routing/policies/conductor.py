@@ -134,7 +134,8 @@ class ConductorPolicy(RoutingPolicy):
             priced = [(i, c, None, self._routed_pages(c, req, now, tips))
                       for i, c in enumerate(candidates)]
         else:
-            table = workers if isinstance(workers, SlotTable) else None
+            # a table's shortcut pays where it skips slots; with k or fewer it would skip none
+            table = workers if isinstance(workers, SlotTable) and n > k else None
             priced = self._shortlist(req, candidates, match, view, now, k, tips, table)
         estimates = [self.estimate(req, c, match, view, now, pools, queue, routed, shared)
                      for _, c, queue, routed in priced]
