@@ -38,6 +38,7 @@ import argparse
 import asyncio
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -71,12 +72,26 @@ def spawn(cmd: list[str], log: Path, root: Path = ROOT) -> subprocess.Popen[byte
 
 
 def checkout(rev: str, into: Path) -> Path:
-    """The repository's tree at ``rev``, extracted (read-only use of git) into ``into``."""
+    """The repository's tree at ``rev``, extracted (read-only use of git) into ``into``, with
+    this tree's built page-key chain (``radix_global/_chainhash*.so``) where its C source is
+    the same: without it a router hashes page keys in Python, 90 us a request more."""
     into.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", rev], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    source = ROOT / "radix_global" / "_chainhash.c"
+    if (into / "radix_global" / "_chainhash.c").read_bytes() == source.read_bytes():
+        for built in (ROOT / "radix_global").glob("_chainhash*.so"):
+            shutil.copy2(built, into / "radix_global" / built.name)
     return into
+
+
+def compiled_keys(root: Path) -> bool:
+    """Whether a router run from ``root`` hashes page keys in C (the bootstrap builds it in the
+    tree it installs; a second clone has to be built too, or its numbers are Python's)."""
+    probe = [sys.executable, "-c", "import radix_global._chainhash"]
+    return subprocess.run(probe, cwd=root, env=dict(os.environ, PYTHONPATH=str(root)),
+                          capture_output=True).returncode == 0
 
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
@@ -160,6 +175,7 @@ def main(argv: list[str] | None = None) -> int:
               "ids": ("/generate", {"model": "tiny", "input_ids": ids,
                                     "sampling_params": {"max_new_tokens": 1}})}
 
+    roots = {"radix-global": ROOT}
     up_port, ours_port, sgl_port = free_port(), free_port(), free_port()
     up = f"http://127.0.0.1:{up_port}"
     procs = [spawn([sys.executable, "-m", "benchmarks.harness.instant_upstream", "--port",
@@ -186,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 FLOOR: procs[3].pid, SMG: procs[4].pid}
         if args.baseline:
             base_root = checkout(args.baseline, work / "baseline")
+            roots[f"radix-global@{args.baseline}"] = base_root
             base_port = free_port()
             # the command module moved out of the index package; older revisions have it there
             cli = "radix_global_cli" if (base_root / "radix_global_cli").exists() \
@@ -264,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{r['cpu_ms_per_request']:>8.3f}  {st}")
     ratios = ratios_to(rows, "sglang-router", "added_median_ms")
     result = {"prompt_tokens": args.prompt_tokens, "rounds": args.rounds,
+              "compiled_keys": {name: compiled_keys(root) for name, root in roots.items()},
               "cpu_count": os.cpu_count(), "load_avg": os.getloadavg(), "rows": rows,
               "added_median_ratio_ours_over_sglang_router": ratios,
               "command": " ".join(["python -m benchmarks.micro.router_overhead",
@@ -279,6 +297,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.baseline:
         result["versus_baseline"] = versus_baseline(rows, f"radix-global@{args.baseline}")
     Path(args.json).write_text(json.dumps(result, indent=2))
+    for name, compiled in result["compiled_keys"].items():
+        if not compiled:
+            print(f"NOTE: {name} hashed page keys in Python (its tree has no built "
+                  "radix_global/_chainhash): its CPU is not what an installed router spends")
     print(f"ratio ours/sglang-router (added median): {ratios}")
     print(f"ratio ours/sglang-router (router CPU per request): {cpu_ratio}")
     print(f"ratio ours/smg (added median): {_rounded(smg_added)}")
