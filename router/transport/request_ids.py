@@ -8,8 +8,8 @@ import secrets
 class RequestIds:
     """Engine request ids nobody else can guess or claim (aborts and duplicates are keyed by
     them at the engine): 96 random bits each, not a counter a client could predict. The bits
-    come from the OS in blocks: one ``getrandom`` call a request cost 20 us of router CPU on
-    this machine, 5 % of a request's (``docs/benchmarks.md``, "Router overhead")."""
+    come from the OS in blocks: a ``getrandom`` call per request took 24 us of it under cProfile
+    on this machine (``docs/benchmarks.md``, "Router overhead": within the rounds' spread)."""
 
     BLOCK = 12 * 512
 
