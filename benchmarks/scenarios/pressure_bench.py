@@ -76,6 +76,18 @@ CONTENDERS = (
     # goes to an engine at once, and a busy engine batches short prompts with long ones.
     Contender("conductor + pool, dispatch off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--dispatch": "off"})),
+    # Today's SGLang gateway, smg 1.13 (issue 42), in front of the strongest stock engine set (the
+    # shared file L3), in each mode its users pick; its defaults (cache threshold 0.3, balance
+    # thresholds, KV-pressure weight 0.15 s) as shipped. Its event-driven KV index
+    # (``--kv-index``) takes events from workers in gRPC mode only: not run here.
+    Contender("smg cache_aware tree + HiCache + shared file L3", "stock-file",
+              RouterSpec("smg", "cache_aware", {"--cache-index": "tree"})),
+    Contender("smg cache_aware hash + HiCache + shared file L3", "stock-file",
+              RouterSpec("smg", "cache_aware", {"--cache-index": "hash"})),
+    Contender("smg prefix_hash + HiCache + shared file L3", "stock-file",
+              RouterSpec("smg", "prefix_hash")),
+    Contender("smg least_load (KV pressure) + HiCache + shared file L3", "stock-file",
+              RouterSpec("smg", "least_load", {"--least-load-kv-pressure-weight": "0.15"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 # The issue's headline pair: ours and the stronger stock set-up (the shared L3 in every run so
@@ -198,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="of --contenders, those run in the first repeat only")
     p.add_argument("--quick", action="store_true",
                    help="make demo: the [demo] point only (with --contenders: those there)")
+    p.add_argument("--point", type=int, metavar="I",
+                   help="only the I-th load point of each workload (0: the lightest): a screen")
     p.add_argument("--out", default=str(RESULTS / "pressure.json"))
     return p
 
@@ -223,6 +237,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.workloads, args.repeats = ["conversations"], 1
     pts = [demo_point(cfg, args.trace)] if args.quick else points(cfg, args.workloads, args.trace)
+    if args.point is not None:
+        pts = [pt for w in args.workloads
+               for pt in [p for p in pts if p.workload == w][args.point:args.point + 1]]
     print(f"local capacity per engine: {cfg.device_tokens} device + host tier x"
           f"{cfg.hicache_ratio:g} = {cfg.local_tokens} tokens; L3 pool "
           f"{cfg.pool_capacity_gb:g} GB; {cfg.engines} engines")
