@@ -77,13 +77,16 @@ CONTENDERS = (
     Contender("conductor + pool, dispatch off (ours)", "ours",
               RouterSpec("ours", "conductor", {"--dispatch": "off"})),
     # Today's SGLang gateway, smg 1.13 (issue 42), in front of the strongest stock engine set (the
-    # shared file L3), in each mode its users pick; its defaults (cache threshold 0.3, balance
-    # thresholds, KV-pressure weight 0.15 s) as shipped. Its event-driven KV index
-    # (``--kv-index``) takes events from workers in gRPC mode only: not run here.
+    # shared file L3), in each mode its users pick, with the model's tokenizer (``router_argv``);
+    # its defaults (cache threshold 0.3, balance thresholds, KV-pressure weight 0.15 s) as
+    # shipped. The hash index needs the positions where engines keep prefix state: the
+    # workloads' system prompts and powers of two. Its event-driven KV index (``--kv-index``)
+    # takes events from workers in gRPC mode only: not run here.
     Contender("smg cache_aware tree + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "cache_aware", {"--cache-index": "tree"})),
     Contender("smg cache_aware hash + HiCache + shared file L3", "stock-file",
-              RouterSpec("smg", "cache_aware", {"--cache-index": "hash"})),
+              RouterSpec("smg", "cache_aware", {"--cache-index": "hash", "--cache-boundaries":
+                                                "256,512,1024,1536,2048,3072"})),
     Contender("smg prefix_hash + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "prefix_hash")),
     Contender("smg least_load (KV pressure) + HiCache + shared file L3", "stock-file",

@@ -151,10 +151,12 @@ def router_argv(spec: RouterSpec, port: int, workers: Sequence[str], model_dir: 
     extra = [a for k, v in spec.options.items() for a in (k, v)]
     if spec.kind in PEER_MODULES:  # their metrics listener binds 0.0.0.0:29000 unless told
         quiet = ["--log-level", "warn"] if spec.kind == "smg" else []  # as ours: no line a request
+        # smg tokenizes with the model's tokenizer where it has one, as its users run it
+        tokenizer = ["--model-path", model_dir] if spec.kind == "smg" and model_dir else []
         return [sys.executable, "-m", PEER_MODULES[spec.kind], "--host", "127.0.0.1",
                 "--port", str(port), "--worker-urls", *workers, "--policy", spec.policy,
                 "--prometheus-host", "127.0.0.1", "--prometheus-port", str(free_port()), *quiet,
-                *extra]
+                *tokenizer, *extra]
     if spec.kind != "ours":
         raise ValueError(f"unknown router kind {spec.kind!r}")
     argv = [sys.executable, "-m", "radix_global_cli", "router", "--host", "127.0.0.1",
