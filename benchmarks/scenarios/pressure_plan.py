@@ -15,7 +15,7 @@ of :class:`~radix_global_tools.replay.plan.PlannedRequest`, replayed open-loop b
   ``think_s`` after the previous turn's answer ended, as a user or an agent loop would (closed
   loop within a session, open-loop session starts); without it ``think_s`` after the previous
   turn was sent, answered or not, which under a queue sends prompts whose "previous answer" does
-  not exist yet and feeds the queue that delayed it (``docs/benchmarks.md``, run 9).
+  not exist yet and feeds the queue that delayed it (``docs/benchmarks-archive.md``, run 9).
 """
 
 from __future__ import annotations

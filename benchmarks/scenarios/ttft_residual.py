@@ -7,8 +7,8 @@ For each of our contenders' runs in a cache-pressure result
 each worker: the median of ``measured - predicted`` TTFT, grouped by the requests of that worker
 still in flight (sent, not finished, as the client saw them) when the request was sent. This is the
 evidence behind the cost model's drag of a slot's requests (``router/routing/drag_model.py``,
-``docs/benchmarks.md`` run 9): a residual that grows with the count is work the router's FIFO of
-prefills does not see. Pure functions and a table on stdout.
+``docs/benchmarks-archive.md`` run 9): a residual that grows with the count is work the
+router's FIFO of prefills does not see. Pure functions and a table on stdout.
 """
 
 from __future__ import annotations

@@ -107,10 +107,10 @@ class HighestRatio(DispatchOrder):
     """Highest response ratio next: the largest ``(held + work) / work`` first. Short work goes
     first, and a long prompt rises in proportion to its size as it waits: a cliff
     (``ShortestFirst``'s ``max_hold_s``) sends every long prompt of a burst out at once when it
-    is reached, onto every engine (``docs/benchmarks.md``, session 19). The ratio alone does not
-    bound the wait: a short prompt held a little has a high ratio too, so a steady stream of
-    them can hold a long prompt until its timeout; ``overdue_s`` (the router's: half the hold
-    timeout) is the bound."""
+    is reached, onto every engine (``docs/benchmarks-archive.md``, session 19). The ratio alone
+    does not bound the wait: a short prompt held a little has a high ratio too, so a steady
+    stream of them can hold a long prompt until its timeout; ``overdue_s`` (the router's: half
+    the hold timeout) is the bound."""
 
     name = "highest_ratio"
     MIN_WORK_S = 0.01  # a fully cached request still costs a step
@@ -161,8 +161,8 @@ class DispatchConfig:
     flight (``RouterConfig.dispatch``, options ``dispatch_*``; the defaults here are the
     router's)."""
 
-    # Measured on the cache-pressure demo (docs/benchmarks.md, session 19): highest_ratio had
-    # 0.84x the mean and 0.64x the p90 TTFT of no gate, shortest_first with its 2 s bound
+    # Measured on the cache-pressure demo (docs/benchmarks-archive.md, session 19): highest_ratio
+    # had 0.84x the mean and 0.64x the p90 TTFT of no gate, shortest_first with its 2 s bound
     # 0.90x / 0.80x (side by side, one run); fifo was worse than no gate.
     order: Annotated[Literal["off", "fifo", "shortest_first", "highest_ratio"], opt(
         "hold streaming requests while the engines are busy, and send them in this order",

@@ -5,7 +5,7 @@ its engine did nothing but the prefills queued ahead of it. A real engine runs t
 between the decode steps of every request it has, and pays costs an idle engine's profile does
 not show (on a CPU engine each request in the batch takes a share of every step; on a GPU a
 mixed batch is slower). Measured on the cache-pressure benchmark's agents workload
-(``docs/benchmarks.md``, run 9): the first token came 0.26-0.44 s after the prediction with
+(``docs/benchmarks-archive.md``, run 9): the first token came 0.26-0.44 s after the prediction with
 nothing else on the engine, and 0.15-0.3 s later for each request in flight there, so the busier
 engine looked as free as the idle one.
 
