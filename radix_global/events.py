@@ -21,6 +21,10 @@ Contract (``docs/interfaces.md`` sections "Page keys" and "Events in"):
   deep nesting, a bug), so a caller can always advance past the message; a payload that fails as
   a whole (before any event) is marked ``DecodedBatch.unreadable``. Refusal messages quote
   the offending value through a bounded repr: a hostile payload cannot flood the log.
+* A store's ``token_ids`` are decoded only when a re-key reads them (they are nearly all of a
+  batch's bytes): bytes there that are no msgpack value (an invalid UTF-8 string, a malformed
+  ext) make that one event malformed where it is re-keyed, and a plain SGLang store, which
+  never reads them, applies; any other malformed byte still makes the batch unreadable.
 * A batch's dp rank must be below the worker's ``dp_size`` (when known) and fit a uint32 (the
   wire's ``dp_rank``): an out-of-range rank would land in the index and fail every later answer.
 """
@@ -192,7 +196,11 @@ def _event_fields(raw: msgspec.Raw, decoder: msgspec.msgpack.Decoder[Any]) -> An
 
 def _map_event(fields: dict[str, msgspec.Raw], decoder: msgspec.msgpack.Decoder[Any]
                ) -> dict[str, Any]:
-    return {k: v if k == "token_ids" else decoder.decode(v) for k, v in fields.items()}
+    out = {k: decoder.decode(v) for k, v in fields.items() if k != "token_ids"}
+    if "token_ids" in fields:
+        raw = fields["token_ids"]
+        out["token_ids"] = raw if out.get("type") == "BlockStored" else decoder.decode(raw)
+    return out
 
 
 def _array_event(items: list[msgspec.Raw], decoder: msgspec.msgpack.Decoder[Any]) -> list[Any]:

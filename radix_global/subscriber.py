@@ -101,20 +101,25 @@ class SubscriberStats(NamedTuple):
     replay_lost: int = 0  # replayed batches whose payload did not decode: worker resynced
 
 
+WANTED_OPEN_FILES = 65536
+
+
 def raise_open_files_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit (every followed engine
     rank holds a socket and its descriptors); the limit now."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if hard == resource.RLIM_INFINITY or soft >= hard:
+    # an unlimited hard limit (macOS) still caps open files per process: ask for plenty
+    target = WANTED_OPEN_FILES if hard == resource.RLIM_INFINITY else hard
+    if soft != resource.RLIM_INFINITY and soft >= target:
         return soft
     try:
-        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
-    except (ValueError, OSError) as exc:  # a sandbox may refuse: the old limit stands
-        log.warning("cannot raise the open files limit from %d to %d: %s", soft, hard, exc)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError) as exc:  # a sandbox or the OS may refuse: the old limit stands
+        log.warning("cannot raise the open files limit from %d to %d: %s", soft, target, exc)
         return soft
     log.info("open files limit raised from %d to %d (one socket per followed engine rank)",
-             soft, hard)
-    return hard
+             soft, target)
+    return target
 
 
 def offset_endpoint(endpoint: str, rank: int) -> str:
@@ -186,15 +191,10 @@ class KVEventSubscriber:
         self._clock = clock
         self.timeout_s = timeout_s
         self.replay_timeout_s = replay_timeout_s
-        self._own_ctx = context is None
-        if context is None:
-            # A context allows 1,023 sockets by default and a process 1,024 open files on many
-            # systems: a router following more engine ranks than that failed to subscribe the
-            # rest ("Too many open files", benchmarks/micro/event_lag.py at 1,100 engines).
-            context = zmq.asyncio.Context()
-            context.set(zmq.MAX_SOCKETS, context.get(zmq.SOCKET_LIMIT))
-            raise_open_files_limit()
-        self._ctx = context
+        # made at the first subscription when not given (a subscriber that never follows a
+        # worker holds no context), and destroyed by close() then
+        self._given_ctx = context
+        self._own_ctx: zmq.asyncio.Context | None = None
         self._lora = dict(lora_extra_keys or {})
         self._on_timeout = on_timeout
         self._feeds: dict[WorkerId, _Feed] = {}
@@ -371,8 +371,23 @@ class KVEventSubscriber:
     async def close(self) -> None:
         for wid in list(self._feeds):
             await self.remove_worker(wid)
-        if self._own_ctx:
-            self._ctx.destroy(linger=0)
+        if self._own_ctx is not None:
+            self._own_ctx.destroy(linger=0)
+            self._own_ctx = None
+
+    @property
+    def _ctx(self) -> zmq.asyncio.Context:
+        if self._given_ctx is not None:
+            return self._given_ctx
+        if self._own_ctx is None:
+            # A context allows 1,023 sockets by default and a process 1,024 open files on many
+            # systems: a router following more engine ranks than that failed to subscribe the
+            # rest ("Too many open files", benchmarks/micro/event_lag.py at 1,100 engines).
+            ctx = zmq.asyncio.Context()
+            ctx.set(zmq.MAX_SOCKETS, ctx.get(zmq.SOCKET_LIMIT))
+            raise_open_files_limit()
+            self._own_ctx = ctx
+        return self._own_ctx
 
     def workers(self) -> list[WorkerId]:
         return list(self._feeds)

@@ -83,7 +83,8 @@ class LoadView:
 
     def loaded(self) -> list[Slot]:
         peers = self.link.peers.slots() if self.link is not None else []
-        return [*peers, *self.engines.slots()]
+        now = self.clock()
+        return [*peers, *(s for s in self.engines.slots() if self.engines.load(s, now) is not None)]
 
     def prefilling_elsewhere(self, server: Hashable) -> int:
         """Other routers' prefills without a first token on a FIFO server (a slot, or a

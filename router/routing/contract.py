@@ -184,9 +184,10 @@ class CostView(Protocol):
         adds (its drag base). Changes only where :meth:`idle_changes` says."""
         ...
 
-    def idle_changes(self, since: int) -> tuple[int, list[WorkerId]]:
+    def idle_changes(self, since: int) -> tuple[int, list[WorkerId] | None]:
         """(the change count now, the workers whose :meth:`idle_queue_s` changed after count
-        ``since``); a reader keeps the count it last saw."""
+        ``since``, or None when a worker was removed since: read every worker again); a reader
+        keeps the count it last saw."""
         ...
 
     def busy(self) -> tuple[Collection[Slot], Collection[WorkerId]]:
@@ -284,6 +285,13 @@ def prefill_candidates(req: RouteRequest, workers: Sequence[WorkerState]
     if isinstance(workers, SlotSet):
         return workers.candidates(req.namespace)
     return sorted((w for w in workers if is_prefill_candidate(req, w)), key=_SLOT_ORDER)
+
+
+def has_reported_load(worker: WorkerState) -> bool:
+    """Other routers' or the engine's load on the slot: what, beyond this router's own work
+    (``CostView.busy``), makes ``queue_s`` and :func:`slot_load` price it above an idle slot."""
+    return bool(worker.peer_requests or worker.peer_prefill_tokens or worker.running
+                or worker.waiting or worker.waiting_tokens)
 
 
 def slot_load(worker: WorkerState, view: ClusterView) -> int:

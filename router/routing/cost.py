@@ -102,6 +102,7 @@ class CostModel:
         # first (a reader walks back from the newest to the count it saw)
         self._idle_changed: dict[WorkerId, int] = {}
         self._idle_count = 0
+        self._removed_at = 0  # the change count of the latest worker removal
 
     # --- CostView (read side) -------------------------------------------------------------
     def prefill_model(self, worker: WorkerId) -> PrefillModel:
@@ -151,7 +152,9 @@ class CostModel:
         drag = self._drag.get(worker)
         return 0.0 if drag is None else 0.0 + drag.predict(0)
 
-    def idle_changes(self, since: int) -> tuple[int, list[WorkerId]]:
+    def idle_changes(self, since: int) -> tuple[int, list[WorkerId] | None]:
+        if self._removed_at > since:
+            return self._idle_count, None
         changed = []
         for worker in reversed(self._idle_changed):
             if self._idle_changed[worker] <= since:
@@ -303,8 +306,12 @@ class CostModel:
         self._measured_only.discard(worker_id)
         self._load_Bps.pop(worker_id, None)
         self._installed.discard(worker_id)
-        if self._drag.pop(worker_id, None) is not None:
-            self._idle_change(worker_id)
+        self._drag.pop(worker_id, None)
+        # its entry goes (a router that sees many workers come and go keeps none of them);
+        # readers start over from idle_queue_s
+        self._idle_changed.pop(worker_id, None)
+        self._idle_count += 1
+        self._removed_at = self._idle_count
         if self.topology is not None:
             self.topology.remove(worker_id)
 

@@ -18,7 +18,13 @@ from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, S
 from typing import overload
 
 from radix_global.types import Namespace, WorkerId
-from router.routing.contract import Slot, SlotSet, WorkerState, takes_prefills
+from router.routing.contract import (
+    Slot,
+    SlotSet,
+    WorkerState,
+    has_reported_load,
+    takes_prefills,
+)
 
 
 class _Layout:
@@ -37,7 +43,7 @@ class _Layout:
         self.positions = {ns: {s.slot: i for i, s in enumerate(c)}
                           for ns, c in self.candidates.items()}
         # slots built with load already on them (a caller's own states, not laid over)
-        self.loaded = frozenset(s.slot for s in self.states if _has_load(s))
+        self.loaded = frozenset(s.slot for s in self.states if has_reported_load(s))
         self.worker_positions: dict[Namespace, dict[WorkerId, list[int]]] = {}
         for ns, c in self.candidates.items():
             per = self.worker_positions[ns] = {}
@@ -79,22 +85,25 @@ class SlotTable(SlotSet):
     def __init__(self, states: Iterable[WorkerState]) -> None:
         self._layout = _Layout(states)
         self._over: dict[Slot, WorkerState] = {}
+        self._loaded: Collection[Slot] = self._layout.loaded
 
     def with_loads(self, slots: Iterable[Slot],
                    fill: Callable[[WorkerState], WorkerState]) -> SlotTable:
-        """This table with ``fill(state)`` in place of each of ``slots``' states (those it has):
-        the load fields the other routers and the engines report there. Costs the slots."""
+        """The table as built, with ``fill(state)`` in place of each of ``slots``' states (those
+        it has; loads laid over before are not kept): the load fields the other routers and the
+        engines report there. Costs the slots."""
         table = SlotTable.__new__(SlotTable)
         table._layout = self._layout
         index, states = self._layout.index, self._layout.states
         table._over = {slot: fill(states[index[slot]]) for slot in slots if slot in index}
+        loaded = {slot for slot, state in table._over.items() if has_reported_load(state)}
+        table._loaded = loaded | self._layout.loaded if self._layout.loaded else loaded
         return table
 
     def loaded(self) -> Collection[Slot]:
-        """The slots with load of any router's or an engine's on them: those :meth:`with_loads`
-        filled, and any built with it (a view: read it, do not keep it)."""
-        return self._over.keys() | self._layout.loaded if self._layout.loaded \
-            else self._over.keys()
+        """The slots with other routers' or an engine's load on them
+        (:func:`router.routing.contract.has_reported_load`): as built or laid over."""
+        return self._loaded
 
     # --- SlotSet ---------------------------------------------------------------------------
     def candidates(self, namespace: Namespace) -> Sequence[WorkerState]:
@@ -143,8 +152,3 @@ class SlotTable(SlotSet):
         over = self._over
         for s in self._layout.states:
             yield over.get(s.slot) or s
-
-
-def _has_load(s: WorkerState) -> bool:
-    return bool(s.peer_requests or s.peer_prefill_tokens or s.running or s.waiting
-                or s.waiting_tokens)

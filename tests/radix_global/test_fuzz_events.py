@@ -238,6 +238,25 @@ def test_token_ids_left_undecoded_until_needed_change_no_outcome(
         m.setattr(events, "_envelope", lambda payload, decoder: decoder.decode(payload))
         _, whole = _fresh_decoder(engine, dp_size)
         want = whole.decode(payload)
-    assert (got.ts, got.dp_rank, got.ops, got.unreadable) == \
-        (want.ts, want.dp_rank, want.ops, want.unreadable)
+    assert (repr(got.ts), got.dp_rank, got.ops, got.unreadable) == \
+        (repr(want.ts), want.dp_rank, want.ops, want.unreadable)  # repr: a NaN ts equals itself
     assert [r.reason for r in got.refusals] == [r.reason for r in want.refusals]
+
+
+def test_undecodable_token_ids_fail_only_the_event_that_reads_them() -> None:
+    """Token ids are read only to re-key: a plain SGLang store whose ``token_ids`` are no msgpack
+    value (an invalid UTF-8 string here) still applies, a salted one is refused as malformed and
+    the batch's other events still decode (decoding the whole payload refused all of it)."""
+    def batch(*events: list[Any]) -> bytes:
+        sentinel = enc([987654321])  # token_ids of each store, swapped for undecodable bytes
+        return enc([1.0, list(events), 0]).replace(sentinel, b"\x91\xa2\xff\xff")
+
+    tokens = list(range(50, 58))
+    plain = ["BlockStored", keys.page_keys(tokens, PS), None, [987654321], PS, None, "GPU"]
+    salted = [*plain, "s"]
+    _, decoder = _fresh_decoder("sglang", 1)
+    got = decoder.decode(batch(plain))
+    assert not got.unreadable and not got.refusals and len(got.ops) == 1
+    got = decoder.decode(batch(salted, ["BlockRemoved", keys.page_keys(CANARY, PS)]))
+    assert not got.unreadable and [r.reason for r in got.refusals] == ["malformed"]
+    assert len(got.ops) == 1  # the removal

@@ -48,6 +48,7 @@ nodes: that is what makes prefixes hot); it changes no other state.
 from __future__ import annotations
 
 import heapq
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
@@ -332,11 +333,14 @@ class ConductorPolicy(RoutingPolicy):
         base, cost = table.base(ns), view.cost
         cached = self._idle.get(ns)
         if cached is None or cached[0] is not base:
-            count, _ = cost.idle_changes(-1)
+            count, _ = cost.idle_changes(sys.maxsize)  # the count alone: nothing is newer
             idle = IdleSlots([cost.idle_queue_s(s.worker_id) for s in base])
         else:
             idle = cached[1]
             count, changed = cost.idle_changes(cached[2])
+            if changed is None:  # a worker was removed: every idle queue is read again
+                idle = IdleSlots([cost.idle_queue_s(s.worker_id) for s in base])
+                changed = []
             per_worker = table.worker_positions(ns)
             for worker in changed:
                 value = cost.idle_queue_s(worker)

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from radix_global.index import GlobalIndex
 from radix_global.ops import StorePages
 from radix_global.types import Location, Namespace, PageKey, PoolId, Role, Tier, WorkerId
-from router.routing.contract import RouteRequest, WorkerState, prefill_candidates
+from router.routing.contract import Decision, RouteRequest, WorkerState, prefill_candidates
 from router.routing.cost import CostConfig, CostModel
 from router.routing.driver import PolicyDriver
 from router.routing.idle_slots import IdleSlots
@@ -212,3 +212,23 @@ def test_the_conductor_prices_only_the_busy_and_holding_slots_of_a_big_table() -
     Counted.calls = 0
     driver.route(req._replace(request_id="r1"), states, 0.0)
     assert Counted.calls >= 500  # the list is walked (the reference)
+
+
+def test_idle_changes_list_the_workers_whose_idle_queue_moved_and_flag_a_removal() -> None:
+    cost = CostModel(CostConfig(drag_half_life=8.0))
+    count, changed = cost.idle_changes(0)
+    assert (count, changed) == (0, [])
+    slot = (WorkerId("w1"), 0)
+    for i in range(12):  # enough measured first tokens for the drag fit to count, late ones
+        req = RouteRequest(f"r{i}", NS, 100, [], PS)
+        cost.on_routed(req, Decision(f"r{i}", "t", True, slot[0], predicted_prefill_s=0.1), 0.0)
+        cost.on_prefill_done(f"r{i}", 1.0, 0.1)
+        cost.on_finished(f"r{i}", 1.0)
+    assert cost.idle_queue_s(WorkerId("w1")) > 0  # its drag base: a cost even when idle
+    now, changed = cost.idle_changes(count)
+    assert changed == ["w1"] and now > count
+    assert cost.idle_changes(now) == (now, [])
+    cost.on_worker_removed(WorkerId("w1"))
+    later, changed = cost.idle_changes(now)
+    assert changed is None and later > now  # read every worker again
+    assert cost.idle_queue_s(WorkerId("w1")) == 0.0
