@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.scenarios import pressure_bench
 from benchmarks.scenarios.pressure_bench import demo_point
 from benchmarks.scenarios.pressure_plan import (
     PressureConfigError,
@@ -148,3 +149,10 @@ def test_the_demo_point_keeps_the_pressure_and_says_one_sentence() -> None:
     assert "NOT ahead" in demo_sentence([rows[0], _row("ours", 0.7, 2.2, 600)], "l3", "ours",
                                         point)
     assert "not measured (ours failed)" in demo_sentence(rows[:1], "l3", "ours", point)
+    # one run says "ahead" only beyond the demo's run-to-run spread
+    close = demo_sentence([rows[0], _row("ours", 0.95, 1.9, 600)], "l3", "ours", point)
+    assert "NOT ahead: within the run-to-run spread" in close
+
+
+def test_make_demos_pair_are_contenders() -> None:
+    assert set(pressure_bench.DEMO_PAIR) <= {c.name for c in pressure_bench.CONTENDERS}
