@@ -86,6 +86,7 @@ class SlotTable(SlotSet):
         self._layout = _Layout(states)
         self._over: dict[Slot, WorkerState] = {}
         self._loaded: Collection[Slot] = self._layout.loaded
+        self._all = _Overlaid(self._layout.states, {})
 
     def with_loads(self, slots: Iterable[Slot],
                    fill: Callable[[WorkerState], WorkerState]) -> SlotTable:
@@ -98,6 +99,7 @@ class SlotTable(SlotSet):
         table._over = {slot: fill(states[index[slot]]) for slot in slots if slot in index}
         loaded = {slot for slot, state in table._over.items() if has_reported_load(state)}
         table._loaded = loaded | self._layout.loaded if self._layout.loaded else loaded
+        table._all = _Overlaid(states, {index[slot]: st for slot, st in table._over.items()})
         return table
 
     def loaded(self) -> Collection[Slot]:
@@ -133,9 +135,9 @@ class SlotTable(SlotSet):
         """Per worker, the places of its slots among ``namespace``'s candidates."""
         return self._layout.worker_positions.get(namespace, {})
 
-    # --- Sequence --------------------------------------------------------------------------
+    # --- Sequence: every slot, loads laid over ----------------------------------------------
     def __len__(self) -> int:
-        return len(self._layout.states)
+        return len(self._all)
 
     @overload
     def __getitem__(self, i: int) -> WorkerState: ...
@@ -143,12 +145,7 @@ class SlotTable(SlotSet):
     def __getitem__(self, i: slice) -> Sequence[WorkerState]: ...
 
     def __getitem__(self, i: int | slice) -> WorkerState | Sequence[WorkerState]:
-        if isinstance(i, slice):
-            return [self[j] for j in range(*i.indices(len(self)))]
-        state = self._layout.states[i]
-        return self._over.get(state.slot) or state
+        return self._all[i]
 
     def __iter__(self) -> Iterator[WorkerState]:
-        over = self._over
-        for s in self._layout.states:
-            yield over.get(s.slot) or s
+        return iter(self._all)
