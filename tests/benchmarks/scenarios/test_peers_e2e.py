@@ -15,6 +15,7 @@ from __future__ import annotations
 import concurrent.futures
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +39,15 @@ def _generate(client: httpx.Client, url: str, text: str, new_tokens: int) -> dic
     return resp.json()
 
 
+def _until_routing(client: httpx.Client, url: str, timeout_s: float = 120.0) -> None:
+    """Until the router forwards a request (smg adds its workers after it answers /health)."""
+    deadline = time.monotonic() + timeout_s
+    body = {"text": "hello", "sampling_params": {"max_new_tokens": 1}}
+    while client.post(f"{url}/generate", json=body).status_code != 200:
+        assert time.monotonic() < deadline, f"{url} never routed a request"
+        time.sleep(0.5)
+
+
 def _streamed(url: str, text: str, new_tokens: int, started: threading.Event) -> str:
     """``text``'s answer, streamed: ``started`` is set when its first token is back."""
     answer = ""
@@ -47,8 +57,9 @@ def _streamed(url: str, text: str, new_tokens: int, started: threading.Event) ->
                                                             json=body) as resp:
         assert resp.status_code == 200
         for line in resp.iter_lines():
-            if line.startswith("data: {"):
-                answer = json.loads(line[len("data: "):])["text"]  # cumulative
+            data = line[len("data:"):].strip() if line.startswith("data:") else ""
+            if data.startswith("{"):
+                answer = json.loads(data)["text"]  # cumulative
                 started.set()
     return answer
 
@@ -60,7 +71,8 @@ def _second_turns(client: httpx.Client, router: str, first: int) -> tuple[int, i
     started = threading.Event()
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         slow = pool.submit(_streamed, router, a1, 48, started)
-        assert started.wait(60), "the first turn never started"
+        while not started.wait(0.05):
+            assert not slow.done(), f"the first turn ended without a token: {slow.result()!r}"
         b_out = _generate(client, router, b1, 4)["text"]  # sent while a1 still decodes
         a_out = slow.result()
     _generate(client, router, _text(first + 3000, 40), 1)  # an unrelated short request
@@ -75,6 +87,7 @@ def test_smg_cache_aware_sends_each_next_turn_to_its_history_and_round_robin_doe
         engines = cluster.start_engines(EngineSet("stock", str(tiny_model_dir), n=2,
                                                   kv_events=False))
         aware = cluster.start_router(RouterSpec("smg", "cache_aware"), engines)
+        _until_routing(client, aware.url)
         a_hit, b_hit, a1, b1 = _second_turns(client, aware.url, 0)
         # each history on its own engine: a probe straight to an engine hits only its holder
         held = {name: [_generate(client, url, prompt, 1)["meta_info"]["cached_tokens"] > 100
@@ -83,5 +96,6 @@ def test_smg_cache_aware_sends_each_next_turn_to_its_history_and_round_robin_doe
         assert a_hit > 300 and b_hit > 300, (a_hit, b_hit)  # most of the first turn's prompt
 
         turns = cluster.start_router(RouterSpec("smg", "round_robin"), engines)
-        a_miss, b_miss, _, _ = _second_turns(client, turns.url, 10_000)
+        _until_routing(client, turns.url)
+        a_miss, b_miss, _, _ = _second_turns(client, turns.url, 5_000)
         assert a_miss < 100 and b_miss < 100, (a_miss, b_miss)  # the other engine, cold
