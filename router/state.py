@@ -25,6 +25,7 @@ from router.cluster.slots import SlotTables
 from router.cluster.warming import HotPrefixWarmer
 from router.config import RouterConfig
 from router.coordination.view import LoadView
+from router.economics import Economics
 from router.keying.alias_book import AliasBook
 from router.keying.lora import configured_extra_keys
 from router.keying.prefix_specs import specs_from_mapping
@@ -75,6 +76,7 @@ class RouterState:
             snapshot_interval_s=config.index.snapshot_interval_s,
             restore_grace_s=config.health.heartbeat_timeout_s, clock=clock)
         self.index.bind_metrics(self.metrics.registry)
+        self.economics = Economics(self.metrics.registry)
         # One SLO for the conductor's TTFT admission and the driver's decode admission (no
         # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from
         # the same config (each part gets its section of it).

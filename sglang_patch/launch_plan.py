@@ -208,6 +208,11 @@ def plan_launch(args: LaunchArgs, ports: Sequence[int] | None = None,
             argv += ["--hicache-storage-prefetch-policy", "wait_complete"]
     if not sg.has("enable_hierarchical_cache"):
         argv.append("--enable-hierarchical-cache")
+    if not sg.has("enable_cache_report"):
+        # OpenAI answers then carry usage.prompt_tokens_details.cached_tokens: what clients
+        # read of the cache, and what the router books as delivered (docs/interfaces.md,
+        # "What the cache is worth, live")
+        argv.append("--enable-cache-report")
     if mode == "decode" and not sg.has("disaggregation_decode_enable_radix_cache"):
         # SGLang disables the radix cache on decode workers, and HiCache sits under it.
         argv.append("--disaggregation-decode-enable-radix-cache")

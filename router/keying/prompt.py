@@ -28,10 +28,8 @@ def engine_storage_tokens(answer: Any) -> int | None:
     """Prompt tokens the engine loaded from its L3 storage (SGLang ``meta_info``
     ``cached_tokens_details.storage``; SGLang sends no details when nothing was cached, which is
     0 here); None when the answer does not say (OpenAI answers carry no such detail)."""
-    if isinstance(answer, list) and answer:
-        answer = answer[0]
-    meta = answer.get("meta_info") if isinstance(answer, dict) else None
-    if not isinstance(meta, dict):
+    meta = _meta_info(answer)
+    if meta is None:
         return None
     details = meta.get("cached_tokens_details")
     if details is None and meta.get("cached_tokens") == 0:
@@ -56,3 +54,33 @@ def engine_cached_tokens(answer: Any) -> tuple[int | None, int | None]:
         cached = details.get("cached_tokens") if isinstance(details, dict) else None
         return cached, usage.get("prompt_tokens")
     return None, None
+
+
+CACHE_TIERS = ("device", "host", "storage")  # SGLang's ``cached_tokens_details`` keys
+
+
+def engine_cached_tiers(answer: Any) -> dict[str, int] | None:
+    """The engine's cached prompt tokens by tier (``device``, ``host``, ``storage``) from SGLang
+    ``meta_info.cached_tokens_details``; all 0 when it reports none cached; None when the answer
+    does not split them (OpenAI answers, an engine without details)."""
+    meta = _meta_info(answer)
+    if meta is None:
+        return None
+    details = meta.get("cached_tokens_details")
+    if details is None and meta.get("cached_tokens") == 0:
+        return dict.fromkeys(CACHE_TIERS, 0)
+    if not isinstance(details, dict):
+        return None
+    tiers = {t: details.get(t, 0) for t in CACHE_TIERS}
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+               for v in tiers.values()):
+        return None
+    return tiers
+
+
+def _meta_info(answer: Any) -> dict[str, Any] | None:
+    """SGLang's ``meta_info`` of an answer (a batch's first) or of a final stream event."""
+    if isinstance(answer, list) and answer:
+        answer = answer[0]
+    meta = answer.get("meta_info") if isinstance(answer, dict) else None
+    return meta if isinstance(meta, dict) else None

@@ -175,16 +175,36 @@ class GenerateBody(RequestBody, kw_only=True, frozen=True):
         return params.max_new_tokens if params is not None else None
 
 
-class _OpenAiBody(RequestBody, kw_only=True, frozen=True):
+class OpenAiBody(RequestBody, kw_only=True, frozen=True):
     max_tokens: Tokens | None = None
     max_completion_tokens: Tokens | None = None
+    # the router asks a stream for its usage chunk (``engine_stream_options``)
+    stream_options: dict[str, Any] | UnsetType | None = UNSET
 
     @property
     def output_tokens_hint(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def usage_requested(self) -> bool:
+        """Whether the client asked a stream for its usage chunk (``include_usage``)."""
+        return isinstance(self.stream_options, dict) and \
+            self.stream_options.get("include_usage") is True
 
-class CompletionBody(_OpenAiBody, kw_only=True, frozen=True):
+    @property
+    def sets_engine_field(self) -> bool:
+        return super().sets_engine_field or self.stream_options is not UNSET
+
+    def engine_stream_options(self) -> dict[str, Any] | None:
+        """The ``stream_options`` the engine gets: the client's, with ``include_usage``, so
+        that the router reads the engine's cached tokens from the last chunk (None: not a
+        stream, or the client asked for usage itself)."""
+        if not self.stream_requested or self.usage_requested:
+            return None
+        return {**(self.stream_options or {}), "include_usage": True}
+
+
+class CompletionBody(OpenAiBody, kw_only=True, frozen=True):
     """OpenAI completions: ``prompt`` is text, token ids, or a batch of either."""
 
     prompt: str | list[Any]
@@ -202,7 +222,7 @@ class CompletionBody(_OpenAiBody, kw_only=True, frozen=True):
         return not isinstance(first_prompt(self.prompt), list)
 
 
-class ChatBody(_OpenAiBody, kw_only=True, frozen=True):
+class ChatBody(OpenAiBody, kw_only=True, frozen=True):
     """OpenAI chat: ``messages`` (objects with a ``role``, passed whole to the chat template),
     with the ``tools`` and template arguments the template reads."""
 

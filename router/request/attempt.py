@@ -13,6 +13,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from router.economics import reuse_of
 from router.keying.prompt import engine_cached_tokens, engine_storage_tokens
 from router.request.finish import Outcome, finish
 from router.request.inbound import Inbound
@@ -105,12 +106,20 @@ class Attempt:
                 entry.observed_hits += 1
         if not ok:
             entry.failures += 1
+        else:
+            n = self.inbound.req.input_tokens
+            stream_ttft = ttft_s - self.routed.held_s \
+                if ttft_s is not None and self.inbound.stream else None
+            st.economics.book(self.inbound.model, self.worker_id, reuse_of(
+                d, n, answer, stream_ttft,
+                lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix)))
         storage = engine_storage_tokens(answer)
         if storage is not None and d.fetch_tokens > storage:  # predicted, not delivered
             st.metrics.fetch_shortfall.labels(self.worker_id).inc(d.fetch_tokens - storage)
         record = {
             "worker_id": self.worker_id, "dp_rank": d.dp_rank,
             "input_tokens": self.inbound.req.input_tokens,
+            "available_tokens": d.available_tokens,
             "predicted_prefix_tokens": d.prefix_tokens, "fetch_tokens": d.fetch_tokens,
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": ttft_s,
             "held_s": self.routed.held_s,

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
-from router.keying.request_body import RequestBody, RequestKind, decode_object
+from router.keying.request_body import OpenAiBody, RequestBody, RequestKind, decode_object
 from router.routing.contract import RouteRequest
 from router.transport.bodies import encode_with
 
@@ -56,7 +56,8 @@ class Inbound(NamedTuple):
     def engine_fields(self, rid: str, engine: str = "sglang") -> dict[str, Any]:
         """The fields an engine request of this one carries: the router's request id (SGLang's
         ``rid``, a list for a batch; another engine's ``request_id``/``rid`` replaced where the
-        client sent one) and the router's salt (a client's own never reaches an engine)."""
+        client sent one), the router's salt (a client's own never reaches an engine) and, on an
+        OpenAI stream, ``stream_options`` asking for the usage chunk."""
         fields: dict[str, Any] = {}
         if engine == "sglang":
             rids = self.engine_rids(rid)
@@ -65,7 +66,20 @@ class Inbound(NamedTuple):
             fields.update({k: rid for k in ("rid", "request_id") if self.body.has(k)})
         if self.salt is not None or self.body.has("cache_salt"):
             fields["cache_salt"] = self.salt
+        options = self._stream_options()
+        if options is not None:
+            fields["stream_options"] = options
         return fields
+
+    @property
+    def drops_usage(self) -> bool:
+        """A stream whose usage chunk the router asked for and the client did not: the
+        engine's last chunk is read, not relayed (``router/transport/openai_stream.py``)."""
+        return self._stream_options() is not None
+
+    def _stream_options(self) -> dict[str, Any] | None:
+        body = self.body
+        return body.engine_stream_options() if isinstance(body, OpenAiBody) else None
 
     def engine_body(self, fields: dict[str, Any]) -> bytes:
         """The client's body with ``fields`` (of ``ENGINE_FIELDS``) set: spliced in front of the

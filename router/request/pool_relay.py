@@ -26,6 +26,7 @@ from router.routing.contract import WorkerState
 from router.state import RouterState
 from router.transport.bodies import last_sse_event
 from router.transport.errors import ErrorType, HttpError, send_failure, sse_error
+from router.transport.openai_stream import StreamEdit
 from router.transport.proxy import ClientGone, until_disconnect
 
 log = logging.getLogger("radix_global.router.pd")
@@ -141,11 +142,16 @@ class PoolForward:
             (b"x-radix-decode-worker", str(run.decode.worker_id).encode()),
             *self.routed.headers(inbound.req.request_id)]})
         chunk = first
+        edit = StreamEdit(inbound.drops_usage) if inbound.stream else None
         try:
             while chunk is not None:
                 self.tail = (self.tail + chunk)[-65536:]
-                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                body = edit.feed(chunk) if edit is not None else chunk
+                await send({"type": "http.response.body", "body": body, "more_body": True})
                 chunk = await anext(chunks, None)
+            if edit is not None:
+                await send({"type": "http.response.body", "body": edit.flush(),
+                            "more_body": True})
         except PdFailed as exc:  # the decode worker broke mid-answer: already in the stream
             log.warning("pool hand-off of %s broke: %s", inbound.req.request_id, exc)
             await send({"type": "http.response.body", "more_body": True,

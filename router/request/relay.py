@@ -26,7 +26,14 @@ from router.request.native_pd import PrefillHalf
 from router.request.route import Routed, route
 from router.state import RouterState
 from router.transport.bodies import json_or_none, last_sse_event
-from router.transport.errors import ErrorType, HttpError, send_failure, sse_error
+from router.transport.errors import (
+    ErrorType,
+    HttpError,
+    openai_error_body,
+    send_failure,
+    sse_error,
+)
+from router.transport.openai_stream import StreamEdit
 from router.transport.proxy import (
     ClientGone,
     UpstreamFailed,
@@ -206,17 +213,19 @@ class Forward:
             raise
 
     async def _relay_whole(self, upstream: UpstreamResponse, send: Send) -> None:
-        content, a = upstream.content, self.attempt
+        content, a, status = upstream.content, self.attempt, upstream.status_code
         self.ttft = self.state.clock() - self.inbound.t0
         self.started = True
-        self.status_code = upstream.status_code
-        await send({"type": "http.response.start", "status": upstream.status_code,
+        self.status_code = status
+        if status >= 400:  # the engine's error, in the router's shape
+            content = openai_error_body(content, status) or content
+        await send({"type": "http.response.start", "status": status,
                     "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
                                 *a.routed.headers(a.engine_rid)]})
         a.relayed(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
-        answer = json_or_none(content) if upstream.status_code == 200 else None
-        self._close(upstream.status_code < 500, answer)
+        answer = json_or_none(content) if status == 200 else None
+        self._close(status < 500, answer)
 
     async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
         a = self.attempt
@@ -226,14 +235,21 @@ class Forward:
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": [*upstream.headers, *a.routed.headers(a.engine_rid)]})
             relayed = 0
+            edit = StreamEdit(self.inbound.drops_usage)
             try:
                 async for chunk in upstream.aiter_raw():
                     if self.ttft is None:
                         self.ttft = self.state.clock() - self.inbound.t0
                         a.first_token(self.ttft)
+                    self.tail = (self.tail + chunk)[-65536:]  # the engine's, usage included
+                    chunk = edit.feed(chunk)
                     relayed += len(chunk)
-                    self.tail = (self.tail + chunk)[-65536:]
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                    if chunk:
+                        await send({"type": "http.response.body", "body": chunk,
+                                    "more_body": True})
+                chunk = edit.flush()
+                relayed += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
             except UpstreamFailed as exc:
                 ok = False
                 a.upstream_error(UpstreamError.MID_STREAM)

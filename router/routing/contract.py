@@ -147,6 +147,9 @@ class Decision(NamedTuple):
     reason: RejectReason | None = None  # why it was rejected (None: accepted)
     retry_after_s: float | None = None
     candidates: tuple[CandidateEstimate, ...] = ()  # every slot considered (metrics, debugging)
+    # the longest prefix any holder had in the index at the decision, whole pages and at most
+    # prompt - 1 tokens (None: the policy read no index)
+    available_tokens: int | None = None
 
     @property
     def outcome(self) -> DecisionOutcome:

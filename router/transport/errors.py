@@ -1,9 +1,11 @@
 """The OpenAI error body, the one shape every error the router answers takes.
 
-``{"error": {"message": ..., "type": ..., "code": <HTTP status>}}``: raised as an
-:class:`HttpError` where a request is refused and answered once, as a whole JSON answer
+``{"error": {"message": ..., "type": ..., "param": null, "code": <HTTP status>}}``: raised as
+an :class:`HttpError` where a request is refused and answered once, as a whole JSON answer
 (:func:`error_response` for starlette, :func:`send_error` for a raw ASGI ``send``), or as the last
-event of a stream that broke after bytes were relayed (:func:`sse_error`, then ``[DONE]``).
+event of a stream that broke after bytes were relayed (:func:`sse_error`, then ``[DONE]``). An
+engine's own error (SGLang's and older vLLM's ``{"object": "error", ...}``) is relayed in the same
+shape (:func:`openai_error_body`).
 """
 
 from __future__ import annotations
@@ -44,8 +46,38 @@ class HttpError(Exception):
         await send_error(send, self.status, self.message, self.kind, self.headers)
 
 
-def error_body(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST) -> bytes:
-    return msgspec.json.encode({"error": {"message": message, "type": kind.value, "code": status}})
+def error_body(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST,
+               param: str | None = None) -> bytes:
+    return msgspec.json.encode({"error": {"message": message, "type": kind.value,
+                                          "param": param, "code": status}})
+
+
+def openai_error_body(raw: bytes, status: int) -> bytes | None:
+    """An engine's error answer ``raw`` (HTTP ``status``; 0: take the body's ``code``) in the
+    router's shape, or None when it is not an engine error object (relayed as it is). The
+    message and ``param`` are the engine's; the type is the router's for that status (a prompt
+    over the context length is ``context_length_exceeded``, as the router's own check says)."""
+    try:
+        answer = msgspec.json.decode(raw)
+    except (msgspec.DecodeError, RecursionError):
+        return None
+    if not isinstance(answer, dict) or answer.get("object") != "error" \
+            or not isinstance(answer.get("message"), str):
+        return None
+    code = answer.get("code")
+    status = status or (code if isinstance(code, int) and 400 <= code < 600 else 500)
+    message = answer["message"]
+    param = answer.get("param") if isinstance(answer.get("param"), str) else None
+    return error_body(status, message, _type_of(status, message), param)
+
+
+def _type_of(status: int, message: str) -> ErrorType:
+    if "context length" in message.lower() or "context_length" in message.lower():
+        return ErrorType.CONTEXT_LENGTH
+    return {401: ErrorType.AUTHENTICATION, 403: ErrorType.AUTHENTICATION,
+            404: ErrorType.MODEL_NOT_FOUND, 429: ErrorType.RATE_LIMIT,
+            503: ErrorType.UNAVAILABLE}.get(
+        status, ErrorType.INVALID_REQUEST if status < 500 else ErrorType.UPSTREAM)
 
 
 def error_response(status: int, message: str, kind: ErrorType = ErrorType.INVALID_REQUEST,

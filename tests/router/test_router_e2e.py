@@ -166,3 +166,75 @@ def test_a_restarted_router_routes_to_the_holders_from_its_snapshot(workers, tmp
             assert _history_pages(state, home[k], messages[:3], model) > 200 // PAGE
     finally:
         server.stop()
+
+
+def test_clients_read_cached_tokens_and_one_error_shape_through_the_openai_sdk(workers):
+    """docs/interfaces.md, "What the cache is worth, live". The OpenAI SDK reads
+    ``usage.prompt_tokens_details.cached_tokens``: 0 on a cold first turn, > 0 on later turns,
+    whole and streamed (usage chunk asked for). A stream that did not ask for usage gets no
+    usage chunk, yet the router books its cached tokens (it asked the engine). The router's
+    funnel equals the sums of its own per-request records. An engine's error (a prompt plus
+    ``max_tokens`` over the context length) and the router's own (an unknown model) come in one
+    shape."""
+    import openai
+
+    model, urls = workers
+    state, server = _router(urls)
+    try:
+        wait_router_ready(state)
+        state.tokenizers.get(model).load()
+        client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="none", max_retries=0)
+        create: Any = client.chat.completions.create  # typed per model name; read as answers
+        messages: list[Any] = [{"role": "system", "content": text(31, 200)}]
+        seen: list[int] = []
+        for turn, (stream, usage) in enumerate([(False, None), (True, True), (True, False),
+                                                (False, None)]):
+            messages.append({"role": "user", "content": text(3100 + turn, 30)})
+            args: dict[str, Any] = {"model": "tiny", "messages": messages, "max_tokens": 4,
+                                    "temperature": 0}
+            if not stream:
+                answer = create(**args)
+                assert answer.usage is not None and answer.usage.prompt_tokens_details
+                seen.append(answer.usage.prompt_tokens_details.cached_tokens or 0)
+                content = answer.choices[0].message.content
+            else:
+                opts = {"stream_options": {"include_usage": True}} if usage else {}
+                chunks = list(create(stream=True, **args, **opts))
+                with_usage = [c for c in chunks if c.usage is not None]
+                if usage:
+                    assert len(with_usage) == 1 and with_usage[0].choices == []
+                    details = with_usage[0].usage.prompt_tokens_details
+                    assert details is not None
+                    seen.append(details.cached_tokens or 0)
+                else:
+                    assert with_usage == [] and all(c.choices for c in chunks)
+                content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+            messages.append({"role": "assistant", "content": content or "ok"})
+            worker = state.recent[-1]["worker_id"]
+            wait_indexed(state, worker, messages[:-1], model, PAGE, every_page=False)
+        assert seen[0] == 0 and all(c > 0 for c in seen[1:]), seen
+        records = list(state.recent)[-4:]
+        assert records[2]["engine_cached_tokens"] > 0  # the stream that asked for no usage
+        assert [r["engine_cached_tokens"] for r in records[:2] + records[3:]] == seen
+        econ = state.economics.stats()["tiny"]
+        assert econ["requests"] == 4
+        assert econ["delivered_tokens"] == sum(r["engine_cached_tokens"] for r in records)
+        assert econ["captured_tokens"] == sum(r["predicted_prefix_tokens"] for r in records)
+        assert econ["available_tokens"] == sum(r["available_tokens"] for r in records) > 0
+        assert econ["prompt_tokens"] == sum(r["input_tokens"] for r in records)
+
+        shapes = []
+        with httpx.Client(base_url=server.url, timeout=300) as c:
+            for body, status in (
+                    ({"model": "tiny", "max_tokens": 9000,
+                      "messages": [{"role": "user", "content": text(3200, 40)}]}, 400),
+                    ({"model": "nope", "messages": [{"role": "user", "content": "x"}]}, 404)):
+                r = c.post("/v1/chat/completions", json=body)
+                assert r.status_code == status, r.text
+                shapes.append(r.json())
+        assert [set(s) for s in shapes] == [{"error"}, {"error"}], shapes
+        assert [set(s["error"]) for s in shapes] == [{"message", "type", "param", "code"}] * 2
+        assert shapes[0]["error"]["type"] == "context_length_exceeded"
+        assert shapes[1]["error"]["type"] == "model_not_found"
+    finally:
+        server.stop()

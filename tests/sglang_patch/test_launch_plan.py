@@ -36,6 +36,7 @@ def test_joins_cluster_with_events_pool_and_cpu_hicache():
     assert "--radix-global" not in argv and "--radix-global-pool-id" not in argv
     assert given(argv, "hicache_storage_prefetch_policy") == "wait_complete"  # passthrough
     assert "--enable-hierarchical-cache" in argv
+    assert given(argv, "enable_cache_report") is True  # OpenAI answers report cached tokens
     assert given(argv, "hicache_write_policy") == "write_through"
     assert given(argv, "hicache_storage_backend") == "dynamic"
     assert given(argv, "hicache_io_backend") == "direct"
@@ -48,6 +49,11 @@ def test_joins_cluster_with_events_pool_and_cpu_hicache():
     assert cfg["pool_id"] == "p1" and cfg["namespace"] == "m@abc"
     assert cfg["pool_events_endpoint"] == "tcp://127.0.0.1:5003"
     assert plan.role is Role.MIXED and plan.port == 31000
+
+
+def test_a_users_cache_report_flag_is_kept_once():
+    argv = build_plan([*BASE, "--enable-cache-report"], ports=(1, 2, 3)).sglang_argv
+    assert argv.count("--enable-cache-report") == 1
 
 
 def test_standalone_without_radix_global_has_pool_but_no_events():

@@ -152,7 +152,7 @@ class ConductorPolicy(RoutingPolicy):
             fetch_tokens=best.fetch_tokens, fetch_from=best.fetch_from,
             predicted_ttft_s=best.ttft_s, predicted_prefill_s=best.prefill_s,
             predicted_queue_s=best.queue_s, predicted_transfer_s=best.transfer_s,
-            candidates=tuple(estimates),
+            candidates=tuple(estimates), available_tokens=_available(req, view, match),
         )
 
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
@@ -363,6 +363,14 @@ class ConductorPolicy(RoutingPolicy):
                 key=lambda j: (estimates[j].load, estimates[j].ttft_s,
                                (positions[j] - turn) % total))
         return estimates[j]
+
+
+def _available(req: RouteRequest, view: ClusterView, match: MatchResult | None) -> int | None:
+    """``Decision.available_tokens``: None where the index was not read."""
+    if view.index is None or (req.page_keys and match is None):
+        return None
+    pages = match.best_pages if match is not None else 0
+    return min(pages, max(0, req.input_tokens - 1) // req.page_size) * req.page_size
 
 
 def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:

@@ -131,3 +131,39 @@ def test_a_router_field_the_client_sent_is_replaced_not_doubled():
     sent = _inbound(raw).engine_body({"rid": "rg-1", "cache_salt": "salt"})
     assert json.loads(sent) == {"text": "hi", "cache_salt": "salt", "rid": "rg-1", "x": 1}
     assert sent.count(b'"rid"') == 1 and sent.count(b'"cache_salt"') == 1
+
+
+def _chat_inbound(body: dict[str, object]) -> Inbound:
+    raw = json.dumps({"messages": [{"role": "user", "content": "hi"}], **body}).encode()
+    req = RouteRequest("rg-1", Namespace("ns"), 1, [], 16)
+    decoded = decode_body(RequestKind.CHAT, raw)
+    return Inbound(req, decoded, raw, None, RequestKind.CHAT, "/v1/chat/completions", "m", {},
+                   0.0, decode_object(raw) if decoded.sets_engine_field else None)
+
+
+@pytest.mark.parametrize(("body", "asked"), [
+    ({"stream": True}, {"include_usage": True}),
+    ({"stream": True, "stream_options": None}, {"include_usage": True}),
+    ({"stream": True, "stream_options": {"continuous_usage_stats": True}},
+     {"continuous_usage_stats": True, "include_usage": True}),
+    ({"stream": True, "stream_options": {"include_usage": False}}, {"include_usage": True}),
+])
+def test_a_stream_asks_the_engine_for_usage_the_client_did_not(body, asked):
+    inbound = _chat_inbound(body)
+    assert inbound.drops_usage
+    sent = json.loads(inbound.engine_body(inbound.engine_fields("rg-1")))
+    assert sent["stream_options"] == asked and sent["messages"][0]["content"] == "hi"
+
+
+@pytest.mark.parametrize("body", [
+    {}, {"stream": False}, {"stream": True, "stream_options": {"include_usage": True}}])
+def test_usage_the_client_asked_for_or_a_whole_answer_is_left_as_sent(body):
+    inbound = _chat_inbound(body)
+    assert not inbound.drops_usage
+    sent = json.loads(inbound.engine_body(inbound.engine_fields("rg-1")))
+    assert sent.get("stream_options") == body.get("stream_options")
+
+
+def test_stream_options_must_be_an_object():
+    with pytest.raises(BodyError, match="stream_options"):
+        _decode(RequestKind.CHAT, {"messages": [{"role": "user"}], "stream_options": "all"})

@@ -340,3 +340,16 @@ def test_a_cache_holder_busy_with_decoding_requests_loses_once_their_drag_is_lea
         chosen[half_life] = (dec.worker_id, dec.fetch_tokens)
     assert chosen[64.0] == ("w1", 64 * PS)
     assert chosen[0.0] == ("w0", 0)
+
+
+def test_the_decision_says_how_much_was_available_anywhere() -> None:
+    """``Decision.available_tokens``: the longest prefix held anywhere (here a pool run longer
+    than the chosen worker's cache), cut to whole pages below the prompt's last token; None
+    where the index was not read."""
+    idx = index_with(("w0", 0, Tier.GPU, 20), (POOL, 0, Tier.POOL, 64))
+    dec = driver(idx).route(request(0), workers(2, pool=None), 0.0)
+    assert dec.prefix_tokens == 20 * PS and dec.available_tokens == 63 * PS
+    assert driver(idx).route(request(1, pages=30), workers(2), 0.0).available_tokens == 29 * PS
+    assert driver(None).route(request(2), workers(2), 0.0).available_tokens is None
+    blind = PolicyDriver(ConductorPolicy(), CostModel(), GlobalIndex())
+    assert blind.route(request(3), workers(2), 0.0).available_tokens is None  # refused match
