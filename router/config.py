@@ -80,6 +80,9 @@ class ListenConfig:
 
     host: Annotated[str, opt("listen address")] = "127.0.0.1"
     port: Annotated[int, opt("listen port (0: any free one)", ge=0, le=65535)] = 30080
+    metrics_port: Annotated[int | None, opt(
+        "serve /metrics on this port of the listen address, and not on the client port",
+        ge=1, le=65535)] = None
     log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], opt(
         "log level (any case)")] = "info"
 
@@ -191,8 +194,9 @@ SECTIONS: tuple[Section, ...] = (
 )
 # Options that may differ between routers sharing one view (where each listens, what it logs,
 # its own files and secrets); every other option must be equal (RouterConfig.digest).
-PER_ROUTER = frozenset({"host", "port", "log_level", "admin_token", "index_snapshot",
-                        "profiles_file", "workers", "coordination_url", "coordination_router_id"})
+PER_ROUTER = frozenset({"host", "port", "metrics_port", "log_level", "admin_token",
+                        "index_snapshot", "profiles_file", "workers", "coordination_url",
+                        "coordination_router_id"})
 
 
 @functools.cache

@@ -7,6 +7,7 @@ SGLang ``/generate``, ``/v1/models``, ``/health``, ``/metrics``; admin API under
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
 from collections.abc import AsyncIterator
@@ -66,9 +67,6 @@ def build_app(state: RouterState) -> ASGIApp:
                              "workers": len(state.registry)},
                             status_code=503 if waiting else 200)
 
-    async def metrics(request: Request) -> Response:
-        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
-
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
         await state.start()
@@ -81,7 +79,7 @@ def build_app(state: RouterState) -> ASGIApp:
         Route("/v1/models", models, methods=["GET"]),
         Route("/health", health, methods=["GET"]),
         Route("/ready", ready, methods=["GET"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        *([] if state.config.listen.metrics_port else metrics_routes(state)),
         *admin_routes(state),
         *shared_prefix_routes(state),
     ]
@@ -100,12 +98,45 @@ def build_app(state: RouterState) -> ASGIApp:
     return app
 
 
+def metrics_routes(state: RouterState) -> list[Route]:
+    """``GET /metrics``: on the client port, or on a listener of its own (``--metrics-port``),
+    so that the client-facing port need not expose it."""
+
+    async def metrics(request: Request) -> Response:
+        return Response(state.metrics.render(), media_type="text/plain; version=0.0.4")
+
+    return [Route("/metrics", metrics, methods=["GET"])]
+
+
 def serve(state: RouterState) -> None:
+    """Run the router until it is stopped (SIGINT/SIGTERM): the client port and, with
+    ``metrics_port``, the metrics listener beside it in the same event loop."""
     import uvicorn
 
     from router.transport.http_server import server_config
 
     config = state.config
     listen = config.listen
-    uvicorn.Server(server_config(build_app(state), listen.host, listen.port, listen.log_level,
-                                 config.client)).run()
+    main = uvicorn.Server(server_config(build_app(state), listen.host, listen.port,
+                                        listen.log_level, config.client))
+    if not listen.metrics_port:
+        main.run()
+        return
+    side = uvicorn.Server(uvicorn.Config(
+        Starlette(routes=metrics_routes(state)), host=listen.host, port=listen.metrics_port,
+        log_level=listen.log_level, access_log=False, lifespan="off", ws="none"))
+
+    async def both() -> None:
+        # The side listener takes the stop signals first, so the main server's handlers sit
+        # on top of its: a stop ends the main server (which hands the signal down as it
+        # leaves), then the side one.
+        metrics = asyncio.ensure_future(side.serve())
+        await asyncio.sleep(0)
+        try:
+            await main.serve()
+        finally:
+            side.should_exit = True
+            await metrics
+
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(both())

@@ -137,12 +137,14 @@ def test_a_zero_slo_is_off_as_before():
     assert config_from_file(EXAMPLE).slo.ttft_slo_s is None
 
 
-# Every flag of the router before issue 36 (then one field each of a flat RouterConfig), with a
+# Every flag of the router before issue 36 (then one field each of a flat RouterConfig), and each
+# one added since, with a
 # non-default value: it must still parse, from the flag and from the environment, to the option
 # of the same name (and the aliases to theirs).
 OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--host", ["0.0.0.0"], "listen.host", "0.0.0.0"),
     ("--port", ["9"], "listen.port", 9),
+    ("--metrics-port", ["9101"], "listen.metrics_port", 9101),
     ("--workers", ["http://h:1", "http://h:2"], "health.workers", ("http://h:1", "http://h:2")),
     ("--worker-urls", ["http://h:1"], "health.workers", ("http://h:1",)),
     ("--index-url", ["h:5"], "index.url", "h:5"),
