@@ -138,9 +138,8 @@ def test_a_zero_slo_is_off_as_before():
 
 
 # Every flag of the router before issue 36 (then one field each of a flat RouterConfig), and each
-# one added since, with a
-# non-default value: it must still parse, from the flag and from the environment, to the option
-# of the same name (and the aliases to theirs).
+# one added since, with a non-default value: it must still parse, from the flag and from the
+# environment, to the option of the same name (and the aliases to theirs).
 OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--host", ["0.0.0.0"], "listen.host", "0.0.0.0"),
     ("--port", ["9"], "listen.port", 9),
