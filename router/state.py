@@ -16,6 +16,7 @@ from typing import Any
 
 from radix_global import __version__
 from radix_global.types import PoolId
+from router.admission_ledger import AdmissionLedger
 from router.cluster.dispatcher import Dispatcher
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
@@ -77,6 +78,8 @@ class RouterState:
             restore_grace_s=config.health.heartbeat_timeout_s, clock=clock)
         self.index.bind_metrics(self.metrics.registry)
         self.economics = Economics(self.metrics.registry)
+        self.admission = AdmissionLedger(self.metrics.registry, clock,
+                                         lambda: len(self.registry))
         # One SLO for the conductor's TTFT admission and the driver's decode admission (no
         # decode worker meeting the TBT SLO -> 429); the cost model and decode selection from
         # the same config (each part gets its section of it).

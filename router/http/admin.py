@@ -98,6 +98,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "index": state.index.stats(),
         "cost_model": state.routing.cost.stats(),
         "economics": state.economics.stats(),  # what the cache was worth, per model
+        "admission": state.admission.stats(),  # accepted, SLOs met, false rejections
         "recent": list(state.recent)[-50:],
         "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None
         "coordination": _coordination(state),  # several routers, one view; None when alone

@@ -78,6 +78,20 @@ def engine_cached_tiers(answer: Any) -> dict[str, int] | None:
     return tiers
 
 
+def engine_completion_tokens(answer: Any) -> int | None:
+    """Output tokens from an engine answer or final stream chunk (OpenAI ``usage`` or SGLang
+    ``meta_info``); None when it does not say."""
+    meta = _meta_info(answer)
+    if meta is not None:
+        value = meta.get("completion_tokens")
+    else:
+        if isinstance(answer, list) and answer:
+            answer = answer[0]
+        usage = answer.get("usage") if isinstance(answer, dict) else None
+        value = usage.get("completion_tokens") if isinstance(usage, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
 def _meta_info(answer: Any) -> dict[str, Any] | None:
     """SGLang's ``meta_info`` of an answer (a batch's first) or of a final stream event."""
     if isinstance(answer, list) and answer:

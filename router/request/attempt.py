@@ -14,7 +14,11 @@ from enum import StrEnum
 from typing import Any
 
 from router.economics import reuse_of
-from router.keying.prompt import engine_cached_tokens, engine_storage_tokens
+from router.keying.prompt import (
+    engine_cached_tokens,
+    engine_completion_tokens,
+    engine_storage_tokens,
+)
 from router.request.finish import Outcome, finish
 from router.request.inbound import Inbound
 from router.request.native_pd import PrefillHalf
@@ -76,6 +80,18 @@ class Attempt:
         if d.predicted_ttft_s is not None:  # predicted when it was routed, after its gate hold
             st.metrics.ttft_error.observe(abs(ttft_s - self.routed.held_s - d.predicted_ttft_s))
 
+    def _book_slo(self, ok: bool, answer: Any, ttft_s: float | None, end_s: float | None
+                  ) -> None:
+        st, req, stream = self.state, self.inbound.req, self.inbound.stream
+        tbt_s = None
+        tokens = engine_completion_tokens(answer)
+        if stream and ttft_s is not None and end_s is not None and tokens and tokens > 1:
+            tbt_s = (end_s - ttft_s) / (tokens - 1)
+        slo = st.routing.slo
+        st.admission.answered(self.inbound.model, self.routed.decision, ok,
+                              ttft_s if stream else None, self.routed.held_s, slo.ttft_for(req),
+                              tbt_s, slo.tbt_for(req))
+
     def upstream_error(self, kind: UpstreamError, worker_id: str | None = None) -> None:
         """A failure of ``kind`` at ``worker_id`` (default: this attempt's worker)."""
         self.state.metrics.upstream_errors.labels(worker_id or self.worker_id, kind.value).inc()
@@ -83,9 +99,11 @@ class Attempt:
     def relayed(self, size: int) -> None:
         self.state.metrics.worker(self.worker_id).proxied_bytes.inc(size)
 
-    def close(self, ok: bool, answer: Any = None, ttft_s: float | None = None) -> None:
+    def close(self, ok: bool, answer: Any = None, ttft_s: float | None = None,
+              end_s: float | None = None) -> None:
         """Release the attempt (idempotent) and book how it ended; ``answer``: the engine's
-        JSON answer or final stream event, for its cache numbers."""
+        JSON answer or final stream event, for its cache numbers; ``ttft_s`` / ``end_s``: its
+        first and last bytes after the request arrived."""
         if self.pd is not None:
             self.pd.idle()
         if not self.open:
@@ -113,6 +131,7 @@ class Attempt:
             st.economics.book(self.inbound.model, self.worker_id, reuse_of(
                 d, n, answer, stream_ttft,
                 lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix)))
+        self._book_slo(ok, answer, ttft_s, end_s)
         storage = engine_storage_tokens(answer)
         if storage is not None and d.fetch_tokens > storage:  # predicted, not delivered
             st.metrics.fetch_shortfall.labels(self.worker_id).inc(d.fetch_tokens - storage)

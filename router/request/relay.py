@@ -64,7 +64,8 @@ class Forward:
         self.attempt = Attempt(state, inbound, first, inbound.req.request_id)
         self.started = False  # the answer's head was sent to the client
         self.status_code = 499  # what the client got (499: nothing, it left first)
-        self.ttft: float | None = None
+        self.ttft: float | None = None  # first byte of the answer, after the request arrived
+        self.end: float | None = None  # its last byte, likewise
         self.tail = b""
 
     # --- ASGI ---------------------------------------------------------------------------------
@@ -81,7 +82,7 @@ class Forward:
             self._close(False)
 
     def _close(self, ok: bool, answer: Any = None) -> None:
-        self.attempt.close(ok, answer, self.ttft)
+        self.attempt.close(ok, answer, self.ttft, self.end)
 
     async def _abort_engines(self) -> None:
         """Every engine request of this attempt (one per prompt of a batch, per PD half)."""
@@ -247,6 +248,7 @@ class Forward:
                     if chunk:
                         await send({"type": "http.response.body", "body": chunk,
                                     "more_body": True})
+                self.end = self.state.clock() - self.inbound.t0
                 chunk = edit.flush()
                 relayed += len(chunk)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})

@@ -63,14 +63,16 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
     if estimated is None:
         return route(state, inbound, set())
     estimate, priced = estimated
+    probe = False  # admitted as a probe: predicted to miss its SLO after the hold
     if estimate.predicted_ttft_s is not None:
         slo = state.routing.slo
-        excess = ttft_excess(req, estimate.predicted_ttft_s
-                             + dispatcher.wait_s(inbound.model, priced.cost_s), slo)
-        if excess is not None:
+        predicted = estimate.predicted_ttft_s + dispatcher.wait_s(inbound.model, priced.cost_s)
+        excess = ttft_excess(req, predicted, slo)
+        probe = excess is not None and slo.probes(req)
+        if excess is not None and not probe:
             _answer(state, inbound, reject(req, estimate.policy, RejectReason.TTFT_SLO,
-                                                  slo.retry_after_s(excess),
-                                                  estimate.candidates))
+                                           slo.retry_after_s(excess), estimate.candidates,
+                                           predicted))
     try:
         held_s = await until_disconnect(scope, receive, dispatcher.wait(
             req.request_id, inbound.model, priced, state.config.dispatch.timeout_s,
@@ -95,6 +97,8 @@ async def route_when_released(state: RouterState, inbound: Inbound, scope: Scope
         if dispatcher.gate.drop(req.request_id):
             dispatcher.pump()
         raise
+    if probe:
+        routed = routed._replace(decision=routed.decision._replace(probe=True))
     return routed._replace(held_s=held_s)
 
 
@@ -121,6 +125,7 @@ def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed:
     clock, m, model = state.clock, state.metrics, inbound.model
     outcome = decision.outcome
     m.decision(model, outcome.value).inc()
+    state.admission.decided(model, decision, state.routing.slo.ttft_for(inbound.req))
     state.totals[f"decision_{outcome.value}"] += 1
     if not decision.accepted:
         # PD admission, for the utilisation report

@@ -10,6 +10,7 @@ at most ``(1 - ttft_headroom) x SLO``. Pure.
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
@@ -35,6 +36,9 @@ class SloConfig:
     ttft_headroom: Annotated[float, opt(
         "fraction of the TTFT SLO kept back for what the cost model does not see",
         ge=0, lt=1)] = 0.0
+    ttft_probe_every: Annotated[int, opt(
+        "admit about one in this many requests TTFT admission would reject, as probes whose "
+        "outcome estimates the false rejections; 0 = none", ge=0)] = 0
     min_retry_after_s: Annotated[float, opt("smallest Retry-After of a 429", ge=0)] = 1.0
     max_retry_after_s: Annotated[float, opt("largest Retry-After of a 429", ge=0)] = 60.0
 
@@ -53,6 +57,13 @@ class SloConfig:
 
     def tbt_for(self, req: RouteRequest) -> float | None:
         return _tighter(req.tbt_slo_s, self.tbt_slo_s)
+
+    def probes(self, req: RouteRequest) -> bool:
+        """Whether ``req``, predicted to miss its TTFT SLO, is admitted as a probe: one in
+        ``ttft_probe_every`` by a hash of its id (random ids: an unbiased sample; the same answer
+        when it is priced again after a hold)."""
+        every = self.ttft_probe_every
+        return every > 0 and zlib.crc32(req.request_id.encode()) % every == 0
 
     def retry_after_s(self, excess_s: float) -> float:
         """How long to wait before retrying: the predicted excess over the SLO is queued work
@@ -90,8 +101,10 @@ def reject(
     reason: RejectReason,
     retry_after_s: float | None,
     candidates: Sequence[CandidateEstimate] = (),
+    predicted_ttft_s: float | None = None,
 ) -> Decision:
+    """A rejection; ``predicted_ttft_s``: the best TTFT predicted, for a TTFT SLO rejection."""
     return Decision(
         req.request_id, policy, accepted=False, reason=reason, retry_after_s=retry_after_s,
-        candidates=tuple(candidates),
+        candidates=tuple(candidates), predicted_ttft_s=predicted_ttft_s,
     )

@@ -150,6 +150,9 @@ class Decision(NamedTuple):
     # the longest prefix any holder had in the index at the decision, whole pages and at most
     # prompt - 1 tokens (None: the policy read no index)
     available_tokens: int | None = None
+    # admitted although predicted to miss its TTFT SLO: a sample of the would-be rejections
+    # whose outcome measures the false ones (``SloConfig.ttft_probe_every``)
+    probe: bool = False
 
     @property
     def outcome(self) -> DecisionOutcome:

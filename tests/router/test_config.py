@@ -144,6 +144,7 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--host", ["0.0.0.0"], "listen.host", "0.0.0.0"),
     ("--port", ["9"], "listen.port", 9),
     ("--metrics-port", ["9101"], "listen.metrics_port", 9101),
+    ("--ttft-probe-every", ["100"], "slo.ttft_probe_every", 100),
     ("--workers", ["http://h:1", "http://h:2"], "health.workers", ("http://h:1", "http://h:2")),
     ("--worker-urls", ["http://h:1"], "health.workers", ("http://h:1",)),
     ("--index-url", ["h:5"], "index.url", "h:5"),

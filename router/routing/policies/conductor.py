@@ -142,9 +142,9 @@ class ConductorPolicy(RoutingPolicy):
                      for _, c, queue, routed in priced]
         best = self._pick(estimates, [p[0] for p in priced], n)
         excess = check_ttft(req, best, self.slo)
-        if excess is not None:
+        if excess is not None and not self.slo.probes(req):
             return reject(req, self.name, RejectReason.TTFT_SLO, self.slo.retry_after_s(excess),
-                          estimates)
+                          estimates, best.ttft_s)
         return Decision(
             req.request_id, self.name, accepted=True, worker_id=best.worker_id,
             dp_rank=best.dp_rank,
@@ -153,6 +153,7 @@ class ConductorPolicy(RoutingPolicy):
             predicted_ttft_s=best.ttft_s, predicted_prefill_s=best.prefill_s,
             predicted_queue_s=best.queue_s, predicted_transfer_s=best.transfer_s,
             candidates=tuple(estimates), available_tokens=_available(req, view, match),
+            probe=excess is not None,
         )
 
     def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:

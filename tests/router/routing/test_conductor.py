@@ -353,3 +353,20 @@ def test_the_decision_says_how_much_was_available_anywhere() -> None:
     assert driver(None).route(request(2), workers(2), 0.0).available_tokens is None
     blind = PolicyDriver(ConductorPolicy(), CostModel(), GlobalIndex())
     assert blind.route(request(3), workers(2), 0.0).available_tokens is None  # refused match
+
+
+def test_one_in_n_would_be_rejections_is_admitted_as_a_probe() -> None:
+    """``SloConfig.ttft_probe_every``: a probe is the decision the policy would have made
+    without the SLO, marked; the choice is by request id, so pricing it again agrees."""
+    def outcomes(every: int) -> list[tuple[bool, bool]]:
+        d = driver(index_with(), slo=SloConfig(ttft_slo_s=1e-4, ttft_probe_every=every))
+        decisions = [d.route(request(i), workers(1), 0.0) for i in range(400)]
+        assert all(x.accepted == x.probe for x in decisions)
+        assert all(x.predicted_ttft_s for x in decisions)  # a rejection says what missed
+        return [(x.accepted, d.estimate(request(i), workers(1), 0.0).accepted)
+                for i, x in enumerate(decisions)]
+
+    assert not any(a for a, _ in outcomes(0))
+    probes = outcomes(10)
+    assert all(a == again for a, again in probes)
+    assert 20 <= sum(a for a, _ in probes) <= 60  # about 40 of 400
