@@ -10,7 +10,8 @@ from pathlib import Path
 ROUTER = Path(__file__).resolve().parents[2] / "router"
 # Higher imports lower, never the other way; equal ranks do not import each other.
 RANK = {"cli": 9, "http": 8, "request": 7, "state": 6, "config": 5, "pd": 4, "coordination": 4,
-        "cluster": 3, "economics": 3, "admission_ledger": 3, "routing": 2, "keying": 1, "transport": 1, "metrics": 0}
+        "cluster": 3, "economics": 3, "admission_ledger": 3, "routing": 2, "keying": 1,
+        "transport": 1, "metrics": 0}
 
 
 def _part(module: str) -> str | None:
