@@ -23,8 +23,9 @@ need_apt=()
 # libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware;
 # iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests;
 # redis-server: the coordination service several routers share (docs/interfaces.md, "Several
-# routers, one view"), started by the tests that need it.
-for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server; do
+# routers, one view"), started by the tests that need it;
+# chromium: the headless browser that renders the router's /dashboard page in its test.
+for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server chromium; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then

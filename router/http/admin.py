@@ -1,12 +1,14 @@
 """``/admin/*``: worker registration (docs/interfaces.md section "Worker registration"), stats and
 diagnostics.
 
-Every call needs ``Authorization: Bearer <admin token>``; with no token configured, only loopback
-clients are accepted.
+Every call needs the admin token, as ``Authorization: Bearer <token>`` or, for a browser (the
+``/dashboard`` page), HTTP Basic with the token as the password (any user name); with no token
+configured, only loopback clients are accepted.
 """
 
 from __future__ import annotations
 
+import base64
 import hmac
 from typing import Any
 
@@ -50,6 +52,12 @@ def _authorized(state: RouterState, request: Request) -> bool:
         # (the server does not rewrite the peer from forwarding headers: it would be loopback).
         return _loopback_peer(request) and not _proxied(request)
     given = request.headers.get("authorization", "")
+    scheme, _, value = given.partition(" ")
+    if scheme.lower() == "basic":
+        try:
+            given = "Bearer " + base64.b64decode(value, validate=True).decode().partition(":")[2]
+        except (ValueError, UnicodeDecodeError):
+            return False
     return hmac.compare_digest(given.encode(), f"Bearer {token}".encode())
 
 
@@ -126,7 +134,9 @@ def guard(state: RouterState, fn: Any) -> Any:
     client 499."""
     async def endpoint(request: Request) -> Response:
         if not _authorized(state, request):
-            return error_response(401, "admin token required", ErrorType.AUTHENTICATION)
+            # a browser asks for the token (as the password) and sends it with each request
+            return error_response(401, "admin token required", ErrorType.AUTHENTICATION,
+                                  {"www-authenticate": 'Basic realm="radix-global admin"'})
         try:
             return await fn(request)
         except HttpError as exc:

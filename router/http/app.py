@@ -18,7 +18,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from router.http.admin import admin_routes
+from router.http.admin import admin_routes, guard
+from router.http.dashboard import dashboard_routes
 from router.http.shared_prefixes import shared_prefix_routes
 from router.keying.request_body import RequestKind
 from router.request.handler import handle
@@ -81,6 +82,7 @@ def build_app(state: RouterState) -> ASGIApp:
         Route("/ready", ready, methods=["GET"]),
         *([] if state.config.listen.metrics_port else metrics_routes(state)),
         *admin_routes(state),
+        *dashboard_routes(state, lambda fn: guard(state, fn)),
         *shared_prefix_routes(state),
     ]
     rest = Starlette(routes=routes, lifespan=lifespan)
