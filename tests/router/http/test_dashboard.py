@@ -81,7 +81,7 @@ def _stat(stats: dict, path: str) -> object:
 
 
 def test_the_page_renders_the_routers_numbers_behind_the_token(upstreams, router_factory):
-    peer, server = upstreams()
+    _, server = upstreams()
     router = router_factory(workers=(server.url,), admin_token=TOKEN)
     router.wait_workers(1)
     auth = {"Authorization": f"Bearer {TOKEN}"}
