@@ -172,20 +172,6 @@ def test_admin_without_token_is_loopback_only_and_not_proxied(upstreams, router_
             assert c.get("/admin/workers", headers={header: "203.0.113.7"}).status_code == 401
 
 
-def test_status_command_prints_the_cluster(upstreams, router_factory, capsys):
-    from router.cli.status import main as status_main
-
-    _, server = upstreams()
-    router = router_factory(workers=(server.url,))
-    router.wait_workers(1)
-    with router.client() as c:
-        c.post("/generate", json={"input_ids": [1, 2, 3]})
-    assert status_main(["--router", router.url]) == 0
-    out = capsys.readouterr().out
-    assert f"127.0.0.1:{server.port}" in out and "tiny" in out and "no_kv_events" in out
-    assert status_main(["--router", "http://127.0.0.1:9"]) == 1
-
-
 def _index_prompt(router, worker_id: str, ids: list[int], page_size: int = 4) -> None:
     """Put the prompt's pages in the index as the worker's KV events would."""
     from radix_global.ops import StorePages
