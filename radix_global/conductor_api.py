@@ -59,6 +59,7 @@ from radix_global.conductor_wire import (
     UnregisterBody,
     decode,
 )
+from radix_global.http_listener import Listener, companion, listen
 from radix_global.ops import IndexRefusal, PageSizeMismatchError
 from radix_global.registration import RegistrationError, WorkerInfo, refuse_host_local
 from radix_global.service_state import ServiceState
@@ -210,58 +211,20 @@ def build_conductor_app(state: ServiceState, admin_token: str | None = None) -> 
     return ConductorAPI(state, admin_token)
 
 
-class ConductorServer:
-    """A running API: ``port`` (the bound one), ``await stop()``."""
-
-    def __init__(self, api: ConductorAPI, server: Any, tasks: list[asyncio.Task[Any]]) -> None:
-        self.api, self._server, self._tasks = api, server, tasks
-        self.port = 0
-
-    async def stop(self) -> None:
-        self._server.should_exit = True
-        for task in self._tasks:
-            if task.get_name() == "conductor-keepalive":
-                task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-
 async def serve_conductor_api(state: ServiceState, host: str, port: int,
-                              admin_token: str | None = None) -> ConductorServer:
+                              admin_token: str | None = None) -> Listener:
     """Serve the API on ``host:port`` (0: any free port) on the running event loop, next to the
-    gRPC service; returns once it listens. Signals stay the caller's (uvicorn's own handlers
-    would replace the index service's)."""
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Any:
-            yield
-
+    gRPC service; returns once it listens (``radix_global/http_listener.py``)."""
     api = ConductorAPI(state, admin_token)
-    config = uvicorn.Config(api.app, host=host, port=port, log_level="warning",
-                            log_config=None, access_log=False, lifespan="off", ws="none",
-                            proxy_headers=False,  # the peer is the socket's, never a header's
-                            timeout_keep_alive=5, limit_concurrency=1024)
-    server = _Server(config)
-    serving = asyncio.create_task(server.serve(), name="conductor-http")
-    while not server.started:
-        if serving.done():  # uvicorn exits (SystemExit) when it cannot bind
-            with contextlib.suppress(BaseException):
-                serving.result()
-            raise OSError(f"conductor API cannot listen on {host}:{port}")
-        await asyncio.sleep(0.01)
-    keepalive = asyncio.create_task(api.keepalive(), name="conductor-keepalive")
-    handle = ConductorServer(api, server, [serving, keepalive])
-    handle.port = server.servers[0].sockets[0].getsockname()[1]
-    log.info("conductor API on %s:%d", host, handle.port)
-    return handle
+    listener = await listen(api.app, host, port, "conductor-http")
+    companion(listener, api.keepalive(), "conductor-keepalive")
+    log.info("conductor API on %s:%d", host, listener.port)
+    return listener
 
 
 @contextlib.asynccontextmanager
 async def conductor_api(state: ServiceState, host: str = "127.0.0.1", port: int = 0,
-                        admin_token: str | None = None) -> AsyncIterator[ConductorServer]:
+                        admin_token: str | None = None) -> AsyncIterator[Listener]:
     server = await serve_conductor_api(state, host, port, admin_token)
     try:
         yield server

@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import grpc
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from radix_global.ops import (
     IndexRefusal,
@@ -70,6 +71,7 @@ from radix_global.wire import (
 log = logging.getLogger(__name__)
 
 MAX_TOP_K = 10_000
+SERVICE_NAME = "radix_global.index.v1.GlobalIndexService"  # the health service's name for it
 _CODES: list[tuple[type[Exception], grpc.StatusCode]] = [
     (UnknownWorkerError, grpc.StatusCode.NOT_FOUND),
     (UnknownNamespaceError, grpc.StatusCode.NOT_FOUND),
@@ -198,6 +200,7 @@ class IndexServer:
                                   config.heartbeat_timeout_s)
         self.port = 0
         self._server: grpc.aio.Server | None = None
+        self.health: health.aio.HealthServicer | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._last_snapshot: SnapshotWritten | None = None
 
@@ -219,8 +222,13 @@ class IndexServer:
                 log.info("restored %s: %s", cfg.snapshot_path, stats_dict(index.stats()))
         self._server = grpc.aio.server(interceptors=[RefuseMalformed()])
         pb_grpc.add_GlobalIndexServiceServicer_to_server(_Servicer(self), self._server)
+        # the standard health service: what load balancers and grpc-health-probe ask
+        self.health = health.aio.HealthServicer()
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, self._server)
         self.port = self._server.add_insecure_port(f"{cfg.host}:{cfg.port}")
         await self._server.start()
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         period = max(0.05, min(1.0, cfg.heartbeat_timeout_s / 4))
         self._tasks.append(asyncio.create_task(self.state.subscriber.watch(period)))
         if cfg.snapshot_path and cfg.snapshot_interval_s > 0:
@@ -242,6 +250,8 @@ class IndexServer:
             except Exception:
                 log.exception("index service: background task %s had failed", task.get_name())
         self._tasks.clear()
+        if self.health is not None:
+            await self.health.enter_graceful_shutdown()  # NOT_SERVING while it drains
         if self._server is not None:
             await self._server.stop(grace_s)
             self._server = None
@@ -271,7 +281,16 @@ async def _serve_until_signal(config: ServiceConfig) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    metrics = None
     try:
+        if config.metrics_port is not None:
+            from radix_global.index_http import serve_metrics
+
+            # the state is read at each scrape: a restored snapshot replaces it
+            metrics = await serve_metrics(config.host, config.metrics_port,
+                                          lambda: server.state.index.stats(),
+                                          lambda: server.state.subscriber.stats())
+            print(f"radix-global index: metrics on {config.host}:{metrics.port}", flush=True)
         if config.conductor_port is not None:
             from radix_global.conductor_api import serve_conductor_api
 
@@ -283,6 +302,8 @@ async def _serve_until_signal(config: ServiceConfig) -> None:
     finally:
         if conductor is not None:
             await conductor.stop()
+        if metrics is not None:
+            await metrics.stop()
         await server.stop()
 
 

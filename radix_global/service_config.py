@@ -69,6 +69,9 @@ class ServiceConfig:
         "also serve Mooncake Conductor's indexer HTTP API (/register, /query) on --host:PORT "
         "(0: any free port; unset: off; docs/interfaces.md, \"Mooncake Conductor's indexer API\")",
         ge=0, le=65535, metavar="PORT")] = None
+    metrics_port: Annotated[int | None, opt(
+        "also serve Prometheus /metrics (the index's size, refusals, KV event feeds) on "
+        "--host:PORT (0: any free port; unset: off)", ge=0, le=65535, metavar="PORT")] = None
 
 
 @dataclass(frozen=True)

@@ -118,11 +118,10 @@ class Economics:
             self.prefill_saved.labels(model, worker).inc(max(0.0, r.prefill_saved_s))
         if r.ttft_saved_s is not None:
             m.ttft_saved_s += r.ttft_saved_s
-            if r.ttft_saved_s >= 0:
-                self.ttft_saved.labels(model, worker).inc(r.ttft_saved_s)
-            else:
-                m.slower_than_cold += 1
-                self.slower.labels(model, worker).inc()
+            self.ttft_saved.labels(model, worker).inc(max(0.0, r.ttft_saved_s))
+            slower = r.ttft_saved_s < 0
+            m.slower_than_cold += slower
+            self.slower.labels(model, worker).inc(slower)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {model: asdict(m) for model, m in self._models.items()}

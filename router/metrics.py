@@ -1,10 +1,11 @@
 """Prometheus metrics of the router, in a registry of their own (one per app instance).
 
-Per request the router records its decision (accepted/rejected and why), the tokens the chosen
-worker did not have to prefill (local cache + fetched), the KV bytes a fetch moves and its
-predicted transfer time, predicted vs observed TTFT, the time spent in each router stage, and the
-engine-reported cached tokens (per worker: hit rate). ``router_key_mismatch`` flags a worker whose
-engine never reports a hit where the router predicted one (router/engine disagreement).
+Names follow Prometheus conventions under the project prefix ``radix_global_`` (units in the
+name, counters exposed as ``_total``; the renames are in ``CHANGELOG.md``). Per request the
+router records its decision (accepted/rejected and why), the tokens and KV bytes it planned to
+fetch and the predicted transfer time, predicted vs observed TTFT and the time spent in each
+router stage. ``radix_global_key_mismatch`` flags a worker whose engine never reports a hit
+where the router predicted one (router/engine disagreement).
 """
 
 from __future__ import annotations
@@ -25,73 +26,65 @@ class WorkerMetrics(NamedTuple):
 
     routed: Any
     outstanding: Any
-    prompt_tokens: Any
-    avoided_prefill_tokens: Any
-    engine_cached_tokens: Any
     fetch_tokens: Any
-    kv_bytes_moved: Any
-    proxied_bytes: Any
+    fetch_bytes: Any
+    relayed_bytes: Any
     actual_ttft: Any
 
 
 class RouterMetrics:
+    """The router's metrics (``radix_global_*``; what the cache was worth and admission are
+    ``router/economics.py``'s and ``router/admission_ledger.py``'s, in the same registry)."""
+
     def __init__(self) -> None:
         # Children cached per label tuple; only for metrics that are never cleared.
         self._workers: dict[str, WorkerMetrics] = {}
         self._children: dict[tuple[Any, ...], Any] = {}
         r = self.registry = CollectorRegistry()
-        self.requests = Counter("router_requests", "Requests by endpoint and final HTTP status",
+        self.requests = Counter("radix_global_http_requests",
+                                "Requests by endpoint and final HTTP status",
                                 ["endpoint", "status"], registry=r)
-        self.decisions = Counter("router_decisions", "Routing decisions (accepted or reason)",
-                                 ["model", "outcome"], registry=r)
-        self.routed = Counter("router_routed", "Requests forwarded, per worker", ["worker"],
-                              registry=r)
-        self.avoided_prefill_tokens = Counter(
-            "router_avoided_prefill_tokens", "Prompt tokens the chosen worker reuses (predicted)",
-            ["worker"], registry=r)
-        self.prompt_tokens = Counter("router_prompt_tokens", "Prompt tokens routed", ["worker"],
-                                     registry=r)
-        self.engine_cached_tokens = Counter(
-            "router_engine_cached_tokens", "Cached prompt tokens the engine reported", ["worker"],
-            registry=r)
-        self.fetch_tokens = Counter("router_fetch_tokens", "Tokens planned to fetch from a pool",
-                                    ["worker"], registry=r)
-        self.fetch_shortfall = Counter(
-            "router_pool_fetch_shortfall_tokens", "Tokens planned to fetch from a pool that the "
-            "engine did not load from it (evicted, lost with a host, not yet written)",
-            ["worker"], registry=r)
-        self.kv_bytes_moved = Counter("router_kv_bytes_moved", "KV bytes planned to move",
-                                      ["worker"], registry=r)
-        self.proxied_bytes = Counter("router_proxied_bytes", "Response bytes relayed", ["worker"],
-                                     registry=r)
-        self.transfer_s = Histogram("router_predicted_transfer_seconds",
+        self.decisions = Counter("radix_global_decisions",
+                                 "Routing decisions (accepted or reason)", ["model", "outcome"],
+                                 registry=r)
+        self.routed = Counter("radix_global_routed_requests", "Requests forwarded, per worker",
+                              ["worker"], registry=r)
+        self.fetch_tokens = Counter("radix_global_fetch_planned_tokens",
+                                    "Tokens planned to fetch from a pool", ["worker"], registry=r)
+        self.fetch_bytes = Counter("radix_global_fetch_planned_bytes",
+                                   "KV bytes planned to move from a pool", ["worker"], registry=r)
+        self.relayed_bytes = Counter("radix_global_relayed_bytes", "Response bytes relayed",
+                                     ["worker"], registry=r)
+        self.transfer_s = Histogram("radix_global_predicted_transfer_seconds",
                                     "Predicted KV transfer time", buckets=_LATENCY_BUCKETS,
                                     registry=r)
-        self.predicted_ttft = Histogram("router_predicted_ttft_seconds", "Predicted TTFT",
+        self.predicted_ttft = Histogram("radix_global_predicted_ttft_seconds", "Predicted TTFT",
                                         buckets=_LATENCY_BUCKETS, registry=r)
-        self.actual_ttft = Histogram("router_ttft_seconds", "Observed TTFT (first chunk)",
+        self.actual_ttft = Histogram("radix_global_ttft_seconds", "Observed TTFT (first chunk)",
                                      ["worker"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.ttft_error = Histogram("router_ttft_prediction_error_seconds",
+        self.ttft_error = Histogram("radix_global_ttft_prediction_error_seconds",
                                     "|observed - predicted| TTFT", buckets=_LATENCY_BUCKETS,
                                     registry=r)
-        self.queue_s = Histogram("router_predicted_queue_seconds", "Predicted queue time",
+        self.queue_s = Histogram("radix_global_predicted_queue_seconds", "Predicted queue time",
                                  buckets=_LATENCY_BUCKETS, registry=r)
-        self.stage_s = Histogram("router_stage_seconds", "Router time per stage",
+        self.stage_s = Histogram("radix_global_router_stage_seconds", "Router time per stage",
                                  ["stage"], buckets=(1e-5, 3e-5, 1e-4, 3e-4, 1e-3, 3e-3, 0.01,
                                                      0.03, 0.1, 1), registry=r)
-        self.upstream_errors = Counter("router_upstream_errors", "Upstream failures by kind",
-                                       ["worker", "kind"], registry=r)
-        self.retries = Counter("router_retries", "Requests retried on another worker", registry=r)
-        self.client_aborts = Counter("router_client_aborts", "Client disconnects (engine aborted)",
-                                     registry=r)
-        self.outstanding = Gauge("router_outstanding_requests", "In-flight requests per worker",
-                                 ["worker"], registry=r)
-        self.workers = Gauge("router_workers", "Workers by model", ["model"], registry=r)
-        self.dispatch_held = Gauge("router_dispatch_held", "Requests held at the router while "
-                                   "the engines are busy (docs/interfaces.md, \"Router-side "
-                                   "dispatch: holding requests while the engines are busy\")",
-                                   registry=r)
-        self.dispatch_hold_s = Histogram("router_dispatch_hold_seconds",
+        self.upstream_errors = Counter("radix_global_upstream_errors",
+                                       "Upstream failures by kind", ["worker", "kind"],
+                                       registry=r)
+        self.retries = Counter("radix_global_retries", "Requests retried on another worker",
+                               registry=r)
+        self.client_aborts = Counter("radix_global_client_aborts",
+                                     "Client disconnects (engine aborted)", registry=r)
+        self.outstanding = Gauge("radix_global_outstanding_requests",
+                                 "In-flight requests per worker", ["worker"], registry=r)
+        self.workers = Gauge("radix_global_workers", "Workers by model", ["model"], registry=r)
+        self.dispatch_held = Gauge("radix_global_dispatch_held_requests",
+                                   "Requests held at the router while the engines are busy "
+                                   "(docs/interfaces.md, \"Router-side dispatch: holding "
+                                   "requests while the engines are busy\")", registry=r)
+        self.dispatch_hold_s = Histogram("radix_global_dispatch_hold_seconds",
                                          "How long released requests were held at the router",
                                          buckets=_LATENCY_BUCKETS, registry=r)
         r.register(_KeyMismatch(self))
@@ -103,13 +96,12 @@ class RouterMetrics:
         if w is None:
             w = self._workers[worker_id] = WorkerMetrics(*(
                 m.labels(worker_id) for m in (
-                    self.routed, self.outstanding, self.prompt_tokens,
-                    self.avoided_prefill_tokens, self.engine_cached_tokens, self.fetch_tokens,
-                    self.kv_bytes_moved, self.proxied_bytes, self.actual_ttft)))
+                    self.routed, self.outstanding, self.fetch_tokens, self.fetch_bytes,
+                    self.relayed_bytes, self.actual_ttft)))
         return w
 
     def stage(self, name: str) -> Any:
-        """The ``router_stage_seconds`` child of ``name``."""
+        """The ``radix_global_router_stage_seconds`` child of ``name``."""
         return self._child(self.stage_s, name)
 
     def request(self, endpoint: str, status: int) -> Any:
@@ -130,17 +122,17 @@ class RouterMetrics:
 
 
 class _KeyMismatch(Collector):
-    """``router_key_mismatch``, computed when scraped from the router's counters (a read of
+    """``radix_global_key_mismatch``, computed when scraped from the router's counters (a read of
     ``/metrics`` changes nothing)."""
 
     def __init__(self, metrics: RouterMetrics) -> None:
         self._metrics = metrics
 
     def describe(self) -> list[Metric]:
-        return [GaugeMetricFamily("router_key_mismatch", _MISMATCH_HELP, labels=["worker"])]
+        return [GaugeMetricFamily("radix_global_key_mismatch", _MISMATCH_HELP, labels=["worker"])]
 
     def collect(self) -> list[Metric]:
-        family = GaugeMetricFamily("router_key_mismatch", _MISMATCH_HELP, labels=["worker"])
+        family = GaugeMetricFamily("radix_global_key_mismatch", _MISMATCH_HELP, labels=["worker"])
         for worker, mismatch in self._metrics.key_mismatch():
             family.add_metric([worker], 1.0 if mismatch else 0.0)
         return [family]

@@ -24,14 +24,27 @@ need_apt=()
 # iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests;
 # redis-server: the coordination service several routers share (docs/interfaces.md, "Several
 # routers, one view"), started by the tests that need it;
-# chromium: the headless browser that renders the router's /dashboard page in its test.
-for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server chromium; do
+# chromium: the headless browser that renders the router's /dashboard page in its test;
+# prometheus (and its promtool): the real scraper and rule tester of monitoring/.
+for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server chromium prometheus; do
   dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
 done
 if ((${#need_apt[@]})); then
   echo "bootstrap: apt-get install ${need_apt[*]}"
   if [ "$(id -u)" = 0 ]; then
-    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+    # No recommended extras (prometheus's node exporter), and no service started by the
+    # packages' scripts: the tests start what they need on loopback, a service would listen on
+    # every interface.
+    policy=/usr/sbin/policy-rc.d
+    made_policy=0
+    if [ ! -e "$policy" ]; then
+      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
+    fi
+    status=0
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+      --no-install-recommends "${need_apt[@]}" >/dev/null; } || status=$?
+    if ((made_policy)); then rm -f "$policy"; fi
+    if ((status)); then exit "$status"; fi
   else
     echo "bootstrap: please install system packages: ${need_apt[*]}" >&2
   fi

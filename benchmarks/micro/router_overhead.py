@@ -8,8 +8,8 @@ the upstream and through each router; added latency = router latency - direct la
 median and p99, for text prompts (``/v1/completions``, routers tokenize) and token-id prompts
 (``/generate`` with ``input_ids``), at 1 and 32 concurrent clients. Targets are measured in
 interleaved rounds, in another order each round, so machine-load drift hits them alike. Our
-router's time per stage (tokenize, policy, proxy connect) comes from its ``router_stage_seconds``
-metric (mean per request).
+router's time per stage (tokenize, policy, proxy connect) comes from its
+``radix_global_router_stage_seconds`` metric (mean per request).
 
 A third target, ``http-floor`` (``benchmarks/harness/router_floor.py``), is the HTTP stack our
 router runs on (uvicorn with our protocol, our upstream client) forwarding bodies unchanged, without
@@ -124,8 +124,8 @@ def stage_sums(metrics_url: str) -> dict[str, tuple[float, float]]:
     text = httpx.get(metrics_url, timeout=10).text
     out: dict[str, list[float]] = {}
     for line in text.splitlines():
-        if line.startswith("router_stage_seconds_sum") or line.startswith(
-                "router_stage_seconds_count"):
+        if line.startswith("radix_global_router_stage_seconds_sum") or line.startswith(
+                "radix_global_router_stage_seconds_count"):
             name, value = line.rsplit(" ", 1)
             stage = name.split('stage="')[1].split('"')[0]
             slot = out.setdefault(stage, [0.0, 0.0])

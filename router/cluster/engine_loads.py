@@ -243,7 +243,7 @@ class EngineLoadPoller:
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._metric = Counter(
-            "router_engine_load_failures", "Failed reads of an engine's own load report "
+            "radix_global_engine_load_failures", "Failed reads of an engine's own load report "
             "(timeout, connect, status, parse, error)", ["worker", "kind"], registry=registry)
 
     def slots(self) -> Collection[Slot]:

@@ -11,7 +11,7 @@ On the request path a worker that cannot be connected to is judged by :meth:`Hea
 connect_failed` (``router/cluster/registry.py`` ``ConnectFailures``): a connect timeout is retried
 elsewhere and evicts only after ``connect_timeouts_to_remove`` consecutive failures; a refused
 connection evicts after ``connect_refusals_to_remove`` (default 1). Counted in
-``router_connect_failures_total{worker,kind}``.
+``radix_global_connect_failures_total{worker,kind}``.
 """
 
 from __future__ import annotations
@@ -187,7 +187,7 @@ class HealthMonitor:
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._connect_metric = Counter(
-            "router_connect_failures", "Failed connects to a worker on the request path "
+            "radix_global_connect_failures", "Failed connects to a worker on the request path "
             "(connect_timeout: retried elsewhere, evicted after repeats; connect_refused)",
             ["worker", "kind"], registry=registry)
 

@@ -31,6 +31,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from radix_global.index import GlobalIndex
+from radix_global.index_metrics import IndexCollector
 from radix_global.ops import HotPrefix, IndexRefusal
 from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
@@ -256,7 +257,11 @@ class EmbeddedIndex:
         return None  # in-process: the policy's match is a local call already
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
-        return None
+        """The embedded index's health (``radix_global/index_metrics.py``) in the router's
+        ``/metrics``."""
+        registry.register(IndexCollector(
+            self.index.stats,
+            lambda: self._subscriber.stats() if self._subscriber is not None else None))
 
     def _spawn(self, coro: Any) -> None:
         """Membership callbacks are synchronous; the subscriber's are coroutines: run them in

@@ -8,7 +8,7 @@ by ``match_timeout_s``), which leaves the answer in :class:`PrefetchedMatches`; 
 ``match`` then reads it. A timeout, a service error or a missing prefetch falls back to the
 router's local view, an empty match (the conductor then prices the request by load and by the
 prompts this router routed itself, ``router/routing/routed_prefixes.py``), counted per reason in
-``router_index_match_fallbacks_total`` and in ``/admin/stats``. Queries off the request path
+``radix_global_index_match_fallbacks_total`` and in ``/admin/stats``. Queries off the request path
 (warming's hot prefixes and holder matches) use the blocking client, from a worker thread.
 """
 
@@ -137,7 +137,7 @@ class RemoteIndex:
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._metric = Counter(
-            "router_index_match_fallbacks", "Remote index matches answered by the local view "
+            "radix_global_index_match_fallbacks", "Remote index matches answered by the local view "
             "instead (timeout, error, not_prefetched)", ["reason"], registry=registry)
         for reason in FALLBACK_REASONS:
             self._metric.labels(reason)

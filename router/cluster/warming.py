@@ -14,14 +14,14 @@ that namespace, so an isolated tenant's prefix is warmed in the tenant's namespa
 shared one. A hot prefix the router never routed (another router's traffic) cannot be
 warmed from here and is counted as ``no_tokens``.
 
-Outcomes are counted in ``router_warm_actions_total{outcome}``: ``sent`` (the engine answered),
-``failed`` (error or timeout), ``no_tokens``, ``unsupported`` (not an SGLang engine), ``busy``
-(``max_in_flight`` warm requests already running).
+Outcomes are counted in ``radix_global_warm_actions_total{outcome}``: ``sent`` (the engine
+answered), ``failed`` (error or timeout), ``no_tokens``, ``unsupported`` (not an SGLang engine),
+``busy`` (``max_in_flight`` warm requests already running).
 
 A worker that joins is pre-warmed once (``join_pages`` > 0, ``docs/interfaces.md``,
 "The router's index snapshot"): the hottest prefixes of its namespace it does not hold, within a
-page and a time budget; pages by outcome in ``router_join_warm_pages_total{outcome}`` (``sent``,
-``failed``, ``no_tokens``, ``budget``).
+page and a time budget; pages by outcome in ``radix_global_join_warm_pages_total{outcome}``
+(``sent``, ``failed``, ``no_tokens``, ``budget``).
 """
 
 from __future__ import annotations
@@ -111,11 +111,11 @@ class HotPrefixWarmer:
         return self.interval_s > 0 or self.join_pages > 0
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
-        self._metric = Counter("router_warm_actions", "Hot-prefix warm actions by outcome",
+        self._metric = Counter("radix_global_warm_actions", "Hot-prefix warm actions by outcome",
                                ["outcome"], registry=registry)
         for outcome in OUTCOMES:
             self._metric.labels(outcome)
-        self._join_metric = Counter("router_join_warm_pages",
+        self._join_metric = Counter("radix_global_join_warm_pages",
                                     "Pages of hot prefixes sent to joining workers, by outcome",
                                     ["outcome"], registry=registry)
         for outcome in JOIN_OUTCOMES:

@@ -27,7 +27,7 @@ from router.state import RouterState
 
 
 class UpstreamError(StrEnum):
-    """The ``kind`` label of ``router_upstream_errors``."""
+    """The ``kind`` label of ``radix_global_upstream_errors``."""
 
     UNAVAILABLE = "unavailable"  # refused the connection (or timed out): routed elsewhere
     FAILED = "failed"  # answered with a broken response
@@ -57,11 +57,9 @@ class Attempt:
         w = m.worker(self.worker_id)
         w.routed.inc()
         w.outstanding.inc()
-        w.prompt_tokens.inc(req.input_tokens)
-        w.avoided_prefill_tokens.inc(d.prefix_tokens)
         if d.fetch_tokens:
             w.fetch_tokens.inc(d.fetch_tokens)
-            w.kv_bytes_moved.inc(d.fetch_tokens * st.routing.cost.kv_bytes_per_token(
+            w.fetch_bytes.inc(d.fetch_tokens * st.routing.cost.kv_bytes_per_token(
                 req.namespace))
             m.transfer_s.observe(d.predicted_transfer_s)
         if d.predicted_ttft_s is not None:
@@ -97,7 +95,7 @@ class Attempt:
         self.state.metrics.upstream_errors.labels(worker_id or self.worker_id, kind.value).inc()
 
     def relayed(self, size: int) -> None:
-        self.state.metrics.worker(self.worker_id).proxied_bytes.inc(size)
+        self.state.metrics.worker(self.worker_id).relayed_bytes.inc(size)
 
     def close(self, ok: bool, answer: Any = None, ttft_s: float | None = None,
               end_s: float | None = None) -> None:
@@ -119,7 +117,6 @@ class Attempt:
             entry.cached_tokens += cached
             entry.prompt_tokens += prompt if isinstance(prompt, int) else \
                 self.inbound.req.input_tokens
-            w.engine_cached_tokens.inc(cached)
             if cached > 0:
                 entry.observed_hits += 1
         if not ok:
@@ -133,8 +130,6 @@ class Attempt:
                 lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix)))
         self._book_slo(ok, answer, ttft_s, end_s)
         storage = engine_storage_tokens(answer)
-        if storage is not None and d.fetch_tokens > storage:  # predicted, not delivered
-            st.metrics.fetch_shortfall.labels(self.worker_id).inc(d.fetch_tokens - storage)
         record = {
             "worker_id": self.worker_id, "dp_rank": d.dp_rank,
             "input_tokens": self.inbound.req.input_tokens,

@@ -116,7 +116,7 @@ class RejectReason(StrEnum):
 
 
 class DecisionOutcome(StrEnum):
-    """How a decision went, as ``router_decisions_total`` and ``/admin/stats`` count it:
+    """How a decision went, as ``radix_global_decisions_total`` and ``/admin/stats`` count it:
     accepted, else the :class:`RejectReason` (whose values it shares)."""
 
     ACCEPTED = "accepted"

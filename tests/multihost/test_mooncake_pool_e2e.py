@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,7 +126,9 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             stats = c.request("GET", router.url + "/admin/stats", admin=True).json()
             assert stats["recent"][-1]["engine_storage_tokens"] == storage(answer)
             metrics = c.request("GET", router.url + "/metrics").text
-            assert f'router_pool_fetch_shortfall_tokens_total{{worker="{other}"}}' not in metrics
+            series = r'radix_global_late_prefix_tokens_total\{[^}]*worker="' + re.escape(other)
+            late = re.search(series + r'"[^}]*\} (\S+)', metrics)
+            assert late is None or float(late.group(1)) == 0, late
 
             # the home host dies: its worker and its segment (the history's pool pages) leave
             # R's index together once the heartbeat timeout passed

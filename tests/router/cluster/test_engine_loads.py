@@ -225,7 +225,7 @@ def test_poller_reads_goes_stale_counts_failures_and_forgets(caplog: pytest.LogC
             assert len(caplog.records) == 3
             assert engines.paths.count("web/metrics") == 1
             assert "sg/v1/loads?include=core" in engines.paths and "vl/metrics" in engines.paths
-            assert registry.get_sample_value("router_engine_load_failures_total",
+            assert registry.get_sample_value("radix_global_engine_load_failures_total",
                                              {"worker": "d", "kind": "connect"}) == 3
             # stale after stale_polls x poll_s without a fresh reading
             now[0] = 103.0

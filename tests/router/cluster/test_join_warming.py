@@ -158,7 +158,7 @@ def test_a_worker_registering_with_the_router_is_warmed(upstreams, router_factor
         assert got == []
         return
     assert [r["input_ids"] for r in got] == [HOT]
-    assert 'router_join_warm_pages_total{outcome="sent"} 8.0' in metrics
+    assert 'radix_global_join_warm_pages_total{outcome="sent"} 8.0' in metrics
 
 
 def warm_requests(peer) -> list[dict]:

@@ -178,7 +178,7 @@ def test_router_state_routes_on_the_prefetched_match_and_exports_the_metric(
             req2 = RouteRequest("r2", NS, 7 * PS, KEYS[:7], PS)
             assert state.routing.route(req2, slots, 0.0).prefix_tokens == 0  # cache-blind
             text = state.metrics.render().decode()
-            assert 'router_index_match_fallbacks_total{reason="timeout"} 1.0' in text
+            assert 'radix_global_index_match_fallbacks_total{reason="timeout"} 1.0' in text
             await asyncio.sleep(STALL_S)
         finally:
             await state.index.stop()

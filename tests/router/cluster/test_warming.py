@@ -3,7 +3,7 @@ router/cluster/replication.py): the router
 remembers the token ids of prompts that reused a prefix, and when that prefix is hot and every
 holder is busy it sends a lightly loaded worker a prefix-only ``/generate`` with
 ``max_new_tokens=1``, at most once per (prefix, worker) per cooldown, counted in
-``router_warm_actions_total``. Workers are real HTTP peers speaking SGLang's protocol."""
+``radix_global_warm_actions_total``. Workers are real HTTP peers speaking SGLang's protocol."""
 
 from __future__ import annotations
 
@@ -89,7 +89,7 @@ def test_hot_prefix_is_warmed_on_the_idle_worker(upstreams, router_factory, warm
     assert got[0]["input_ids"] == PREFIX
     assert got[0]["sampling_params"]["max_new_tokens"] == 1
     assert _warm_requests(pa) == []
-    assert 'router_warm_actions_total{outcome="sent"} 1.0' in metrics
+    assert 'radix_global_warm_actions_total{outcome="sent"} 1.0' in metrics
 
 
 def test_hot_prefix_never_routed_here_is_counted_not_sent(upstreams, router_factory) -> None:

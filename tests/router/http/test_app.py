@@ -131,8 +131,8 @@ def test_metrics_and_admin_stats(upstreams, router_factory):
     with router.client() as c:
         c.post("/generate", json={"text": "hello world"})
         text = c.get("/metrics").text
-        assert 'router_decisions_total{model="tiny",outcome="accepted"} 1.0' in text
-        assert "router_stage_seconds_bucket" in text
+        assert 'radix_global_decisions_total{model="tiny",outcome="accepted"} 1.0' in text
+        assert "radix_global_router_stage_seconds_bucket" in text
         assert c.get("/admin/diagnostics").json()["findings"][0]["problem"] == "no_kv_events"
 
 
@@ -200,11 +200,11 @@ def test_disagreement_is_flagged_not_silent(upstreams, router_factory):
             assert int(r.headers["x-radix-predicted-ttft-ms"]) > 0
         problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
         assert "predicted_hits_never_observed" in problems
-        assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
+        assert f'radix_global_key_mismatch{{worker="{wid}"}} 1.0' in c.get("/metrics").text
 
 
 def test_metrics_are_read_not_written_by_a_scrape(upstreams, router_factory):
-    """``router_key_mismatch`` is what the counters say whenever the registry is collected: no
+    """``radix_global_key_mismatch`` is what the counters say whenever the registry is collected: no
     diagnostics call (which a /metrics read used to make, writing gauges) is needed first, and
     scraping twice gives the same answer."""
     peer, server = upstreams()
@@ -218,8 +218,8 @@ def test_metrics_are_read_not_written_by_a_scrape(upstreams, router_factory):
         for _ in range(3):
             c.post("/generate", json={"input_ids": ids})
     rendered = router.state.metrics.render().decode()  # a collector's read, not /metrics
-    assert f'router_key_mismatch{{worker="{wid}"}} 1.0' in rendered
-    assert router.state.metrics.render().decode().count("router_key_mismatch{") == 1
+    assert f'radix_global_key_mismatch{{worker="{wid}"}} 1.0' in rendered
+    assert router.state.metrics.render().decode().count("radix_global_key_mismatch{") == 1
 
 
 def test_agreement_is_not_flagged(upstreams, router_factory):
@@ -236,7 +236,7 @@ def test_agreement_is_not_flagged(upstreams, router_factory):
             c.post("/generate", json={"input_ids": ids})
         problems = [f["problem"] for f in c.get("/admin/diagnostics").json()["findings"]]
         assert "predicted_hits_never_observed" not in problems
-        assert f'router_key_mismatch{{worker="{wid}"}} 0.0' in c.get("/metrics").text
+        assert f'radix_global_key_mismatch{{worker="{wid}"}} 0.0' in c.get("/metrics").text
 
 
 def test_pd_disaggregation_sends_to_prefill_and_decode(upstreams, router_factory):

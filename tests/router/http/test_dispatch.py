@@ -71,7 +71,7 @@ def test_held_while_busy_then_the_shortest_goes_first(upstreams, router_factory)
     _until(lambda: gate.held() == 2)
     assert len(peer.requests) == 1  # the engine has only the one it is busy with
     with router.client() as c:
-        assert "router_dispatch_held 2.0" in c.get("/metrics").text
+        assert "radix_global_dispatch_held_requests 2.0" in c.get("/metrics").text
     peer.first_chunk.set()
     for t in threads:
         t.join(30)

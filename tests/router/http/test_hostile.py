@@ -231,8 +231,9 @@ def test_requests_total_counts_the_status_the_client_got(upstreams, router_facto
         r = c.post("/generate", json={"input_ids": [1, 2, 3]})
         assert r.status_code == 503, r.text
         text = c.get("/metrics").text
-    assert 'router_requests_total{endpoint="/generate",status="503"} 1.0' in text
-    assert 'status="200"' not in text.split("router_requests_total")[1].split("# HELP")[0]
+    assert 'radix_global_http_requests_total{endpoint="/generate",status="503"} 1.0' in text
+    requests = text.split("radix_global_http_requests_total")[1].split("# HELP")[0]
+    assert 'status="200"' not in requests
 
 
 def test_idle_and_half_open_connections_are_closed():

@@ -213,7 +213,7 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
             rss0 = _rss_mb(router.pid)
             clients = subprocess.Popen([sys.executable, "-c", _CLIENTS, str(port), str(HELD)],
                                        stdout=subprocess.PIPE, text=True)
-            _until(lambda: _metric(c, "router_dispatch_held") == HELD, timeout=60)
+            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == HELD, timeout=60)
             grown = _rss_mb(router.pid) - rss0
             watcher = subprocess.Popen([sys.executable, "-c", _HEALTH, base, "4.0"],
                                        stdout=subprocess.PIPE, text=True)
@@ -221,7 +221,7 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
             time.sleep(0.2)
             clients.send_signal(signal.SIGKILL)  # every connection closes at once ...
             peer.first_chunk.set()  # ... as the engine makes room
-            _until(lambda: _metric(c, "router_dispatch_held") == 0, timeout=30)
+            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == 0, timeout=30)
             worst = float(watcher.communicate(timeout=30)[0].split()[-1])
             busy.join(30)
         print(f"held {HELD}: router RSS +{grown:.0f} MB; worst /health {worst * 1000:.0f} ms;"

@@ -117,8 +117,8 @@ def test_pd_tbt_slo_of_the_router_config_applies_to_native_pd_too() -> None:
 
 
 def test_every_reject_reason_is_a_decision_outcome():
-    """``router_decisions_total`` counts each decision under its outcome: every reason a policy
-    may give has one, and a rejection without a reason is counted too, never lost."""
+    """``radix_global_decisions_total`` counts each decision under its outcome: every reason a
+    policy may give has one, and a rejection without a reason is counted too, never lost."""
     from router.routing.contract import Decision, DecisionOutcome, RejectReason
 
     assert {o.value for o in DecisionOutcome} == {r.value for r in RejectReason} | {"accepted"}

@@ -114,7 +114,8 @@ def test_router_keeps_a_timing_out_worker_retries_elsewhere_and_evicts_after_n(
                 break
         assert timeouts == 3 and "slow" not in _workers(c)  # third in a row: evicted
         metrics = c.get("/metrics").text
-    assert 'router_connect_failures_total{kind="connect_timeout",worker="slow"} 3.0' in metrics
+    want = 'radix_global_connect_failures_total{kind="connect_timeout",worker="slow"} 3.0'
+    assert want in metrics
 
 
 def test_router_evicts_a_refusing_worker_at_once(upstreams, router_factory) -> None:

@@ -1,0 +1,75 @@
+"""The index's health as Prometheus metrics, read when scraped: its size, what it applied and
+refused, and how the KV event feeds go (gaps, replays, resyncs, refusals by reason).
+
+One collector for both places an index lives: the standalone service (``radix-global index
+serve --metrics-port``) and the router's embedded index (in the router's ``/metrics``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from radix_global.shards import stats_dict
+from radix_global.subscriber import SubscriberStats
+
+_SIZE = (("namespaces", "Namespaces in the index"), ("pages", "Pages held (page, holder)"),
+         ("nodes", "Radix tree nodes"), ("holders", "Workers and pools holding pages"))
+_INDEX_COUNTS = (("ops_applied", "Index operations applied"),
+                 ("pages_stored", "Pages stored"), ("pages_removed", "Pages removed"),
+                 ("unknown_removed", "Removals of pages the index did not hold"))
+_FEED_COUNTS = (("batches", "KV event batches decoded (live and replayed)"),
+                ("ops_applied", "Index operations the feeds applied"),
+                ("gaps", "Sequence gaps in a feed"), ("replays", "Replay requests sent"),
+                ("replay_failures", "Replays that timed out, failed or did not cover the gap"),
+                ("resyncs", "Times a worker's entries were dropped to resync from live events"),
+                ("duplicates", "Live batches already applied from a replay"),
+                ("timeouts", "Workers removed for silence"),
+                ("restarts", "Publishers whose sequence went backwards (engine restarted)"),
+                ("subscribe_failures", "Publisher endpoints that could not be subscribed"),
+                ("replay_lost", "Replayed batches whose payload did not decode"))
+
+
+class IndexCollector(Collector):
+    """``radix_global_index_*`` from ``index()`` (an index's ``stats()``: ``IndexStats``, or a
+    sharded index's sums); ``radix_global_kv_events_*`` from ``feeds()`` (None: this index has
+    no event subscriber)."""
+
+    def __init__(self, index: Callable[[], Any],
+                 feeds: Callable[[], SubscriberStats | None]) -> None:
+        self._index, self._feeds = index, feeds
+
+    def describe(self) -> Iterable[Metric]:
+        return []  # collected on each scrape: nothing to check at registration
+
+    def collect(self) -> Iterable[Metric]:
+        s = stats_dict(self._index())
+        for name, help_ in _SIZE:
+            yield GaugeMetricFamily(f"radix_global_index_{name}", help_, value=s.get(name, 0))
+        for name, help_ in _INDEX_COUNTS:
+            yield CounterMetricFamily(f"radix_global_index_{name}", help_, value=s.get(name, 0))
+        refused = dict(s.get("refused") or {})
+        for reason, n in (s.get("router_refused") or {}).items():  # a sharded index's own
+            refused[f"shard_{reason}"] = n
+        yield _by_reason("radix_global_index_refused", "Index operations refused", refused)
+        f = self._feeds()
+        if f is None:
+            return
+        yield GaugeMetricFamily("radix_global_kv_event_feeds", "Workers the event subscriber "
+                                "tracks (their KV events, where they publish, and liveness)",
+                                value=f.workers)
+        for name, help_ in _FEED_COUNTS:
+            yield CounterMetricFamily(f"radix_global_kv_events_{name}", help_,
+                                      value=getattr(f, name))
+        yield _by_reason("radix_global_kv_events_refused", "KV events refused (decoder and "
+                         "index refusals, bad frames)", f.refused)
+
+
+def _by_reason(name: str, help_: str, counts: dict[str, int]) -> CounterMetricFamily:
+    family = CounterMetricFamily(name, help_, labels=["reason"])
+    for reason, n in sorted(counts.items()):
+        family.add_metric([reason], n)
+    return family
