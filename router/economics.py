@@ -30,14 +30,16 @@ class Reuse(NamedTuple):
     late: int | None  # planned pool tokens the engine did not load from storage
     prefill_saved_s: float | None  # cost model: cold prefill - prefill with the delivered
     ttft_saved_s: float | None  # cold estimate - observed TTFT (streams only)
+    storage_bytes: int | None  # KV bytes the engine loaded from storage (its storage tokens)
 
 
 def reuse_of(decision: Decision, prompt: int, answer: Any, ttft_s: float | None,
-             prefill_s: Callable[[int], float]) -> Reuse:
+             prefill_s: Callable[[int], float], kv_bytes_per_token: float) -> Reuse:
     """The funnel of one answered attempt. ``answer``: the engine's JSON answer or last stream
     event; ``ttft_s``: the observed first token after the dispatch gate's hold (None: a whole
     answer, whose arrival is no first token); ``prefill_s(prefix)``: the cost model's prefill
-    time of this prompt on the chosen worker with ``prefix`` tokens cached."""
+    time of this prompt on the chosen worker with ``prefix`` tokens cached;
+    ``kv_bytes_per_token``: the namespace's, for the bytes its storage tokens moved."""
     cached, _ = engine_cached_tokens(answer)
     tiers = engine_cached_tiers(answer)
     delivered: dict[str, int] | None = None
@@ -50,8 +52,9 @@ def reuse_of(decision: Decision, prompt: int, answer: Any, ttft_s: float | None,
     ttft_saved = None
     if ttft_s is not None and decision.predicted_ttft_s is not None:
         ttft_saved = decision.predicted_queue_s + cold - ttft_s
+    storage = round(tiers["storage"] * kv_bytes_per_token) if tiers is not None else None
     return Reuse(prompt, decision.available_tokens, decision.prefix_tokens, delivered, late,
-                 saved, ttft_saved)
+                 saved, ttft_saved, storage)
 
 
 @dataclass
@@ -64,6 +67,7 @@ class ModelEconomics:
     captured_tokens: int = 0
     delivered_tokens: int = 0
     late_tokens: int = 0
+    storage_loaded_bytes: int = 0
     prefill_saved_s: float = 0.0
     ttft_saved_s: float = 0.0  # signed: a request slower than its cold estimate subtracts
     slower_than_cold: int = 0
@@ -93,6 +97,9 @@ class Economics:
                                      registry=registry)
         self.ttft_saved = Counter("radix_global_ttft_saved_seconds", "Cold TTFT estimate minus "
                                   "observed TTFT, where positive", labels, registry=registry)
+        self.storage_bytes = Counter("radix_global_storage_loaded_bytes", "KV bytes the engines "
+                                     "loaded from storage (the pool and its disk tier), from "
+                                     "their storage tokens", labels, registry=registry)
         self.slower = Counter("radix_global_slower_than_cold_requests", "Streamed requests "
                               "whose first token came later than their cold estimate", labels,
                               registry=registry)
@@ -113,6 +120,9 @@ class Economics:
         if r.late is not None:
             m.late_tokens += r.late
             self.late.labels(model, worker).inc(r.late)
+        if r.storage_bytes is not None:
+            m.storage_loaded_bytes += r.storage_bytes
+            self.storage_bytes.labels(model, worker).inc(r.storage_bytes)
         if r.prefill_saved_s is not None:
             m.prefill_saved_s += r.prefill_saved_s
             self.prefill_saved.labels(model, worker).inc(max(0.0, r.prefill_saved_s))

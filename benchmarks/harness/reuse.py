@@ -114,6 +114,8 @@ def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
     out: dict[str, Any] = {
         "prompt_tokens": prompt,
         "available": sum(a for _, a in ok),
+        # the router's own view of the same (its index at the decision; None: no header)
+        "available_router": _total([r.router_available_tokens for r, _ in ok]),
         "captured": captured,
         "delivered": sum(r.cached_tokens for r, _ in ok),
         "delivered_device": tiers["device"],
@@ -124,7 +126,7 @@ def summarize_reuse(results: Sequence[RequestResult], available: Sequence[int]
                  "not_captured": None if captured is None else lost_capture,
                  "not_delivered": lost_delivery},
     }
-    for key in ("available", "captured", "delivered"):
+    for key in ("available", "available_router", "captured", "delivered"):
         v = out[key]
         out[f"{key}_fraction"] = v / prompt if prompt and v is not None else None
     return out

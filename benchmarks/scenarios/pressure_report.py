@@ -20,7 +20,9 @@ COLUMNS = (("contender", "contender", "{}"), ("workload @ load", "where", "{}"),
            ("ok", "ok_of", "{}"), ("TTFT mean", "ttft_mean_s", "ms"), ("p50", "ttft_p50_s", "ms"),
            ("p90", "ttft_p90_s", "ms"), ("p99", "ttft_p99_s", "ms"),
            ("TBT p90", "tbt_p90_s", "ms"), ("SLO", "slo_attainment", "pct"),
-           ("avail", "available_fraction", "pct"), ("capt", "captured_fraction", "pct"),
+           ("avail", "available_fraction", "pct"), ("avail@router", "available_router_fraction",
+                                                     "pct"),
+           ("capt", "captured_fraction", "pct"),
            ("deliv", "delivered_fraction", "pct"), ("dev/host/L3 tok", "tiers", "{}"),
            ("late", "late", "{}"), ("MB moved", "bytes_moved", "mb"),
            ("TTFT-pred", "prediction_error_s", "ms"))
@@ -47,8 +49,9 @@ def _flat(r: dict[str, Any]) -> dict[str, Any]:
     u = r["reuse"]
     tiers = "/".join("-" if u[k] is None else str(u[k])
                      for k in ("delivered_device", "delivered_host", "delivered_storage"))
-    return {**out, **{k: u[k] for k in ("available_fraction", "captured_fraction",
-                                        "delivered_fraction", "late")},
+    return {**out, **{k: u.get(k) for k in ("available_fraction", "available_router_fraction",
+                                            "captured_fraction", "delivered_fraction",
+                                            "late")},
             "ok_of": f"{r['ok']}/{r['requests']}", "tiers": tiers,
             "bytes_moved": r.get("bytes_moved") or None,
             "prediction_error_s": prediction_error_s(r)}

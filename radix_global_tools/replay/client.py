@@ -127,6 +127,8 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
             result.worker = resp.headers.get("x-radix-worker")
             result.router_prefix_tokens = _header_int(resp.headers, "x-radix-prefix-tokens")
             result.router_fetch_tokens = _header_int(resp.headers, "x-radix-fetch-tokens")
+            result.router_available_tokens = _header_int(resp.headers,
+                                                         "x-radix-available-tokens")
             result.router_queue_s = _header_ms(resp.headers, "x-radix-predicted-queue-ms")
             result.router_ttft_s = _header_ms(resp.headers, "x-radix-predicted-ttft-ms")
             result.router_hold_s = _header_ms(resp.headers, "x-radix-hold-ms")

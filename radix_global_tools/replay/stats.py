@@ -47,6 +47,7 @@ class RequestResult:
     worker: str | None = None  # where our router sent it (x-radix-worker); peers do not say
     router_prefix_tokens: int | None = None  # the prefix our router expected there
     router_fetch_tokens: int | None = None  # of it, what our router planned to fetch from L3
+    router_available_tokens: int | None = None  # held anywhere, in our router's index
     router_queue_s: float | None = None  # the wait our router predicted there
     router_ttft_s: float | None = None  # the TTFT our router predicted there
     router_hold_s: float | None = None  # how long our router's dispatch gate held it

@@ -30,8 +30,9 @@ class Routed(NamedTuple):
     def headers(self, request_id: str) -> list[tuple[bytes, bytes]]:
         """The decision as response headers (``docs/interfaces.md``, "The reuse breakdown"): where
         the request went, the prefix expected there, of it what is fetched from L3, the predicted
-        queue and TTFT in whole milliseconds (no TTFT header for a policy that predicts none), and
-        ``request_id``, the engine rid."""
+        queue and TTFT in whole milliseconds (no TTFT header for a policy that predicts none), the
+        longest prefix held anywhere at the decision (no header for a policy that read no index),
+        and ``request_id``, the engine rid."""
         d = self.decision
         out = [(b"x-radix-worker", self.entry.info.worker_id.encode()),
                (b"x-radix-prefix-tokens", str(d.prefix_tokens).encode()),
@@ -42,6 +43,8 @@ class Routed(NamedTuple):
                         str(round(d.predicted_ttft_s * 1000)).encode()))
         if self.held_s > 0:
             out.append((b"x-radix-hold-ms", str(round(self.held_s * 1000)).encode()))
+        if d.available_tokens is not None:
+            out.append((b"x-radix-available-tokens", str(d.available_tokens).encode()))
         return [*out, (b"x-radix-request-id", request_id.encode())]
 
 

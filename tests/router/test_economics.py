@@ -30,35 +30,36 @@ def generate(cached: int, details: dict[str, int] | None) -> dict[str, object]:
 
 def test_a_generate_answer_splits_delivered_by_tier_and_finds_the_late_tokens():
     answer = generate(80, {"device": 48, "host": 0, "storage": 32})
-    r = reuse_of(decision(96, fetch=48), 128, answer, 0.25, prefill_s)
+    r = reuse_of(decision(96, fetch=48), 128, answer, 0.25, prefill_s, 1000)
     assert (r.available, r.captured, r.late) == (96, 96, 16)  # 48 planned, 32 loaded
     assert r.delivered == {"device": 48, "host": 0, "storage": 32}
+    assert r.storage_bytes == 32 * 1000  # its storage tokens at 1,000 KV bytes each
     assert r.prefill_saved_s == pytest.approx(0.080)
     assert r.ttft_saved_s == pytest.approx(0.2 + 0.128 - 0.25)
 
 
 def test_an_openai_answer_gives_the_total_only():
     answer = {"usage": {"prompt_tokens": 128, "prompt_tokens_details": {"cached_tokens": 64}}}
-    r = reuse_of(decision(64, fetch=16), 128, answer, None, prefill_s)
+    r = reuse_of(decision(64, fetch=16), 128, answer, None, prefill_s, 1000)
     assert r.delivered == {UNSPLIT: 64} and r.late is None and r.ttft_saved_s is None
 
 
 def test_a_cold_answer_delivers_nothing_and_an_unreadable_one_is_unknown():
-    cold = reuse_of(decision(0, available=0), 128, generate(0, None), 0.3, prefill_s)
+    cold = reuse_of(decision(0, available=0), 128, generate(0, None), 0.3, prefill_s, 1000)
     assert cold.delivered == {"device": 0, "host": 0, "storage": 0} and cold.late == 0
     assert cold.prefill_saved_s == 0
-    blind = reuse_of(decision(0, available=None), 128, None, None, prefill_s)
+    blind = reuse_of(decision(0, available=None), 128, None, None, prefill_s, 1000)
     assert blind.delivered is None and blind.available is None and blind.prefill_saved_s is None
     odd = generate(10, {"device": -3, "host": 0, "storage": 13})  # a split that does not add up
-    assert reuse_of(decision(0), 128, odd, None, prefill_s).delivered == {UNSPLIT: 10}
+    assert reuse_of(decision(0), 128, odd, None, prefill_s, 1000).delivered == {UNSPLIT: 10}
 
 
 def test_the_counters_and_the_per_model_sums_agree():
     registry = CollectorRegistry()
     econ = Economics(registry)
-    hit = reuse_of(decision(96, fetch=48), 128, generate(80, {"device": 48, "host": 0,
-                                                              "storage": 32}), 0.25, prefill_s)
-    slow = reuse_of(decision(0, available=0), 128, generate(0, None), 0.9, prefill_s)
+    split = {"device": 48, "host": 0, "storage": 32}
+    hit = reuse_of(decision(96, fetch=48), 128, generate(80, split), 0.25, prefill_s, 1000)
+    slow = reuse_of(decision(0, available=0), 128, generate(0, None), 0.9, prefill_s, 1000)
     econ.book("tiny", "w0", hit)
     econ.book("tiny", "w1", slow)
 
@@ -69,6 +70,7 @@ def test_the_counters_and_the_per_model_sums_agree():
     assert value("delivered_prefix_tokens_total", model="tiny", worker="w0",
                  tier="storage") == 32
     assert value("late_prefix_tokens_total", model="tiny", worker="w0") == 16
+    assert value("storage_loaded_bytes_total", model="tiny", worker="w0") == 32_000
     assert value("ttft_saved_seconds_total", model="tiny", worker="w0") == pytest.approx(0.078)
     assert value("slower_than_cold_requests_total", model="tiny", worker="w1") == 1
     sums = econ.stats()["tiny"]

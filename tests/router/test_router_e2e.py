@@ -222,6 +222,13 @@ def test_clients_read_cached_tokens_and_one_error_shape_through_the_openai_sdk(w
         assert econ["captured_tokens"] == sum(r["predicted_prefix_tokens"] for r in records)
         assert econ["available_tokens"] == sum(r["available_tokens"] for r in records) > 0
         assert econ["prompt_tokens"] == sum(r["input_tokens"] for r in records)
+        # one refusal: a client's own SLO no engine can meet (it may only tighten the router's)
+        messages.append({"role": "user", "content": text(3150, 30)})
+        with pytest.raises(openai.RateLimitError):
+            create(model="tiny", messages=messages, max_tokens=4, extra_body={"ttft_slo_s": 1e-6})
+        admission = state.admission.stats()["models"]["tiny"]
+        assert (admission["accepted"], admission["rejected"]) == (4, {"ttft_slo": 1})
+        assert admission["completed"] == 4 and admission["acceptance_rate"] == 0.8
 
         shapes = []
         with httpx.Client(base_url=server.url, timeout=300) as c:

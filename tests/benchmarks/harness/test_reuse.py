@@ -97,7 +97,16 @@ def test_a_router_that_predicts_nothing_has_no_captured_or_late() -> None:
     rs = [result(0, 0.0, 0.1, 64, cached_tokens=32)]
     s = summarize_reuse(rs, [48])
     assert s["captured"] is None and s["late"] is None and s["captured_fraction"] is None
+    assert s["available_router"] is None  # nor the router's own view of what was available
     assert s["lost"] == {"not_available": 16, "not_captured": None, "not_delivered": 16}
+
+
+def test_the_routers_own_available_is_reported_beside_the_plans() -> None:
+    rs = [result(0, 0.0, 0.1, 64, router_prefix_tokens=32, router_available_tokens=48),
+          result(1, 0.2, 0.1, 64, router_prefix_tokens=0, router_available_tokens=16)]
+    s = summarize_reuse(rs, [48, 32])
+    assert (s["available"], s["available_router"]) == (80, 64)
+    assert s["available_router_fraction"] == pytest.approx(0.5)
 
 
 def test_mismatched_lengths_are_an_error() -> None:
