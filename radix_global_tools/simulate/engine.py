@@ -14,6 +14,9 @@ Modelling choices (also in docs/benchmarks.md):
   ``on_prefill_done`` and ``on_finished`` are both called then.
 - Engine-reported ``waiting_tokens`` is left unknown: the router-side FIFO queue model is exact
   for a one-at-a-time server.
+- Admission is booked in the router's own :class:`AdmissionLedger`, and each TTFT rejection is
+  also priced as it would have gone (the best candidate's FIFO, cache and pool as they are at
+  that moment): the truth the ledger's false-rejection estimate is checked against.
 """
 
 from __future__ import annotations
@@ -24,15 +27,19 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from prometheus_client import CollectorRegistry
+
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexOp, IndexRefusal
 from radix_global.types import Location, Namespace, PoolId, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
+from router.admission_ledger import AdmissionLedger
 from router.routing.contract import (
     ClusterView,
     Decision,
+    RejectReason,
     RouteRequest,
     RoutingPolicy,
     WorkerState,
@@ -41,6 +48,7 @@ from router.routing.cost import CostModel
 from router.routing.driver import PolicyDriver
 
 NAMESPACE = Namespace("llama3-70b@sim")
+MODEL = "llama3-70b"  # the admission ledger's label
 POOL_ID = PoolId("pool-global")
 
 # At equal times a completion is handled before an arrival, so the arrival sees its pages.
@@ -69,6 +77,17 @@ class _InFlight(NamedTuple):
     instance: PrefillInstance
     prefill_s: float
     record: RequestRecord
+    decision: Decision
+
+
+class _Service(NamedTuple):
+    """How an instance would serve a request: cache and pool hits, fetch and prefill time."""
+
+    local_pages: int
+    fetched_pages: int
+    reused_tokens: int
+    fetch_s: float
+    prefill_s: float
 
 
 @dataclass
@@ -133,6 +152,10 @@ class Simulation:
         self.records: list[RequestRecord] = []
         self.index_refusals: dict[str, int] = {}
         self.now = 0.0
+        self.admission = AdmissionLedger(CollectorRegistry(), lambda: self.now,
+                                         lambda: len(self.instances))
+        # per TTFT rejection: whether it would have met its SLO (the counterfactual truth)
+        self.rejections_would_meet: list[bool] = []
 
     def _worker_states(self, now: float) -> list[WorkerState]:
         pool_id = POOL_ID if self.pool is not None else None
@@ -181,6 +204,11 @@ class Simulation:
         workers = self._worker_states(now)
         decision = self.driver.route(route, workers, now)
         decision_s = self.policy.last_choose_s
+        self.admission.decided(MODEL, decision, self.spec.ttft_slo_s)
+        if decision.reason is RejectReason.TTFT_SLO and decision.candidates \
+                and self.spec.ttft_slo_s is not None:
+            self.rejections_would_meet.append(
+                self._ttft_if_admitted(decision, keys, req, now) <= self.spec.ttft_slo_s)
         if not decision.accepted or decision.worker_id not in self._by_id:
             self.records.append(RequestRecord(
                 req.request_id, now, False, None, req.input_tokens, 0, 0, 0.0, 0.0, 0.0, None,
@@ -188,25 +216,48 @@ class Simulation:
             ))
             return None
         inst = self._by_id[WorkerId(decision.worker_id)]
-        local = inst.cache.prefix_pages(keys)
-        inst.cache.touch(keys[:local])
-        fetched = 0
-        if self.pool is not None and decision.fetch_tokens > 0:
-            in_pool = self.pool.prefix_pages(keys)
-            self.pool.touch(keys[:in_pool])
-            wanted = max(local, decision.prefix_tokens // cal.page_tokens)
-            fetched = max(0, min(in_pool, wanted) - local)
-        # The last prompt token is always computed (its logits give the first output token).
-        reused = min((local + fetched) * cal.page_tokens, max(0, req.input_tokens - 1))
-        fetch_s = cal.fetch_s(fetched * cal.page_tokens)
-        prefill_s = cal.prefill_s(req.input_tokens, reused)
-        start, finish = inst.enqueue(now, fetch_s + prefill_s, req.input_tokens)
+        s = self._service(inst, keys, req.input_tokens, decision.prefix_tokens,
+                          decision.fetch_tokens, touch=True)
+        start, finish = inst.enqueue(now, s.fetch_s + s.prefill_s, req.input_tokens)
         record = RequestRecord(
             req.request_id, now, True, inst.worker_id, req.input_tokens,
-            min(local * cal.page_tokens, reused), fetched * cal.page_tokens,
-            start - now, fetch_s, prefill_s, finish + cal.first_token_s - now, decision_s,
+            min(s.local_pages * cal.page_tokens, s.reused_tokens),
+            s.fetched_pages * cal.page_tokens, start - now, s.fetch_s, s.prefill_s,
+            finish + cal.first_token_s - now, decision_s,
         )
-        return _InFlight(req, keys, inst, prefill_s, record)
+        return _InFlight(req, keys, inst, s.prefill_s, record, decision)
+
+    def _service(self, inst: PrefillInstance, keys: Sequence[Any], input_tokens: int,
+                 prefix_tokens: int, fetch_tokens: int, touch: bool) -> _Service:
+        """How ``inst`` serves a prompt the router planned ``prefix_tokens`` for (of them
+        ``fetch_tokens`` from the pool); ``touch``: it does (the hits are taken now)."""
+        cal = self.cal
+        local = inst.cache.prefix_pages(keys)
+        if touch:
+            inst.cache.touch(keys[:local])
+        fetched = 0
+        if self.pool is not None and fetch_tokens > 0:
+            in_pool = self.pool.prefix_pages(keys)
+            if touch:
+                self.pool.touch(keys[:in_pool])
+            wanted = max(local, prefix_tokens // cal.page_tokens)
+            fetched = max(0, min(in_pool, wanted) - local)
+        # The last prompt token is always computed (its logits give the first output token).
+        reused = min((local + fetched) * cal.page_tokens, max(0, input_tokens - 1))
+        fetch_s = cal.fetch_s(fetched * cal.page_tokens)
+        return _Service(local, fetched, reused, fetch_s, cal.prefill_s(input_tokens, reused))
+
+    def _ttft_if_admitted(self, decision: Decision, keys: Sequence[Any], req: SimRequest,
+                          now: float) -> float:
+        """The TTFT a rejected request would have had on the candidate the policy priced best,
+        served as an accepted one is, from the state of now."""
+        best = min(decision.candidates, key=lambda c: c.ttft_s)
+        inst = self._by_id[best.worker_id]
+        s = self._service(inst, keys, req.input_tokens,
+                          best.local_prefix_tokens + best.fetch_tokens, best.fetch_tokens,
+                          touch=False)
+        start = max(now, inst.busy_until)
+        return start - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
 
     def _complete(self, flight: _InFlight, now: float) -> None:
         ops = flight.instance.cache.insert(flight.keys)
@@ -217,3 +268,5 @@ class Simulation:
         self.driver.prefill_done(rid, now, prefill_s=flight.prefill_s)
         self.driver.finished(rid, True, now)
         self.records.append(flight.record)
+        self.admission.answered(MODEL, flight.decision, True, flight.record.ttft_s, 0.0,
+                                self.spec.ttft_slo_s, None, None)

@@ -76,10 +76,14 @@ def admission_table(res: Mapping[str, Any], slo: float) -> Table:
     t = Table(title=f"Early rejection under overload (TTFT SLO {slo:g} s)")
     for col in ("run", "accepted", "rejected", "SLO attainment", "goodput (req/s)", "mean TTFT"):
         t.add_column(col, justify="right" if col != "run" else "left")
-    for label in ("without_admission", "with_admission"):
+    for col in ("false rej. (truth)", "estimated"):
+        t.add_column(col, justify="right")
+    for label in ("without_admission", "with_admission", "with_admission_headroom"):
         r = res[label]
+        f = r["false_rejections"]
         t.add_row(label, str(r["accepted"]), str(r["rejected"]), _f(r["slo_attainment"], 3),
-                  _f(r["goodput_rps"], 3), _f(r["mean_ttft_s"]))
+                  _f(r["goodput_rps"], 3), _f(r["mean_ttft_s"]), str(f["truth"]),
+                  _f(f["estimate"], 1))
     return t
 
 

@@ -113,3 +113,32 @@ def test_oracle_bound_is_exact_on_a_toy_trace_and_no_policy_beats_it() -> None:
     for label, setup in FIG5_SETUPS.items():
         summary, _ = run_one(CAL, trace, 4, setup, CAL.local_tokens_per_instance)
         assert summary.mean_ttft_s >= bound * (1 - 1e-9), label
+
+
+def test_the_false_rejection_estimate_tracks_the_truth_and_beats_the_trivial_ones(monkeypatch
+                                                                                   ) -> None:
+    """The admission ledger's estimate from the prediction error, on the overload run where the
+    truth is known (each rejection priced as it would have gone): with a cautious headroom most
+    rejections are false, and the estimate is within a tenth of the better trivial estimate's
+    error (none false / all false); with no headroom almost none are, and it says so."""
+    from radix_global_tools.simulate.experiments import false_rejections
+    from router.admission_ledger import AdmissionLedger
+
+    trace = scale_load(read_trace(SAMPLE), 20.0)
+    setup = FIG5_SETUPS["global_cache_aware"]
+
+    def run(headroom: float) -> dict:
+        _, s = run_one(CAL, trace, 2, setup, CAL.local_tokens_per_instance, ttft_slo_s=10.0,
+                       ttft_headroom=headroom)
+        return false_rejections(s)
+
+    cautious = run(0.3)
+    assert cautious["rejections"] > 100 and 0 < cautious["truth"] < cautious["rejections"]
+    trivial = min(cautious["error_trivial_none"], cautious["error_trivial_all"])
+    assert cautious["error"] <= 0.1 * trivial, cautious
+    exact = run(0.0)
+    assert exact["truth"] <= 0.05 * exact["rejections"] and exact["error"] <= 2, exact
+    # negative control: a ledger that never learns the prediction error cannot estimate
+    monkeypatch.setattr(AdmissionLedger, "answered", lambda *a, **k: None)
+    blind = run(0.3)
+    assert blind["error"] > 0.1 * min(blind["error_trivial_none"], blind["error_trivial_all"])
