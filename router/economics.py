@@ -18,6 +18,9 @@ from router.keying.prompt import CACHE_TIERS, engine_cached_tiers, engine_cached
 from router.routing.contract import Decision
 
 UNSPLIT = "unsplit"  # the delivered tier of an answer that gives only the total
+TENANT_CAP = 1024  # tenants summed apart; the rest together as OTHER_TENANTS
+OTHER_TENANTS = "(other)"
+TOP_TENANTS = 10
 
 
 class Reuse(NamedTuple):
@@ -59,7 +62,8 @@ def reuse_of(decision: Decision, prompt: int, answer: Any, ttft_s: float | None,
 
 @dataclass
 class ModelEconomics:
-    """A model's sums since the router started (``/admin/stats`` ``economics``)."""
+    """A model's (or a tenant's) sums since the router started (``/admin/stats``
+    ``economics``, ``economics_top_tenants``)."""
 
     requests: int = 0
     prompt_tokens: int = 0
@@ -72,6 +76,19 @@ class ModelEconomics:
     ttft_saved_s: float = 0.0  # signed: a request slower than its cold estimate subtracts
     slower_than_cold: int = 0
 
+    def add(self, r: Reuse) -> None:
+        self.requests += 1
+        self.prompt_tokens += r.prompt
+        self.captured_tokens += r.captured
+        self.available_tokens += r.available or 0
+        self.delivered_tokens += sum((r.delivered or {}).values())
+        self.late_tokens += r.late or 0
+        self.storage_loaded_bytes += r.storage_bytes or 0
+        self.prefill_saved_s += r.prefill_saved_s or 0.0
+        if r.ttft_saved_s is not None:
+            self.ttft_saved_s += r.ttft_saved_s
+            self.slower_than_cold += r.ttft_saved_s < 0
+
 
 class Economics:
     """The funnel's counters (``radix_global_*``) and per-model sums."""
@@ -79,6 +96,7 @@ class Economics:
     def __init__(self, registry: CollectorRegistry) -> None:
         labels = ["model", "worker"]
         self._models: dict[str, ModelEconomics] = {}
+        self._tenants: dict[str, ModelEconomics] = {}
         self.prompt = Counter("radix_global_prompt_tokens", "Prompt tokens of answered "
                               "requests", labels, registry=registry)
         self.available = Counter(
@@ -104,37 +122,38 @@ class Economics:
                               "whose first token came later than their cold estimate", labels,
                               registry=registry)
 
-    def book(self, model: str, worker: str, r: Reuse) -> None:
-        m = self._models.setdefault(model, ModelEconomics())
-        m.requests += 1
-        m.prompt_tokens += r.prompt
-        m.captured_tokens += r.captured
-        self.prompt.labels(model, worker).inc(r.prompt)
-        self.captured.labels(model, worker).inc(r.captured)
+    def book(self, model: str, worker: str, r: Reuse, tenant: str | None = None) -> None:
+        """One answered request of ``model`` on ``worker`` (for ``tenant``: its sums too)."""
+        self._models.setdefault(model, ModelEconomics()).add(r)
+        if tenant is not None:
+            if tenant not in self._tenants and len(self._tenants) >= TENANT_CAP:
+                tenant = OTHER_TENANTS
+            self._tenants.setdefault(tenant, ModelEconomics()).add(r)
+        labels = (model, worker)
+        self.prompt.labels(*labels).inc(r.prompt)
+        self.captured.labels(*labels).inc(r.captured)
         if r.available is not None:
-            m.available_tokens += r.available
-            self.available.labels(model, worker).inc(r.available)
+            self.available.labels(*labels).inc(r.available)
         for tier, tokens in (r.delivered or {}).items():
-            m.delivered_tokens += tokens
-            self.delivered.labels(model, worker, tier).inc(tokens)
+            self.delivered.labels(*labels, tier).inc(tokens)
         if r.late is not None:
-            m.late_tokens += r.late
-            self.late.labels(model, worker).inc(r.late)
+            self.late.labels(*labels).inc(r.late)
         if r.storage_bytes is not None:
-            m.storage_loaded_bytes += r.storage_bytes
-            self.storage_bytes.labels(model, worker).inc(r.storage_bytes)
+            self.storage_bytes.labels(*labels).inc(r.storage_bytes)
         if r.prefill_saved_s is not None:
-            m.prefill_saved_s += r.prefill_saved_s
-            self.prefill_saved.labels(model, worker).inc(max(0.0, r.prefill_saved_s))
+            self.prefill_saved.labels(*labels).inc(max(0.0, r.prefill_saved_s))
         if r.ttft_saved_s is not None:
-            m.ttft_saved_s += r.ttft_saved_s
-            self.ttft_saved.labels(model, worker).inc(max(0.0, r.ttft_saved_s))
-            slower = r.ttft_saved_s < 0
-            m.slower_than_cold += slower
-            self.slower.labels(model, worker).inc(slower)
+            self.ttft_saved.labels(*labels).inc(max(0.0, r.ttft_saved_s))
+            self.slower.labels(*labels).inc(r.ttft_saved_s < 0)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {model: asdict(m) for model, m in self._models.items()}
+
+    def top_tenants(self, n: int = TOP_TENANTS) -> list[dict[str, Any]]:
+        """The ``n`` tenants with the most prompt tokens, with their sums (never a Prometheus
+        label: tenants are as many as the tenants file has)."""
+        ranked = sorted(self._tenants.items(), key=lambda kv: -kv[1].prompt_tokens)[:n]
+        return [{"tenant": name, **asdict(m)} for name, m in ranked]
 
 
 __all__ = ["CACHE_TIERS", "UNSPLIT", "Economics", "ModelEconomics", "Reuse", "reuse_of"]

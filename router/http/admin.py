@@ -106,6 +106,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "index": state.index.stats(),
         "cost_model": state.routing.cost.stats(),
         "economics": state.economics.stats(),  # what the cache was worth, per model
+        "economics_top_tenants": state.economics.top_tenants(),
         "admission": state.admission.stats(),  # accepted, SLOs met, false rejections
         "recent": list(state.recent)[-50:],
         "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None

@@ -128,7 +128,8 @@ class Attempt:
             st.economics.book(self.inbound.model, self.worker_id, reuse_of(
                 d, n, answer, stream_ttft,
                 lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix),
-                st.routing.cost.kv_bytes_per_token(self.inbound.req.namespace)))
+                st.routing.cost.kv_bytes_per_token(self.inbound.req.namespace)),
+                self.inbound.req.tenant)
         self._book_slo(ok, answer, ttft_s, end_s)
         storage = engine_storage_tokens(answer)
         record = {

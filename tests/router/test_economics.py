@@ -78,3 +78,19 @@ def test_the_counters_and_the_per_model_sums_agree():
     assert (sums["available_tokens"], sums["captured_tokens"], sums["delivered_tokens"],
             sums["late_tokens"], sums["slower_than_cold"]) == (96, 96, 80, 16, 1)
     assert sums["ttft_saved_s"] == pytest.approx(0.078 + (0.2 + 0.128 - 0.9))
+
+
+def test_tenants_are_summed_apart_up_to_a_cap_and_ranked_by_prompt_tokens(monkeypatch):
+    import router.economics as economics
+
+    monkeypatch.setattr(economics, "TENANT_CAP", 3)
+    econ = Economics(CollectorRegistry())
+    cold = reuse_of(decision(0, available=0), 128, generate(0, None), None, prefill_s, 1000)
+    for tenant, n in (("a", 1), ("b", 3), ("c", 2), ("d", 5), ("e", 1)):
+        for _ in range(n):
+            econ.book("tiny", "w0", cold, tenant)
+    top = econ.top_tenants(3)
+    assert [(t["tenant"], t["requests"]) for t in top] == [
+        ("(other)", 6), ("b", 3), ("c", 2)]  # d and e came after the cap: summed together
+    assert sum(t["prompt_tokens"] for t in econ.top_tenants(10)) == 12 * 128
+    assert econ.stats()["tiny"]["requests"] == 12
