@@ -22,6 +22,7 @@ from radix_global.types import Namespace
 from router.state import RouterState
 
 HOT_TOP_K = 10  # prefixes per model on the page
+HOT_REFRESH_S = 10.0  # the hottest prefixes walk the whole index: at most this often
 _PAGE = "static/dashboard.html"
 
 
@@ -31,9 +32,17 @@ def dashboard_routes(state: RouterState, guarded: Any) -> list[Route]:
     async def dashboard(request: Request) -> Response:
         return HTMLResponse(page, headers={"cache-control": "no-store"})
 
+    cached: list[Any] = [None, -HOT_REFRESH_S]  # (answer, when): a walk of every index node
+
     async def hot(request: Request) -> Response:
-        # a remote index answers over blocking gRPC: off the event loop
-        return JSONResponse(await asyncio.to_thread(hot_prefixes, state, HOT_TOP_K))
+        now = state.clock()
+        if now - cached[1] >= HOT_REFRESH_S:
+            # a remote index answers over blocking gRPC: off the event loop; the embedded one
+            # is the loop's own (its events are applied there): read it there
+            cached[0] = await asyncio.to_thread(hot_prefixes, state, HOT_TOP_K) \
+                if state.index.remote else hot_prefixes(state, HOT_TOP_K)
+            cached[1] = now
+        return JSONResponse(cached[0])
 
     return [Route("/dashboard", guarded(dashboard), methods=["GET"]),
             Route("/admin/hot", guarded(hot), methods=["GET"])]
