@@ -1,9 +1,11 @@
 """``/admin/*``: worker registration (docs/interfaces.md section "Worker registration"), stats and
 diagnostics.
 
-Every call needs the admin token, as ``Authorization: Bearer <token>`` or, for a browser (the
-``/dashboard`` page), HTTP Basic with the token as the password (any user name); with no token
-configured, only loopback clients are accepted.
+Every call needs the admin token, as ``Authorization: Bearer <token>`` or, for a browser's reads
+(the ``/dashboard`` page), HTTP Basic with the token as the password (any user name); with no
+token configured, only loopback clients are accepted. A write that a web page made (the browser
+says so in ``Sec-Fetch-Site`` / ``Origin``) is refused whatever it carries: cached logins ride
+along with cross-site form posts.
 """
 
 from __future__ import annotations
@@ -41,11 +43,25 @@ def _proxied(request: Request) -> bool:
     return any(k in _FORWARDING or k.startswith("x-forwarded-") for k in request.headers)
 
 
+_READS = frozenset({"GET", "HEAD"})
+
+
+def _from_a_web_page(request: Request) -> bool:
+    """A request a browser made for some page (cross-site request forgery): browsers say so in
+    ``Sec-Fetch-Site`` or ``Origin``; the router's clients (curl, the wrapper, SDKs) send
+    neither."""
+    site = request.headers.get("sec-fetch-site")
+    return (site is not None and site not in ("same-origin", "none")) or \
+        (request.headers.get("origin") is not None and site != "same-origin")
+
+
 def _loopback_peer(request: Request) -> bool:
     return request.client is not None and is_loopback_address(request.client.host)
 
 
 def _authorized(state: RouterState, request: Request) -> bool:
+    if request.method not in _READS and _from_a_web_page(request):
+        return False
     token = state.config.admin.resolved_token()
     if token is None:
         # Without a token: loopback peers only, and not through a reverse proxy on this host
@@ -54,6 +70,9 @@ def _authorized(state: RouterState, request: Request) -> bool:
     given = request.headers.get("authorization", "")
     scheme, _, value = given.partition(" ")
     if scheme.lower() == "basic":
+        # A browser sends a cached Basic login with any page's form post: reads only
+        if request.method not in _READS:
+            return False
         try:
             given = "Bearer " + base64.b64decode(value, validate=True).decode().partition(":")[2]
         except (ValueError, UnicodeDecodeError):

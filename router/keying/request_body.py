@@ -188,8 +188,9 @@ class OpenAiBody(RequestBody, kw_only=True, frozen=True):
     @property
     def usage_requested(self) -> bool:
         """Whether the client asked a stream for its usage chunk (``include_usage``)."""
+        # as lax as the engines' pydantic: 1 and "true" are True
         return isinstance(self.stream_options, dict) and \
-            self.stream_options.get("include_usage") is True
+            self.stream_options.get("include_usage") in (True, 1, "true", "True")
 
     @property
     def sets_engine_field(self) -> bool:

@@ -44,6 +44,7 @@ class Attempt:
         self.pd: PrefillHalf | None = None  # native PD: the half beside the decode worker's
         self.open = True  # routed and not yet closed
         self.sent = False  # the engine(s) may hold the request
+        self.status: int | None = None  # the answer's HTTP status, once its head arrived
         self._counted = False  # the worker's outstanding gauge counts it
 
     @property
@@ -121,8 +122,10 @@ class Attempt:
                 entry.observed_hits += 1
         if not ok:
             entry.failures += 1
-        else:
-            n = self.inbound.req.input_tokens
+        answered = ok and self.status == 200  # a 4xx is the engine's refusal, not an answer
+        n = self.inbound.req.input_tokens
+        # the funnel counts one prompt's tokens: a batch's engine numbers cover all of them
+        if answered and n > 0 and self.inbound.batch is None:
             stream_ttft = ttft_s - self.routed.held_s \
                 if ttft_s is not None and self.inbound.stream else None
             st.economics.book(self.inbound.model, self.worker_id, reuse_of(
@@ -130,7 +133,7 @@ class Attempt:
                 lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix),
                 st.routing.cost.kv_bytes_per_token(self.inbound.req.namespace)),
                 self.inbound.req.tenant)
-        self._book_slo(ok, answer, ttft_s, end_s)
+        self._book_slo(answered, answer, ttft_s, end_s)
         storage = engine_storage_tokens(answer)
         record = {
             "worker_id": self.worker_id, "dp_rank": d.dp_rank,

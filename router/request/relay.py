@@ -217,7 +217,7 @@ class Forward:
         content, a, status = upstream.content, self.attempt, upstream.status_code
         self.ttft = self.state.clock() - self.inbound.t0
         self.started = True
-        self.status_code = status
+        self.status_code = a.status = status
         if status >= 400:  # the engine's error, in the router's shape
             content = openai_error_body(content, status) or content
         await send({"type": "http.response.start", "status": status,
@@ -233,10 +233,11 @@ class Forward:
         ok = upstream.status_code < 500
         try:
             self.started, self.status_code = True, upstream.status_code
+            a.status = upstream.status_code
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": [*upstream.headers, *a.routed.headers(a.engine_rid)]})
             relayed = 0
-            edit = StreamEdit(self.inbound.drops_usage)
+            edit = StreamEdit(self.inbound.drops_usage, upstream.status_code)
             try:
                 async for chunk in upstream.aiter_raw():
                     if self.ttft is None:

@@ -120,15 +120,18 @@ def route(state: RouterState, inbound: Inbound, excluded: set[str]) -> Routed:
     slots = state.slots.slots(inbound.model, excluded)
     decision = state.routing.route(inbound.req, slots, clock())
     state.metrics.stage("policy").observe(clock() - t)
-    return _answer(state, inbound, decision)
+    return _answer(state, inbound, decision, again=bool(excluded))
 
 
-def _answer(state: RouterState, inbound: Inbound, decision: Decision) -> Routed:
-    """A decision as the worker to send to; a rejection raised as the refusal."""
+def _answer(state: RouterState, inbound: Inbound, decision: Decision, again: bool = False
+            ) -> Routed:
+    """A decision as the worker to send to; a rejection raised as the refusal. ``again``: the
+    request's first worker refused it (admission booked the request then)."""
     clock, m, model = state.clock, state.metrics, inbound.model
     outcome = decision.outcome
     m.decision(model, outcome.value).inc()
-    state.admission.decided(model, decision, state.routing.slo.ttft_for(inbound.req))
+    if not again:
+        state.admission.decided(model, decision, state.routing.slo.ttft_for(inbound.req))
     state.totals[f"decision_{outcome.value}"] += 1
     if not decision.accepted:
         # PD admission, for the utilisation report

@@ -11,6 +11,7 @@ shape (:func:`openai_error_body`).
 from __future__ import annotations
 
 from enum import StrEnum
+from typing import Any
 
 import msgspec
 from starlette.responses import Response
@@ -54,13 +55,22 @@ def error_body(status: int, message: str, kind: ErrorType = ErrorType.INVALID_RE
 
 def openai_error_body(raw: bytes, status: int) -> bytes | None:
     """An engine's error answer ``raw`` (HTTP ``status``; 0: take the body's ``code``) in the
-    router's shape, or None when it is not an engine error object (relayed as it is). The
-    message and ``param`` are the engine's; the type is the router's for that status (a prompt
-    over the context length is ``context_length_exceeded``, as the router's own check says)."""
+    router's shape, or None when it is not an engine error object (relayed as it is)."""
     try:
-        answer = msgspec.json.decode(raw)
+        return engine_error(msgspec.json.decode(raw), status)
     except (msgspec.DecodeError, RecursionError):
         return None
+
+
+def engine_error(answer: Any, status: int) -> bytes | None:
+    """:func:`openai_error_body` of a decoded answer: SGLang's and older vLLM's
+    ``{"object": "error", ...}``, or SGLang's stream event ``{"error": {"object": "error", ...}}``.
+    The message and ``param`` are the engine's; the type is the router's for that status (a
+    prompt over the context length is ``context_length_exceeded``, as the router's own check
+    says)."""
+    inner = answer.get("error") if isinstance(answer, dict) else None
+    if isinstance(inner, dict) and inner.get("object") == "error":
+        answer = inner
     if not isinstance(answer, dict) or answer.get("object") != "error" \
             or not isinstance(answer.get("message"), str):
         return None

@@ -1,69 +1,75 @@
 """What a client reads of an OpenAI stream the router relays.
 
-``docs/interfaces.md``, "What the cache is worth, live".
-
-The router asks every streamed OpenAI request for its usage chunk (``stream_options.include_usage``)
-so that it can book the engine's cached tokens; a client that did not ask for that chunk does not
-get it (:class:`StreamEdit` drops it), and an engine's error event reaches the client in the
-router's error shape. Events are edited whole: bytes after the last complete event wait for the
-next chunk.
+``docs/interfaces.md``, "What the cache is worth, live". The router asks every streamed OpenAI
+request for its usage chunk (``stream_options.include_usage``) so that it can book the engine's
+cached tokens; a client that did not ask for that chunk does not get it (:class:`StreamEdit` drops
+it), and an engine's error event reaches the client in the router's error shape. Events are
+edited whole: bytes after the last complete event wait for the next chunk, up to
+:data:`MAX_PENDING` (an event that long is no usage chunk: relayed unedited).
 """
 
 from __future__ import annotations
 
-from router.transport.bodies import json_or_none
-from router.transport.errors import openai_error_body
+import re
 
-_END = b"\n\n"
+from router.transport.bodies import json_or_none
+from router.transport.errors import engine_error, openai_error_body
+
+MAX_PENDING = 1 << 20
+_END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # an SSE event ends at a blank line
 
 
 class StreamEdit:
     """Edits an SSE stream event by event. ``drop_usage``: the client did not ask for the usage
-    chunk (``choices`` empty, ``usage`` set), so it is left out."""
+    chunk (``choices`` empty, ``usage`` set), so it is left out; ``status``: the answer's HTTP
+    status, the code of an error rewritten in the router's shape."""
 
-    def __init__(self, drop_usage: bool) -> None:
-        self.drop_usage = drop_usage
+    def __init__(self, drop_usage: bool, status: int = 200) -> None:
+        self.drop_usage, self.status = drop_usage, status
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
         """The bytes to relay for ``chunk``: its complete events, edited."""
         data = self._pending + chunk if self._pending else chunk
-        cut = data.rfind(_END)
-        if cut < 0:
+        ends = list(_END.finditer(data))
+        if not ends:
+            if len(data) > MAX_PENDING:
+                self._pending = b""
+                return data
             self._pending = data
             return b""
-        done, self._pending = data[:cut + 2], data[cut + 2:]
-        if (not self.drop_usage or b'"usage"' not in done) and b'"object":"error"' not in done:
+        cut = ends[-1].end()
+        done, self._pending = data[:cut], data[cut:]
+        if (not self.drop_usage or b'"usage"' not in done) and b'"error"' not in done:
             return done  # the common chunk: nothing to edit, nothing split
-        return b"".join(self._edit(e + _END) for e in done[:-2].split(_END))
+        out, start = [], 0
+        for end in ends:
+            out.append(self._edit(done[start:end.start()], done[end.start():end.end()]))
+            start = end.end()
+        return b"".join(out)
 
     def flush(self) -> bytes:
         """What is left at the end of the stream: an event without its blank line, unedited, or
         a whole JSON error answer (an engine refusing a stream answers with one), edited."""
         rest, self._pending = self._pending, b""
         if rest.lstrip()[:1] == b"{":
-            return openai_error_body(rest, 0) or rest
+            return openai_error_body(rest, self.status if self.status >= 400 else 0) or rest
         return rest
 
-    def _edit(self, event: bytes) -> bytes:
+    def _edit(self, event: bytes, end: bytes) -> bytes:
         data = _data(event)
-        if data is None:
-            return event
-        answer = json_or_none(data)
+        answer = json_or_none(data) if data is not None else None
         if not isinstance(answer, dict):
-            return event
+            return event + end
         if self.drop_usage and answer.get("choices") == [] and answer.get("usage") is not None:
             return b""
-        if answer.get("object") == "error":
-            fixed = openai_error_body(data, 0)
-            if fixed is not None:
-                return b"data: " + fixed + _END
-        return event
+        fixed = engine_error(answer, self.status if self.status >= 400 else 0)
+        return b"data: " + fixed + end if fixed is not None else event + end
 
 
 def _data(event: bytes) -> bytes | None:
     """The payload of a one-line ``data:`` event (None: another kind of event)."""
-    lines = event.strip(b"\n").split(b"\n")
+    lines = event.splitlines()
     if len(lines) != 1 or not lines[0].startswith(b"data:"):
         return None
     return lines[0][5:].strip()

@@ -404,3 +404,32 @@ def test_registration_from_another_host_must_name_addresses_reachable_from_here(
                                 headers={"Authorization": "Bearer t",
                                          "X-Forwarded-For": remote})
     assert asyncio.run(proxied()).status_code == 400
+
+
+ADMIN_TOKEN = "adm-t0ken"
+
+def test_basic_logins_read_and_never_write_and_web_pages_never_write(upstreams,
+                                                                      router_factory):
+    """A browser sends a cached Basic login with any page's form post (cross-site request
+    forgery): Basic is for reads, and a write a web page made is refused, token or not."""
+    import base64
+
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,), admin_token=ADMIN_TOKEN)
+    router.wait_workers(1)
+    basic = {"Authorization": "Basic " + base64.b64encode(f"admin:{ADMIN_TOKEN}".encode()).decode()}
+    bearer = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    wid = f"127.0.0.1:{server.port}"
+    with router.client() as c:
+        assert c.get("/admin/stats", headers=basic).status_code == 200
+        assert c.post(f"/admin/workers/{wid}/drain", headers=basic).status_code == 401
+        for page in ({"Sec-Fetch-Site": "cross-site"}, {"Origin": "https://evil.example"}):
+            assert c.post(f"/admin/workers/{wid}/drain",
+                          headers={**bearer, **page}).status_code == 401
+        assert c.post(f"/admin/workers/{wid}/drain", headers=bearer).status_code == 200
+    loopback = router_factory(workers=(server.url,))  # no token: loopback clients
+    loopback.wait_workers(1)
+    with loopback.client() as c:
+        assert c.post(f"/admin/workers/{wid}/drain",
+                      headers={"Sec-Fetch-Site": "cross-site"}).status_code == 401
+        assert c.post(f"/admin/workers/{wid}/drain").status_code == 200

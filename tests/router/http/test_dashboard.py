@@ -115,3 +115,4 @@ def test_the_page_renders_the_routers_numbers_behind_the_token(upstreams, router
     shot.unlink(missing_ok=True)
     _browse(url, f"--screenshot={shot}")
     assert shot.stat().st_size > 10_000 and re.match(rb"\x89PNG", shot.read_bytes()[:4])
+

@@ -70,3 +70,33 @@ def test_engine_errors_take_the_routers_shape_and_other_bodies_are_left():
         "param": "model", "code": 404}
     for other in (b'{"error":{"message":"m"}}', b"not json", b"[1]", b'{"object":"error"}'):
         assert openai_error_body(other, 500) is None
+
+
+def test_sglangs_own_error_event_takes_the_routers_shape():
+    # SGLang writes a streamed error as json.dumps({"error": ErrorResponse}): nested, spaced
+    event = json.dumps({"error": json.loads(ENGINE_ERROR)}).encode()
+    out = relay(b"data: " + event + b"\n\n" + DONE, [], drop_usage=True)
+    error = json.loads(out.split(b"\n\n")[0][len(b"data: "):])["error"]
+    assert error["type"] == "context_length_exceeded" and set(error) == {
+        "message", "type", "param", "code"}
+
+
+@given(st.lists(st.integers(0, len(STREAM)), max_size=6))
+def test_crlf_separated_events_are_edited_as_well(cuts):
+    crlf = STREAM.replace(b"\n\n", b"\r\n\r\n")
+    assert relay(crlf, cuts, drop_usage=True) == (TOKEN + TOKEN + DONE).replace(b"\n\n",
+                                                                                  b"\r\n\r\n")
+
+
+def test_a_stream_without_event_ends_is_relayed_past_the_bound():
+    from router.transport.openai_stream import MAX_PENDING
+
+    edit = StreamEdit(drop_usage=True)
+    assert edit.feed(b"x" * 100) == b""
+    big = edit.feed(b"y" * MAX_PENDING)
+    assert len(big) == MAX_PENDING + 100 and edit.flush() == b""
+
+
+def test_a_whole_error_answer_takes_the_http_status():
+    edit = StreamEdit(drop_usage=False, status=404)
+    assert edit.feed(ENGINE_ERROR) == b"" and json.loads(edit.flush())["error"]["code"] == 404
