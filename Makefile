@@ -5,7 +5,7 @@ export PYTHONHASHSEED := 0
 # they are budgeted on; the end-to-end tests run one at a time (they time real engines).
 UNIT_WORKERS ?= 2
 
-.PHONY: bootstrap bootstrap-vllm demo test test-unit test-e2e lint bench bench-pressure model
+.PHONY: bootstrap bootstrap-vllm bootstrap-test-tools demo test test-unit test-e2e lint bench bench-pressure model
 
 bootstrap: .venv/.complete
 .venv/.complete: scripts/bootstrap.sh constraints/lock-main.txt pyproject.toml
@@ -14,6 +14,9 @@ bootstrap: .venv/.complete
 bootstrap-vllm:
 	scripts/bootstrap.sh vllm
 
+bootstrap-test-tools:
+	scripts/bootstrap.sh test-tools
+
 model: bootstrap
 	$(PY) -m radix_global_cli make-model build/tiny-llama
 
@@ -21,14 +24,14 @@ demo: bootstrap
 	$(PY) -m benchmarks.scenarios.demo
 
 # The vLLM venv is needed by the router's end-to-end test in front of real vLLM workers.
-test: bootstrap bootstrap-vllm lint
+test: bootstrap bootstrap-vllm bootstrap-test-tools lint
 	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
 	$(PY) -m pytest -m "e2e" -q
 
-test-unit: bootstrap
+test-unit: bootstrap bootstrap-test-tools
 	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
 
-test-e2e: bootstrap bootstrap-vllm
+test-e2e: bootstrap bootstrap-vllm bootstrap-test-tools
 	$(PY) -m pytest -m "e2e" -q
 
 lint: bootstrap

