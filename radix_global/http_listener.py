@@ -1,5 +1,6 @@
-"""An HTTP listener beside the index service's gRPC server, on the same event loop: the Mooncake
-Conductor API (``conductor_api.py``) and ``/metrics`` (``index_http.py``).
+"""An HTTP listener beside a process's main server, on the same event loop: the index service's
+Mooncake Conductor API (``conductor_api.py``) and ``/metrics`` (``index_http.py``), the router's
+``--metrics-port`` (``router/http/app.py``).
 
 Signals stay the caller's: uvicorn's own handlers would replace the index service's.
 """

@@ -86,6 +86,10 @@ class ListenConfig:
     log_level: Annotated[Literal["debug", "info", "warning", "error", "critical"], opt(
         "log level (any case)")] = "info"
 
+    def __post_init__(self) -> None:
+        if self.metrics_port is not None and self.metrics_port == self.port:
+            raise ValueError(f"metrics_port must differ from port ({self.port})")
+
 
 @dataclass(frozen=True)
 class IndexConfig:

@@ -91,7 +91,19 @@ def fetch(client: httpx.Client) -> tuple[dict[str, Any], dict[str, Any]]:
     if stats.status_code != 200:
         raise RuntimeError(f"{client.base_url}/admin/stats: HTTP {stats.status_code} "
                            f"{stats.text}")
-    return stats.json(), diag.json() if diag.status_code == 200 else {}
+    try:
+        return stats.json(), diag.json() if diag.status_code == 200 else {}
+    except ValueError as exc:
+        raise RuntimeError(f"{client.base_url}: not the router's JSON ({exc})") from exc
+
+
+def _redraw(client: httpx.Client) -> RenderableType:
+    """The next frame of ``--watch``: a router that stopped answering is a line on the screen,
+    and the watch goes on (it may come back)."""
+    try:
+        return view(*fetch(client))
+    except RuntimeError as exc:
+        return Text.from_markup(f"[red]{exc}[/red] (retrying)")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -116,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
                 shown = 1
                 while args.count is None or shown < args.count:
                     time.sleep(args.watch)
-                    live.update(view(*fetch(c)), refresh=True)
+                    live.update(_redraw(c), refresh=True)
                     shown += 1
         except RuntimeError as exc:
             console.print(f"[red]{exc}[/red]")

@@ -18,6 +18,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from radix_global.http_listener import listen as listen_beside
 from router.http.admin import admin_routes, guard
 from router.http.dashboard import dashboard_routes
 from router.http.shared_prefixes import shared_prefix_routes
@@ -121,24 +122,19 @@ def serve(state: RouterState) -> None:
     listen = config.listen
     main = uvicorn.Server(server_config(build_app(state), listen.host, listen.port,
                                         listen.log_level, config.client))
-    if not listen.metrics_port:
+    metrics_port = listen.metrics_port
+    if not metrics_port:
         main.run()
         return
-    side = uvicorn.Server(uvicorn.Config(
-        Starlette(routes=metrics_routes(state)), host=listen.host, port=listen.metrics_port,
-        log_level=listen.log_level, access_log=False, lifespan="off", ws="none"))
 
     async def both() -> None:
-        # The side listener takes the stop signals first, so the main server's handlers sit
-        # on top of its: a stop ends the main server (which hands the signal down as it
-        # leaves), then the side one.
-        metrics = asyncio.ensure_future(side.serve())
-        await asyncio.sleep(0)
+        # the metrics listener leaves the stop signals to the main server, and stops with it
+        metrics = await listen_beside(Starlette(routes=metrics_routes(state)), listen.host,
+                                      metrics_port, "router-metrics")
         try:
             await main.serve()
         finally:
-            side.should_exit = True
-            await metrics
+            await metrics.stop()
 
     with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
         runner.run(both())

@@ -10,6 +10,7 @@ the admin token: a browser asks for it (HTTP Basic, the token as the password).
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from importlib import resources
 from typing import Any
 
@@ -23,6 +24,7 @@ from router.state import RouterState
 
 HOT_TOP_K = 10  # prefixes per model on the page
 HOT_REFRESH_S = 10.0  # the hottest prefixes walk the whole index: at most this often
+HOT_WALK_MAX_NODES = 200_000  # the embedded index is walked on the event loop: up to this
 _PAGE = "static/dashboard.html"
 
 
@@ -37,10 +39,16 @@ def dashboard_routes(state: RouterState, guarded: Any) -> list[Route]:
     async def hot(request: Request) -> Response:
         now = state.clock()
         if now - cached[1] >= HOT_REFRESH_S:
-            # a remote index answers over blocking gRPC: off the event loop; the embedded one
-            # is the loop's own (its events are applied there): read it there
-            cached[0] = await asyncio.to_thread(hot_prefixes, state, HOT_TOP_K) \
-                if state.index.remote else hot_prefixes(state, HOT_TOP_K)
+            models = sorted(state.registry.models().items())  # read on the loop
+            if state.index.remote:  # blocking gRPC: off the event loop
+                cached[0] = await asyncio.to_thread(hot_prefixes, state, models, HOT_TOP_K)
+            elif state.index.stats().get("nodes", 0) > HOT_WALK_MAX_NODES:
+                # the embedded index is the loop's own (its events are applied there): a walk
+                # of every node would stall routing
+                cached[0] = {"unavailable": f"the embedded index has over {HOT_WALK_MAX_NODES} "
+                             "nodes: run the index service to see its hottest prefixes"}
+            else:
+                cached[0] = hot_prefixes(state, models, HOT_TOP_K)
             cached[1] = now
         return JSONResponse(cached[0])
 
@@ -48,13 +56,14 @@ def dashboard_routes(state: RouterState, guarded: Any) -> list[Route]:
             Route("/admin/hot", guarded(hot), methods=["GET"])]
 
 
-def hot_prefixes(state: RouterState, top_k: int) -> dict[str, list[dict[str, Any]]]:
-    """Per model, its ``top_k`` hottest prefixes by the index's decayed hit rate: the prefix's
-    last page key (a hash, never prompt text), its length, and how many holders have all of it
-    on each tier."""
+def hot_prefixes(state: RouterState, models: Sequence[tuple[str, str]], top_k: int
+                 ) -> dict[str, list[dict[str, Any]]]:
+    """Per (model, namespace) of ``models``, its ``top_k`` hottest prefixes by the index's
+    decayed hit rate: the prefix's last page key (a hash, never prompt text), its length, and
+    how many holders have all of it on each tier."""
     out: dict[str, list[dict[str, Any]]] = {}
     now = state.clock()
-    for model, namespace in sorted(state.registry.models().items()):
+    for model, namespace in models:
         ns = Namespace(namespace)
         try:
             hot = state.index.hot_prefixes(ns, top_k, now)

@@ -297,6 +297,7 @@ def test_learn_from_inferred_prefill_has_one_default():
     (["--bogus"], {}, "unrecognized arguments: --bogus"),
     (["--port", "x"], {}, "port must be an integer, got 'x'"),
     (["--port", "70000"], {}, "port must be an integer in [0, 65535], got 70000"),
+    (["--port", "9000", "--metrics-port", "9000"], {}, "metrics_port must differ from port"),
     (["--dispatch-depth", "0"], {}, "dispatch_depth must be an integer >= 1, got 0"),
     (["--dispatch", "lifo"], {}, "dispatch must be one of off, fifo, shortest_first, "
                                  "highest_ratio, got 'lifo'"),

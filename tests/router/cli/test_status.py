@@ -32,3 +32,12 @@ def test_watch_redraws_with_the_new_numbers(upstreams, router_factory, capsys):
     assert rows and all(" 3 " in row for row in rows), out  # accepted, in the funnel table
     with pytest.raises(SystemExit, match="2"):  # refused by argparse
         status_main(["--router", router.url, "--watch", "0"])
+
+
+def test_a_router_that_stops_answering_is_a_line_in_the_watch_not_its_end():
+    import httpx
+
+    from router.cli.status import _redraw
+
+    with httpx.Client(base_url="http://127.0.0.1:9", timeout=1) as c:
+        assert "retrying" in str(_redraw(c))

@@ -31,3 +31,19 @@ def test_the_hottest_prefix_is_the_one_requests_hit(upstreams, router_factory, m
     assert hot[0]["tokens"] == 32 and hot[0]["tiers"] == {"gpu": 1, "host": 1, "pool": 1}
     assert hot[0]["holders"] == 1 and hot[0]["hit_rate"] > 0
     assert "10, 11" not in str(hot)  # never the prompt itself
+
+
+def test_an_embedded_index_too_large_to_walk_on_the_loop_says_so(upstreams, router_factory,
+                                                                  monkeypatch):
+    import router.http.dashboard as dashboard
+
+    monkeypatch.setattr(dashboard, "HOT_WALK_MAX_NODES", 0)
+    _, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor")
+    router.wait_workers(1)
+    wid = f"127.0.0.1:{server.port}"
+    ns = Namespace(router.state.registry.models()["tiny"])
+    router.state.index.index.apply(StorePages(ns, Location(WorkerId(wid), 0, Tier.GPU), None,
+                                              page_keys(list(range(8)), 4)))
+    with router.client() as c:
+        assert "index service" in c.get("/admin/hot").json()["unavailable"]
