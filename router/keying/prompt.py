@@ -61,11 +61,18 @@ CACHE_TIERS = ("device", "host", "storage")  # SGLang's ``cached_tokens_details`
 
 def engine_cached_tiers(answer: Any) -> dict[str, int] | None:
     """The engine's cached prompt tokens by tier (``device``, ``host``, ``storage``) from SGLang
-    ``meta_info.cached_tokens_details``; all 0 when it reports none cached; None when the answer
-    does not split them (OpenAI answers, an engine without details)."""
+    ``meta_info.cached_tokens_details``, or from an OpenAI answer's ``sglext`` (SGLang's
+    ``return_cached_tokens_details``); all 0 when it reports none cached; None when the answer
+    does not split them (another engine, or details not asked for)."""
     meta = _meta_info(answer)
     if meta is None:
-        return None
+        ext = answer.get("sglext") if isinstance(answer, dict) else None
+        cached, _ = engine_cached_tokens(answer)
+        meta = {"cached_tokens": cached,
+                "cached_tokens_details": ext.get("cached_tokens_details")
+                if isinstance(ext, dict) else None}
+        if meta["cached_tokens_details"] is None and cached != 0:
+            return None
     details = meta.get("cached_tokens_details")
     if details is None and meta.get("cached_tokens") == 0:
         return dict.fromkeys(CACHE_TIERS, 0)

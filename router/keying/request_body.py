@@ -178,8 +178,10 @@ class GenerateBody(RequestBody, kw_only=True, frozen=True):
 class OpenAiBody(RequestBody, kw_only=True, frozen=True):
     max_tokens: Tokens | None = None
     max_completion_tokens: Tokens | None = None
-    # the router asks a stream for its usage chunk (``engine_stream_options``)
+    # the router asks a stream for its usage chunk (``engine_stream_options``) and SGLang for
+    # its cached tokens by tier (``return_cached_tokens_details``)
     stream_options: dict[str, Any] | UnsetType | None = UNSET
+    return_cached_tokens_details: Any = UNSET
 
     @property
     def output_tokens_hint(self) -> int | None:
@@ -194,7 +196,13 @@ class OpenAiBody(RequestBody, kw_only=True, frozen=True):
 
     @property
     def sets_engine_field(self) -> bool:
-        return super().sets_engine_field or self.stream_options is not UNSET
+        return super().sets_engine_field or self.stream_options is not UNSET or \
+            self.return_cached_tokens_details is not UNSET
+
+    @property
+    def details_requested(self) -> bool:
+        """Whether the client asked SGLang for ``sglext.cached_tokens_details`` itself."""
+        return self.return_cached_tokens_details in (True, 1, "true", "True")
 
     def engine_stream_options(self) -> dict[str, Any] | None:
         """The ``stream_options`` the engine gets: the client's, with ``include_usage``, so

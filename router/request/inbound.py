@@ -57,7 +57,8 @@ class Inbound(NamedTuple):
         """The fields an engine request of this one carries: the router's request id (SGLang's
         ``rid``, a list for a batch; another engine's ``request_id``/``rid`` replaced where the
         client sent one), the router's salt (a client's own never reaches an engine) and, on an
-        OpenAI stream, ``stream_options`` asking for the usage chunk."""
+        OpenAI stream, ``stream_options`` asking for the usage chunk; SGLang's OpenAI requests
+        also ask for the cached tokens by tier."""
         fields: dict[str, Any] = {}
         if engine == "sglang":
             rids = self.engine_rids(rid)
@@ -69,7 +70,16 @@ class Inbound(NamedTuple):
         options = self._stream_options()
         if options is not None:
             fields["stream_options"] = options
+        if self.drops_details(engine):
+            fields["return_cached_tokens_details"] = True
         return fields
+
+    def drops_details(self, engine: str) -> bool:
+        """An OpenAI request to SGLang whose cached tokens by tier the router asks for and the
+        client did not: ``sglext.cached_tokens_details`` is read, not relayed."""
+        body = self.body
+        return engine == "sglang" and isinstance(body, OpenAiBody) and \
+            not body.details_requested
 
     @property
     def drops_usage(self) -> bool:

@@ -142,7 +142,8 @@ class PoolForward:
             (b"x-radix-decode-worker", str(run.decode.worker_id).encode()),
             *self.routed.headers(inbound.req.request_id)]})
         chunk = first
-        edit = StreamEdit(inbound.drops_usage, run.status_code) if inbound.stream else None
+        edit = StreamEdit(inbound.drops_usage, run.status_code, inbound.drops_details("sglang")) \
+            if inbound.stream else None
         try:
             while chunk is not None:
                 self.tail = (self.tail + chunk)[-65536:]

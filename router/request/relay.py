@@ -33,7 +33,7 @@ from router.transport.errors import (
     send_failure,
     sse_error,
 )
-from router.transport.openai_stream import StreamEdit
+from router.transport.openai_stream import StreamEdit, without_details
 from router.transport.proxy import (
     ClientGone,
     UpstreamFailed,
@@ -218,14 +218,17 @@ class Forward:
         self.ttft = self.state.clock() - self.inbound.t0
         self.started = True
         self.status_code = a.status = status
+        answer = json_or_none(content) if status == 200 else None
         if status >= 400:  # the engine's error, in the router's shape
             content = openai_error_body(content, status) or content
+        elif self.inbound.drops_details(a.routed.entry.info.engine):
+            stripped = without_details(answer)  # the router asked for them, not the client
+            content = msgspec.json.encode(stripped) if stripped is not None else content
         await send({"type": "http.response.start", "status": status,
                     "headers": [*upstream.headers, (b"content-length", b"%d" % len(content)),
                                 *a.routed.headers(a.engine_rid)]})
         a.relayed(len(content))
         await send({"type": "http.response.body", "body": content, "more_body": False})
-        answer = json_or_none(content) if status == 200 else None
         self._close(status < 500, answer)
 
     async def _relay_stream(self, upstream: UpstreamResponse, send: Send) -> None:
@@ -237,7 +240,8 @@ class Forward:
             await send({"type": "http.response.start", "status": upstream.status_code,
                         "headers": [*upstream.headers, *a.routed.headers(a.engine_rid)]})
             relayed = 0
-            edit = StreamEdit(self.inbound.drops_usage, upstream.status_code)
+            edit = StreamEdit(self.inbound.drops_usage, upstream.status_code,
+                              self.inbound.drops_details(a.routed.entry.info.engine))
             try:
                 async for chunk in upstream.aiter_raw():
                     if self.ttft is None:

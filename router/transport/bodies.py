@@ -37,9 +37,20 @@ def json_or_none(raw: bytes) -> Any:
 
 
 def last_sse_event(tail: bytes) -> Any:
-    """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final)."""
+    """The last JSON ``data:`` event of an SSE stream (where usage / meta_info is final), with
+    the ``sglext`` of an earlier event when it has none (SGLang sends its cached tokens by tier
+    in a chunk of their own before the usage chunk)."""
+    last: Any = None
     for line in reversed(tail.split(b"\n")):
         line = line.strip()
-        if line.startswith(b"data:") and line[5:].strip() not in (b"[DONE]", b""):
-            return json_or_none(line[5:].strip())
-    return None
+        if not line.startswith(b"data:") or line[5:].strip() in (b"[DONE]", b""):
+            continue
+        if last is None:
+            last = json_or_none(line[5:].strip())
+            if not isinstance(last, dict) or "sglext" in last:
+                return last
+        elif b'"sglext"' in line:
+            event = json_or_none(line[5:].strip())
+            if isinstance(event, dict) and isinstance(event.get("sglext"), dict):
+                return {**last, "sglext": event["sglext"]}
+    return last

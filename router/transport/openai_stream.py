@@ -11,6 +11,9 @@ edited whole: bytes after the last complete event wait for the next chunk, up to
 from __future__ import annotations
 
 import re
+from typing import Any
+
+import msgspec
 
 from router.transport.bodies import json_or_none
 from router.transport.errors import engine_error, openai_error_body
@@ -19,13 +22,30 @@ MAX_PENDING = 1 << 20
 _END = re.compile(rb"\r\n\r\n|\n\n|\r\r")  # an SSE event ends at a blank line
 
 
+def without_details(answer: Any) -> dict[str, Any] | None:
+    """``answer`` without SGLang's ``sglext.cached_tokens_details`` (and without ``sglext`` when
+    that was all of it), or None when it has none: the router asked for them, not the client."""
+    if not isinstance(answer, dict):
+        return None
+    ext = answer.get("sglext")
+    if not isinstance(ext, dict) or "cached_tokens_details" not in ext:
+        return None
+    rest = {k: v for k, v in ext.items() if k != "cached_tokens_details" and v is not None}
+    out = {k: v for k, v in answer.items() if k != "sglext"}
+    if rest:
+        out["sglext"] = rest
+    return out
+
+
 class StreamEdit:
     """Edits an SSE stream event by event. ``drop_usage``: the client did not ask for the usage
-    chunk (``choices`` empty, ``usage`` set), so it is left out; ``status``: the answer's HTTP
-    status, the code of an error rewritten in the router's shape."""
+    chunk (``choices`` empty, ``usage`` set), so it is left out; ``drop_details``: nor for
+    SGLang's cached tokens by tier (:func:`without_details`; the chunk that carried only them is
+    left out); ``status``: the answer's HTTP status, the code of an error rewritten in the
+    router's shape."""
 
-    def __init__(self, drop_usage: bool, status: int = 200) -> None:
-        self.drop_usage, self.status = drop_usage, status
+    def __init__(self, drop_usage: bool, status: int = 200, drop_details: bool = False) -> None:
+        self.drop_usage, self.status, self.drop_details = drop_usage, status, drop_details
         self._pending = b""
 
     def feed(self, chunk: bytes) -> bytes:
@@ -40,7 +60,8 @@ class StreamEdit:
             return b""
         cut = ends[-1].end()
         done, self._pending = data[:cut], data[cut:]
-        if (not self.drop_usage or b'"usage"' not in done) and b'"error"' not in done:
+        if (not self.drop_usage or b'"usage"' not in done) and b'"error"' not in done and \
+                (not self.drop_details or b'"sglext"' not in done):
             return done  # the common chunk: nothing to edit, nothing split
         out, start = [], 0
         for end in ends:
@@ -63,6 +84,12 @@ class StreamEdit:
             return event + end
         if self.drop_usage and answer.get("choices") == [] and answer.get("usage") is not None:
             return b""
+        stripped = without_details(answer) if self.drop_details else None
+        if stripped is not None:
+            if stripped.get("choices") == [] and stripped.get("usage") is None \
+                    and "sglext" not in stripped:
+                return b""  # the chunk carried the details only
+            return b"data: " + msgspec.json.encode(stripped) + end
         fixed = engine_error(answer, self.status if self.status >= 400 else 0)
         return b"data: " + fixed + end if fixed is not None else event + end
 

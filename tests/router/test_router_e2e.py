@@ -197,6 +197,7 @@ def test_clients_read_cached_tokens_and_one_error_shape_through_the_openai_sdk(w
                 assert answer.usage is not None and answer.usage.prompt_tokens_details
                 seen.append(answer.usage.prompt_tokens_details.cached_tokens or 0)
                 content = answer.choices[0].message.content
+                assert "sglext" not in (answer.model_extra or {})  # the router's, not relayed
             else:
                 opts = {"stream_options": {"include_usage": True}} if usage else {}
                 chunks = list(create(stream=True, **args, **opts))
@@ -209,6 +210,7 @@ def test_clients_read_cached_tokens_and_one_error_shape_through_the_openai_sdk(w
                 else:
                     assert with_usage == [] and all(c.choices for c in chunks)
                 content = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+                assert not any("sglext" in (c.model_extra or {}) for c in chunks)
             messages.append({"role": "assistant", "content": content or "ok"})
             worker = state.recent[-1]["worker_id"]
             wait_indexed(state, worker, messages[:-1], model, PAGE, every_page=False)
@@ -222,6 +224,14 @@ def test_clients_read_cached_tokens_and_one_error_shape_through_the_openai_sdk(w
         assert econ["captured_tokens"] == sum(r["predicted_prefix_tokens"] for r in records)
         assert econ["available_tokens"] == sum(r["available_tokens"] for r in records) > 0
         assert econ["prompt_tokens"] == sum(r["input_tokens"] for r in records)
+        # SGLang split its cached tokens by tier for the router (return_cached_tokens_details)
+        registry = state.metrics.registry
+        tiers = {t: sum(registry.get_sample_value(
+            "radix_global_delivered_prefix_tokens_total",
+            {"model": "tiny", "worker": w, "tier": t}) or 0 for w in {r["worker_id"]
+                                                             for r in records})
+            for t in ("device", "host", "storage", "unsplit")}
+        assert tiers["unsplit"] == 0 and sum(tiers.values()) == econ["delivered_tokens"], tiers
         # one refusal: a client's own SLO no engine can meet (it may only tighten the router's)
         messages.append({"role": "user", "content": text(3150, 30)})
         with pytest.raises(openai.RateLimitError):

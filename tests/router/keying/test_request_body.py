@@ -167,3 +167,19 @@ def test_usage_the_client_asked_for_or_a_whole_answer_is_left_as_sent(body):
 def test_stream_options_must_be_an_object():
     with pytest.raises(BodyError, match="stream_options"):
         _decode(RequestKind.CHAT, {"messages": [{"role": "user"}], "stream_options": "all"})
+
+
+def test_sglang_is_asked_for_cached_tokens_by_tier_unless_the_client_asked():
+    inbound = _chat_inbound({})
+    sent = json.loads(inbound.engine_body(inbound.engine_fields("rg-1", "sglang")))
+    assert sent["return_cached_tokens_details"] is True and inbound.drops_details("sglang")
+    vllm = json.loads(inbound.engine_body(inbound.engine_fields("rg-1", "vllm")))
+    assert "return_cached_tokens_details" not in vllm and not inbound.drops_details("vllm")
+    asked = _chat_inbound({"return_cached_tokens_details": True})
+    assert not asked.drops_details("sglang")
+    kept = json.loads(asked.engine_body(asked.engine_fields("rg-1", "sglang")))
+    assert kept["return_cached_tokens_details"] is True
+    declined = _chat_inbound({"return_cached_tokens_details": False})
+    assert declined.drops_details("sglang")  # asked for on its behalf, and not relayed
+    body = json.loads(declined.engine_body(declined.engine_fields("rg-1", "sglang")))
+    assert body["return_cached_tokens_details"] is True

@@ -100,3 +100,35 @@ def test_a_stream_without_event_ends_is_relayed_past_the_bound():
 def test_a_whole_error_answer_takes_the_http_status():
     edit = StreamEdit(drop_usage=False, status=404)
     assert edit.feed(ENGINE_ERROR) == b"" and json.loads(edit.flush())["error"]["code"] == 404
+
+
+DETAILS = b'data: {"id":"c1","object":"chat.completion.chunk","choices":[],"sglext":' \
+    b'{"cached_tokens_details":{"device":16,"host":0,"storage":16}}}\n\n'
+
+
+def test_the_details_the_router_asked_for_are_read_not_relayed():
+    from router.transport.bodies import last_sse_event
+
+    stream = TOKEN + DETAILS + USAGE + DONE
+    edit = StreamEdit(drop_usage=True, drop_details=True)
+    assert edit.feed(stream) + edit.flush() == TOKEN + DONE
+    edit = StreamEdit(drop_usage=False, drop_details=False)
+    assert edit.feed(stream) + edit.flush() == stream  # the client asked for both
+    # what the router books: the usage chunk, with the details of the chunk before it
+    final = last_sse_event(stream)
+    assert final["usage"]["prompt_tokens_details"]["cached_tokens"] == 32
+    assert final["sglext"]["cached_tokens_details"]["storage"] == 16
+
+
+def test_other_sglext_fields_stay_and_a_whole_answer_loses_only_the_details():
+    from router.transport.openai_stream import without_details
+
+    mixed = DETAILS.replace(b'{"cached_tokens_details"',
+                            b'{"routed_experts":"x","cached_tokens_details"')
+    out = StreamEdit(drop_usage=False, drop_details=True).feed(mixed)
+    assert json.loads(out[len(b"data: "):])["sglext"] == {"routed_experts": "x"}
+    whole = {"id": "c", "choices": [{"index": 0}], "usage": {"prompt_tokens": 4},
+             "sglext": {"cached_tokens_details": {"device": 4, "host": 0}}}
+    assert without_details(whole) == {"id": "c", "choices": [{"index": 0}],
+                                      "usage": {"prompt_tokens": 4}}
+    assert without_details({"id": "c"}) is None and without_details([1]) is None
