@@ -73,6 +73,12 @@ class Forward:
         try:
             await until_disconnect(scope, receive, self._guarded(send))
         except ClientGone:
+            if self.inbound.stream and self.tail.rstrip().endswith(b"data: [DONE]"):
+                # it left after the end of the answer (clients close on [DONE], often before
+                # the engine's connection ends): answered, nothing to abort
+                self.end = self.state.clock() - self.inbound.t0
+                self._close(True, last_sse_event(self.tail))
+                return
             client_gone(self.state)
             held = self.attempt.open and self.attempt.sent
             self._close(False)  # released now, not after the aborts' round trips

@@ -60,7 +60,7 @@ class Upstream:
         self.model, self.model_path, self.role = model, model_path, role
         self.page_size, self.context_length = page_size, context_length
         self.healthy = True
-        self.mode = "ok"  # ok | die_mid_stream | slow
+        self.mode = "ok"  # ok | die_mid_stream | slow | linger
         self.headers: list[dict[str, str]] = []  # request headers, as self.requests
         self.cached_tokens = 0
         self.report: dict[str, Any] = {}  # fields of /server_info reported over the sane ones
@@ -105,6 +105,8 @@ class Upstream:
             if self.mode == "die_mid_stream":
                 raise RuntimeError("worker died mid-stream")
         yield b"data: [DONE]\n\n"
+        if self.mode == "linger":  # an engine slow to close its side after the answer
+            await asyncio.sleep(2)
 
     async def _generate(self, request: Request) -> Response:
         self.raw_requests.append(await request.body())

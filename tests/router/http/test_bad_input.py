@@ -137,6 +137,28 @@ def test_client_disconnect_aborts_engine_request(one):
     assert router.state.totals["client_aborts"] == 1
 
 
+def test_a_client_that_leaves_after_done_was_answered_not_aborted(one):
+    """Clients close on ``[DONE]``, often before the engine's side of the stream ends: that is
+    an answer (booked, its cache numbers read), not an abort."""
+    peer, router, _ = one
+    peer.mode = "linger"
+    with httpx.Client(base_url=router.url, timeout=30) as c, c.stream(
+            "POST", "/generate", json={"input_ids": [1, 2, 3], "stream": True}) as r:
+        body = b""
+        for chunk in r.iter_raw():
+            body += chunk
+            if body.rstrip().endswith(b"data: [DONE]"):
+                break  # and the client closes
+    deadline = time.monotonic() + 10
+    while router.state.routing.in_flight() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.2)
+    assert router.state.routing.in_flight() == 0
+    assert peer.aborted == [] and router.state.totals["client_aborts"] == 0
+    assert router.state.totals["ok"] == 1
+    assert router.state.recent[-1]["engine_cached_tokens"] == 0  # its answer was read
+
+
 def test_client_disconnect_aborts_non_streaming_request(one):
     peer, router, _ = one
     peer.mode = "slow"
