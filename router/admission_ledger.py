@@ -22,6 +22,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from router.metrics import Children
 from router.routing.contract import Decision, RejectReason
 
 ERROR_SAMPLE = 1024
@@ -94,6 +95,7 @@ class AdmissionLedger:
         self.errors = ErrorSample()
         self._engine_s = 0.0
         self._last = clock()
+        self._child = Children()
         self.slo = Counter("radix_global_slo_requests", "Answered requests by SLO and whether "
                            "they met it", ["model", "slo", "outcome"], registry=registry)
         self.probes = Counter("radix_global_admission_probes", "Would-be TTFT rejections "
@@ -129,7 +131,7 @@ class AdmissionLedger:
             m.rejections_unpriced += 1
         else:
             m.false_rejections_expected += p
-            self.expected.labels(model).inc(p)
+            self._child(self.expected, model).inc(p)
 
     def answered(self, model: str, decision: Decision, ok: bool, ttft_s: float | None,
                  held_s: float, ttft_slo_s: float | None, tbt_s: float | None,
@@ -147,16 +149,16 @@ class AdmissionLedger:
             met = ttft_s <= ttft_slo_s
             m.ttft_met += met
             m.ttft_missed += not met
-            self.slo.labels(model, "ttft", "met" if met else "missed").inc()
+            self._child(self.slo, model, "ttft", "met" if met else "missed").inc()
             if decision.probe:
                 m.probes += 1
                 m.probes_met += met
-                self.probes.labels(model, "met" if met else "missed").inc()
+                self._child(self.probes, model, "met" if met else "missed").inc()
         if tbt_s is not None and tbt_slo_s is not None:
             met = tbt_s <= tbt_slo_s
             m.tbt_met += met
             m.tbt_missed += not met
-            self.slo.labels(model, "tbt", "met" if met else "missed").inc()
+            self._child(self.slo, model, "tbt", "met" if met else "missed").inc()
 
     def stats(self) -> dict[str, Any]:
         self._tick()

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 from prometheus_client import CollectorRegistry, Counter
 
 from router.keying.prompt import CACHE_TIERS, engine_cached_tiers, engine_cached_tokens
+from router.metrics import Children
 from router.routing.contract import Decision
 
 UNSPLIT = "unsplit"  # the delivered tier of an answer that gives only the total
@@ -97,6 +98,7 @@ class Economics:
         labels = ["model", "worker"]
         self._models: dict[str, ModelEconomics] = {}
         self._tenants: dict[str, ModelEconomics] = {}
+        self._child = Children()  # booked once per answered request: children looked up once
         self.prompt = Counter("radix_global_prompt_tokens", "Prompt tokens of answered "
                               "requests", labels, registry=registry)
         self.available = Counter(
@@ -129,22 +131,22 @@ class Economics:
             if tenant not in self._tenants and len(self._tenants) >= TENANT_CAP:
                 tenant = OTHER_TENANTS
             self._tenants.setdefault(tenant, ModelEconomics()).add(r)
-        labels = (model, worker)
-        self.prompt.labels(*labels).inc(r.prompt)
-        self.captured.labels(*labels).inc(r.captured)
+        c = self._child
+        c(self.prompt, model, worker).inc(r.prompt)
+        c(self.captured, model, worker).inc(r.captured)
         if r.available is not None:
-            self.available.labels(*labels).inc(r.available)
+            c(self.available, model, worker).inc(r.available)
         for tier, tokens in (r.delivered or {}).items():
-            self.delivered.labels(*labels, tier).inc(tokens)
+            c(self.delivered, model, worker, tier).inc(tokens)
         if r.late is not None:
-            self.late.labels(*labels).inc(r.late)
+            c(self.late, model, worker).inc(r.late)
         if r.storage_bytes is not None:
-            self.storage_bytes.labels(*labels).inc(r.storage_bytes)
+            c(self.storage_bytes, model, worker).inc(r.storage_bytes)
         if r.prefill_saved_s is not None:
-            self.prefill_saved.labels(*labels).inc(max(0.0, r.prefill_saved_s))
+            c(self.prefill_saved, model, worker).inc(max(0.0, r.prefill_saved_s))
         if r.ttft_saved_s is not None:
-            self.ttft_saved.labels(*labels).inc(max(0.0, r.ttft_saved_s))
-            self.slower.labels(*labels).inc(r.ttft_saved_s < 0)
+            c(self.ttft_saved, model, worker).inc(max(0.0, r.ttft_saved_s))
+            c(self.slower, model, worker).inc(r.ttft_saved_s < 0)
 
     def stats(self) -> dict[str, dict[str, Any]]:
         return {model: asdict(m) for model, m in self._models.items()}

@@ -21,6 +21,21 @@ _LATENCY_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0
                     10, 30, 60)
 
 
+class Children:
+    """Labelled children looked up once per label tuple (``labels()`` costs a lock and a dict
+    on every call): ``children(metric, *labels)``. Only for metrics that are never cleared."""
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple[Any, ...], Any] = {}
+
+    def __call__(self, metric: Any, *labels: Any) -> Any:
+        key = (id(metric), *labels)
+        child = self._cache.get(key)
+        if child is None:
+            child = self._cache[key] = metric.labels(*map(str, labels))
+        return child
+
+
 class WorkerMetrics(NamedTuple):
     """One worker's labelled children, looked up once (``labels()`` costs a lock and a dict)."""
 
@@ -37,9 +52,8 @@ class RouterMetrics:
     ``router/economics.py``'s and ``router/admission_ledger.py``'s, in the same registry)."""
 
     def __init__(self) -> None:
-        # Children cached per label tuple; only for metrics that are never cleared.
         self._workers: dict[str, WorkerMetrics] = {}
-        self._children: dict[tuple[Any, ...], Any] = {}
+        self._child = Children()
         r = self.registry = CollectorRegistry()
         self.requests = Counter("radix_global_http_requests",
                                 "Requests by endpoint and final HTTP status",
@@ -109,13 +123,6 @@ class RouterMetrics:
 
     def decision(self, model: str, outcome: str) -> Any:
         return self._child(self.decisions, model, outcome)
-
-    def _child(self, metric: Any, *labels: Any) -> Any:
-        key = (id(metric), *labels)
-        child = self._children.get(key)
-        if child is None:
-            child = self._children[key] = metric.labels(*map(str, labels))
-        return child
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -41,8 +41,7 @@ def engine_storage_tokens(answer: Any) -> int | None:
 def engine_cached_tokens(answer: Any) -> tuple[int | None, int | None]:
     """(cached prompt tokens, prompt tokens) from an engine answer or a final stream chunk:
     OpenAI ``usage.prompt_tokens_details.cached_tokens`` or SGLang ``meta_info``."""
-    if isinstance(answer, list) and answer:
-        answer = answer[0]
+    answer = _first(answer)
     if not isinstance(answer, dict):
         return None, None
     meta = answer.get("meta_info")
@@ -65,16 +64,13 @@ def engine_cached_tiers(answer: Any) -> dict[str, int] | None:
     ``return_cached_tokens_details``); all 0 when it reports none cached; None when the answer
     does not split them (another engine, or details not asked for)."""
     meta = _meta_info(answer)
-    if meta is None:
-        ext = answer.get("sglext") if isinstance(answer, dict) else None
+    if meta is not None:
+        cached, details = meta.get("cached_tokens"), meta.get("cached_tokens_details")
+    else:
         cached, _ = engine_cached_tokens(answer)
-        meta = {"cached_tokens": cached,
-                "cached_tokens_details": ext.get("cached_tokens_details")
-                if isinstance(ext, dict) else None}
-        if meta["cached_tokens_details"] is None and cached != 0:
-            return None
-    details = meta.get("cached_tokens_details")
-    if details is None and meta.get("cached_tokens") == 0:
+        ext = answer.get("sglext") if isinstance(answer, dict) else None
+        details = ext.get("cached_tokens_details") if isinstance(ext, dict) else None
+    if details is None and cached == 0:
         return dict.fromkeys(CACHE_TIERS, 0)
     if not isinstance(details, dict):
         return None
@@ -92,16 +88,19 @@ def engine_completion_tokens(answer: Any) -> int | None:
     if meta is not None:
         value = meta.get("completion_tokens")
     else:
-        if isinstance(answer, list) and answer:
-            answer = answer[0]
-        usage = answer.get("usage") if isinstance(answer, dict) else None
+        first = _first(answer)
+        usage = first.get("usage") if isinstance(first, dict) else None
         value = usage.get("completion_tokens") if isinstance(usage, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def _meta_info(answer: Any) -> dict[str, Any] | None:
     """SGLang's ``meta_info`` of an answer (a batch's first) or of a final stream event."""
-    if isinstance(answer, list) and answer:
-        answer = answer[0]
+    answer = _first(answer)
     meta = answer.get("meta_info") if isinstance(answer, dict) else None
     return meta if isinstance(meta, dict) else None
+
+
+def _first(answer: Any) -> Any:
+    """A batch answer's first prompt's; any other answer as it is."""
+    return answer[0] if isinstance(answer, list) and answer else answer

@@ -136,6 +136,11 @@ def _batch_of(prompt: object) -> int | None:
     return len(prompt)
 
 
+def _lax_true(value: Any) -> bool:
+    """True as the engines' pydantic reads a bool: ``true``, ``1`` and ``"true"`` alike."""
+    return value in (True, 1, "true", "True")
+
+
 def first_prompt(prompt: Any) -> Any:
     """The first prompt of a batch, or the prompt itself."""
     return prompt[0] if _batch_of(prompt) is not None else prompt
@@ -190,9 +195,8 @@ class OpenAiBody(RequestBody, kw_only=True, frozen=True):
     @property
     def usage_requested(self) -> bool:
         """Whether the client asked a stream for its usage chunk (``include_usage``)."""
-        # as lax as the engines' pydantic: 1 and "true" are True
         return isinstance(self.stream_options, dict) and \
-            self.stream_options.get("include_usage") in (True, 1, "true", "True")
+            _lax_true(self.stream_options.get("include_usage"))
 
     @property
     def sets_engine_field(self) -> bool:
@@ -202,7 +206,7 @@ class OpenAiBody(RequestBody, kw_only=True, frozen=True):
     @property
     def details_requested(self) -> bool:
         """Whether the client asked SGLang for ``sglext.cached_tokens_details`` itself."""
-        return self.return_cached_tokens_details in (True, 1, "true", "True")
+        return _lax_true(self.return_cached_tokens_details)
 
     def engine_stream_options(self) -> dict[str, Any] | None:
         """The ``stream_options`` the engine gets: the client's, with ``include_usage``, so
