@@ -1,7 +1,8 @@
 """The ``radix-global`` command: one subcommand per process kind, each a module's ``main(argv)``.
 
 Subcommands are imported lazily so that the light router install never imports torch or sglang.
-``replay``, ``cluster`` and ``simulate`` are ``radix_global_tools`` (the ``[tools]`` extra).
+``replay``, ``cluster``, ``simulate`` and ``plan`` are ``radix_global_tools`` (the ``[tools]``
+extra).
 ``bench`` lives in ``benchmarks/``, which the wheel does not carry (:data:`SOURCE_CHECKOUT_ONLY`):
 run from a source checkout (an editable install included) it imports it from the checkout; from an
 installed wheel it says it needs the source checkout and exits 2.
@@ -27,6 +28,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
                 "a cluster over test hosts (netns): `cluster up`"),
     "bench": ("benchmarks.scenarios.bench", "side-by-side trace replay against peer routers"),
     "simulate": ("radix_global_tools.simulate.main", "paper-scale discrete-event simulation"),
+    "plan": ("radix_global_tools.plan.main",
+             "the cheapest cluster meeting TTFT and TBT SLOs for a trace"),
 }
 
 

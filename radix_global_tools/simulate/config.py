@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from radix_global_tools.simulate.decode import DecodeProfile
+
 DEFAULT_CONFIG = Path(__file__).with_name("paper_config.toml")
 # The CPU analogue's (benchmarks/scenarios/fig10_cpu.py), measured on this project's engines.
 CPU_CONFIG = Path(__file__).with_name("cpu_config.toml")
@@ -35,6 +37,9 @@ class Calibration:
     local_tokens_per_instance: int = 3_000_000
     pool_tokens_per_instance: int = 3_000_000
     ttft_slo_s: float = 30.0
+    decode: DecodeProfile = field(default_factory=DecodeProfile)
+    # A faster prefill kernel (what-if): every prefill time divided by this.
+    prefill_speedup: float = 1.0
 
     def prefill_s(self, input_tokens: int, prefix_tokens: int) -> float:
         """Compute time of a prefill whose first ``prefix_tokens`` are reused (causal attention:
@@ -44,7 +49,13 @@ class Calibration:
             self.fixed_s
             + self.linear_s_per_token * (input_tokens - p)
             + self.quadratic_s_per_token2 * (input_tokens * input_tokens - p * p)
-        )
+        ) / self.prefill_speedup
+
+    def handoff_s(self, tokens: int, prefill_s: float) -> float:
+        """What a prompt's KV hand-off to its decode instance (PD) adds after its prefill: sent
+        layer by layer while the prefill runs (Mooncake), only the part of the transfer that
+        outlasts the prefill shows."""
+        return max(0.0, self.fetch_s(tokens) - prefill_s)
 
     def fetch_s(self, tokens: int) -> float:
         if tokens <= 0:
@@ -54,9 +65,9 @@ class Calibration:
     def prior_coefficients(self) -> tuple[float, float, float, float]:
         """The same curve in ``router.routing.prefill_model`` features ``[1, m, m*p, m^2]``
         (thousands of tokens, m = new tokens): n^2 - p^2 = m^2 + 2 m p."""
-        k = 1000.0
-        q = self.quadratic_s_per_token2 * k * k
-        return (self.fixed_s, self.linear_s_per_token * k, 2 * q, q)
+        k, f = 1000.0, 1.0 / self.prefill_speedup
+        q = self.quadratic_s_per_token2 * k * k * f
+        return (self.fixed_s * f, self.linear_s_per_token * k * f, 2 * q, q)
 
 
 @dataclass(frozen=True)
@@ -121,9 +132,20 @@ def calibration_from(doc: dict[str, Any]) -> Calibration:
         local_tokens_per_instance=_get(cache, "local_tokens_per_instance", int, "cache"),
         pool_tokens_per_instance=_get(cache, "pool_tokens_per_instance", int, "cache"),
         ttft_slo_s=_get(slo, "ttft_slo_s", float, "slo"),
+        decode=DecodeProfile(
+            step_fixed_s=_get(dec, "step_fixed_s", float, "decode"),
+            step_per_request_s=_get(dec, "step_per_request_s", float, "decode"),
+            step_per_context_token_s=_get(dec, "step_per_context_token_s", float, "decode"),
+            kv_tokens_per_instance=_get(dec, "kv_tokens_per_instance", int, "decode"),
+        ),
     )
     if cal.page_tokens < 1 or cal.bandwidth_bytes_per_s <= 0:
         raise SimConfigError("page_tokens and bandwidth must be positive")
+    d = cal.decode
+    if d.step_fixed_s <= 0 or min(d.step_per_request_s, d.step_per_context_token_s) < 0 \
+            or d.kv_tokens_per_instance < 1:
+        raise SimConfigError("decode: step_fixed_s and kv_tokens_per_instance must be positive, "
+                             "the per-request and per-token terms not negative")
     return cal
 
 

@@ -10,8 +10,14 @@ Modelling choices (also in docs/benchmarks.md):
   decision asked to fetch (Mooncake: the Conductor decides fetch vs recompute).
 - Hits are taken at dispatch (the pages are touched then, so queueing cannot evict them).
 - Pages become visible (local, pool, index) when the prefill that computed them completes.
-- The prefill instance is released at prefill end (decode runs elsewhere), so the router's
-  ``on_prefill_done`` and ``on_finished`` are both called then.
+- Without a decode side the prefill instance is released at prefill end (decode runs elsewhere),
+  so the router's ``on_prefill_done`` and ``on_finished`` are both called then.
+- With one (``radix_global_tools/simulate/decode.py``): PD, decode instances of their own that
+  the router's decode selection picks (``router/routing/decode_select.py``, its KV reservations
+  against each instance's KV capacity), the prompt's KV moved over the fabric after prefill; or
+  co-located, each prefill instance decoding its own requests, a prefill stalling its batch and
+  waiting for the step in progress. ``on_finished`` comes at the last token. TBT is a request's
+  mean time between tokens: from its first token to its last, over its remaining tokens.
 - Engine-reported ``waiting_tokens`` is left unknown: the router-side FIFO queue model is exact
   for a one-at-a-time server.
 - Admission is booked in the router's own :class:`AdmissionLedger`, and each TTFT rejection is
@@ -31,8 +37,9 @@ from prometheus_client import CollectorRegistry
 
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexOp, IndexRefusal
-from radix_global.types import Location, Namespace, PoolId, Tier, WorkerId
+from radix_global.types import Location, Namespace, PoolId, Role, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration
+from radix_global_tools.simulate.decode import Decoded, DecodeInstance
 from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
@@ -45,6 +52,7 @@ from router.routing.contract import (
     WorkerState,
 )
 from router.routing.cost import CostModel
+from router.routing.decode_select import DecodeConfig, DecodeSelector
 from router.routing.driver import PolicyDriver
 
 NAMESPACE = Namespace("llama3-70b@sim")
@@ -52,7 +60,7 @@ MODEL = "llama3-70b"  # the admission ledger's label
 POOL_ID = PoolId("pool-global")
 
 # At equal times a completion is handled before an arrival, so the arrival sees its pages.
-_DONE, _ARRIVAL = 0, 1
+_DONE, _JOIN, _ARRIVAL = 0, 1, 2
 
 
 class RequestRecord(NamedTuple):
@@ -69,6 +77,7 @@ class RequestRecord(NamedTuple):
     ttft_s: float | None  # None when rejected
     decision_s: float  # wall clock of policy.choose
     reason: str = ""
+    tbt_s: float | None = None  # mean time between tokens (None: no decode side, or rejected)
 
 
 class _InFlight(NamedTuple):
@@ -78,6 +87,7 @@ class _InFlight(NamedTuple):
     prefill_s: float
     record: RequestRecord
     decision: Decision
+    done_s: float  # its prefill ends
 
 
 class _Service(NamedTuple):
@@ -99,6 +109,9 @@ class ClusterSpec:
     local_tokens_per_instance: int
     with_pool: bool  # a global pool every instance can fetch from
     ttft_slo_s: float | None = None  # passed on each RouteRequest (None: policy default)
+    decode_instances: int = 0  # PD: this many decode instances of their own
+    colocated: bool = False  # else: every prefill instance decodes its own requests
+    pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -146,9 +159,22 @@ class Simulation:
         self._by_id = {inst.worker_id: inst for inst in self.instances}
         self.pool: PageCache | None = None
         if spec.with_pool:
-            pool_pages = max(1, spec.instances * cal.pool_tokens_per_instance // cal.page_tokens)
+            pool_tokens = spec.pool_tokens if spec.pool_tokens is not None \
+                else spec.instances * cal.pool_tokens_per_instance
+            pool_pages = max(1, pool_tokens // cal.page_tokens)
             self.pool = PageCache(NAMESPACE, Location(POOL_ID, 0, Tier.POOL), pool_pages)
-        self.driver = PolicyDriver(self.policy, cost, index=self.index)
+        prof = cal.decode
+        self.pd = spec.decode_instances > 0
+        decoder_ids = ([WorkerId(f"d{i}") for i in range(spec.decode_instances)] if self.pd
+                       else [i.worker_id for i in self.instances] if spec.colocated else [])
+        self.decoders = {w: DecodeInstance(prof) for w in decoder_ids}
+        selector = DecodeSelector(DecodeConfig(tbt_base_s=prof.step_fixed_s,
+                                               tbt_per_request_s=prof.step_per_request_s))
+        if self.pd:  # what the HTTP router learns from a decode worker's /server_info
+            selector.capacity.update(dict.fromkeys(decoder_ids, prof.kv_tokens_per_instance))
+        self.driver = PolicyDriver(self.policy, cost, index=self.index, decode=selector)
+        self._first_token: dict[str, tuple[float, int]] = {}  # (time, decode steps) per request
+        self.tbt: dict[str, float] = {}
         self.records: list[RequestRecord] = []
         self.index_refusals: dict[str, int] = {}
         self.now = 0.0
@@ -159,13 +185,20 @@ class Simulation:
 
     def _worker_states(self, now: float) -> list[WorkerState]:
         pool_id = POOL_ID if self.pool is not None else None
-        return [
+        role = Role.PREFILL if self.pd else Role.MIXED
+        states = [
             WorkerState(
-                worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id,
+                worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id, role=role,
                 running=inst.running(now), waiting=inst.waiting(now),
             )
             for inst in self.instances
         ]
+        if self.pd:
+            for wid, dec in self.decoders.items():
+                self._decoded(dec.advance(now))
+                states.append(WorkerState(worker_id=wid, namespace=NAMESPACE, role=Role.DECODE,
+                                          running=dec.batch, waiting=dec.queued))
+        return states
 
     def _apply(self, ops: Sequence[IndexOp]) -> None:
         for op in ops:
@@ -187,11 +220,25 @@ class Simulation:
                 flight = self._arrive(payload, now)
                 if flight is not None:
                     seq += 1
-                    done_at = now + flight.record.queue_s + flight.record.fetch_s + flight.prefill_s
-                    heapq.heappush(heap, (done_at, _DONE, seq, flight))
+                    heapq.heappush(heap, (flight.done_s, _DONE, seq, flight))
+            elif kind == _JOIN:
+                target, rid, context, steps = payload
+                self.decoders[target].join(now, rid, context, steps)
             else:
-                self._complete(payload, now)
+                join = self._complete(payload, now)
+                if join is not None:
+                    seq += 1
+                    heapq.heappush(heap, (join[0], _JOIN, seq, join[1:]))
+        for dec in self.decoders.values():
+            self._decoded(dec.drain())
+        self.records = [r._replace(tbt_s=self.tbt.get(r.request_id)) for r in self.records]
         return self.records
+
+    def _decoded(self, done: Sequence[Decoded]) -> None:
+        for d in done:
+            first, steps = self._first_token.pop(d.request_id)
+            self.tbt[d.request_id] = (d.finish_s - first) / steps if steps else 0.0
+            self.driver.finished(d.request_id, True, min(d.finish_s, self.now))
 
     def _arrive(self, req: SimRequest, now: float) -> _InFlight | None:
         cal = self.cal
@@ -218,14 +265,19 @@ class Simulation:
         inst = self._by_id[WorkerId(decision.worker_id)]
         s = self._service(inst, keys, req.input_tokens, decision.prefix_tokens,
                           decision.fetch_tokens, touch=True)
-        start, finish = inst.enqueue(now, s.fetch_s + s.prefill_s, req.input_tokens)
+        # Co-located: the prefill waits for the decode step in progress, then stalls the batch.
+        dec = None if self.pd else self.decoders.get(inst.worker_id)
+        extra = dec.step_s() if dec is not None else 0.0
+        start, finish = inst.enqueue(now, s.fetch_s + s.prefill_s + extra, req.input_tokens)
+        if dec is not None:
+            dec.stall(start, finish - start)
         record = RequestRecord(
             req.request_id, now, True, inst.worker_id, req.input_tokens,
             min(s.local_pages * cal.page_tokens, s.reused_tokens),
             s.fetched_pages * cal.page_tokens, start - now, s.fetch_s, s.prefill_s,
             finish + cal.first_token_s - now, decision_s,
         )
-        return _InFlight(req, keys, inst, s.prefill_s, record, decision)
+        return _InFlight(req, keys, inst, s.prefill_s, record, decision, finish)
 
     def _service(self, inst: PrefillInstance, keys: Sequence[Any], input_tokens: int,
                  prefix_tokens: int, fetch_tokens: int, touch: bool) -> _Service:
@@ -259,14 +311,27 @@ class Simulation:
         start = max(now, inst.busy_until)
         return start - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
 
-    def _complete(self, flight: _InFlight, now: float) -> None:
+    def _complete(self, flight: _InFlight, now: float
+                  ) -> tuple[float, WorkerId, str, int, int] | None:
+        """The prefill ended: publish its pages; return when and where it joins a decode batch
+        (with its context and decode steps), if the cluster has a decode side."""
         ops = flight.instance.cache.insert(flight.keys)
         if self.pool is not None:
             ops += self.pool.insert(flight.keys)
         self._apply(ops)
-        rid = flight.req.request_id
+        req, rid = flight.req, flight.req.request_id
         self.driver.prefill_done(rid, now, prefill_s=flight.prefill_s)
-        self.driver.finished(rid, True, now)
         self.records.append(flight.record)
         self.admission.answered(MODEL, flight.decision, True, flight.record.ttft_s, 0.0,
                                 self.spec.ttft_slo_s, None, None)
+        if not self.decoders:
+            self.driver.finished(rid, True, now)
+            return None
+        steps = max(0, req.output_tokens - 1)
+        self._first_token[rid] = (now + self.cal.first_token_s, steps)
+        if self.pd and flight.decision.decode_worker_id is not None:
+            target = WorkerId(flight.decision.decode_worker_id)
+            ready = now + self.cal.handoff_s(req.input_tokens, flight.prefill_s)
+        else:
+            target, ready = flight.instance.worker_id, now
+        return ready, target, rid, req.input_tokens, steps

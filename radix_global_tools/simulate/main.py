@@ -11,6 +11,7 @@ Examples::
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import platform
 import sys
@@ -112,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
         "config_file": args.config,
         "trace": cfg.trace,
         "requests": len(trace),
-        "calibration": cfg.calibration.__dict__,
+        "calibration": dataclasses.asdict(cfg.calibration),
     }
     tables = []
     results = Path(args.out)

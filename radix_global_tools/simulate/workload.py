@@ -24,6 +24,7 @@ __all__ = [
     "full_page_keys",
     "read_trace",
     "read_trace_lines",
+    "regroup",
     "replicate",
     "scale_load",
 ]
@@ -92,3 +93,12 @@ def replicate(reqs: Sequence[SimRequest], copies: int) -> list[SimRequest]:
         for c in range(copies)
     ]
     return list(heapq.merge(*streams, key=lambda r: r.arrival_s))
+
+
+def regroup(reqs: Sequence[SimRequest], blocks_per_page: int) -> list[SimRequest]:
+    """Pages of ``blocks_per_page`` trace blocks: a page's key is its last block's hash id
+    (which identifies the whole prefix up to it). Only whole pages are kept."""
+    if blocks_per_page < 1:
+        raise ValueError("blocks_per_page must be >= 1")
+    k = blocks_per_page
+    return [r._replace(page_keys=r.page_keys[k - 1::k]) for r in reqs]

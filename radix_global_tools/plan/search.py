@@ -1,0 +1,242 @@
+"""The cheapest cluster that meets both SLOs for the accepted share: a bounded search.
+
+Every point is one simulation (``radix_global_tools/simulate``: the production index, conductor
+and cost model, the decode model) of the whole trace with no admission, so every request is
+served and counted: a request meets its SLOs when its TTFT and its mean time between tokens are
+both within them. Each dimension is searched by doubling then bisection, assuming more of a
+resource never hurts (monotone); the checks in ``tests/radix_global_tools/plan`` test that
+assumption where it matters (one prefill instance fewer, or half the pool, misses).
+
+Prefill/decode disaggregated (PD): TTFT depends on prefill instances, pool and fabric; TBT on
+decode instances (and the hand-off over the fabric). So the prefill count is searched with no
+decode side, the decode count at a prefill count that meets TTFT, and the pair is then checked
+together (and grown by one instance at a time while it misses). Co-located: one count, both SLOs.
+
+Pool sizes tried: none, and the capacities where the trace's LRU reuse curve
+(``capacity_curve.py``) reaches 50/80/90/95/100% of its unbounded reuse; for each prefill count
+found, the smallest pool that still keeps it is bisected between two tried sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import NamedTuple
+
+from radix_global_tools.plan.capacity_curve import CapacityCurve
+from radix_global_tools.plan.costs import CostWeights
+from radix_global_tools.simulate.config import Calibration
+from radix_global_tools.simulate.engine import ClusterSpec, RequestRecord, Simulation
+from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
+from radix_global_tools.simulate.workload import SimRequest, full_page_keys
+
+POOL_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 1.0)
+MAX_INSTANCES = 512
+
+
+class PlanError(ValueError):
+    """No cluster the search may build meets the targets (or the targets are malformed)."""
+
+
+class Targets(NamedTuple):
+    ttft_slo_s: float
+    tbt_slo_s: float
+    accept: float  # the share of all requests that must meet both
+
+
+class Sizing(NamedTuple):
+    prefill: int
+    decode: int  # 0: co-located (the prefill instances decode), or TTFT-only runs
+    pool_tokens: int  # 0: no pool
+    bandwidth_Bps: float  # fabric bandwidth per instance (pool fetches, PD hand-off)
+
+
+class Outcome(NamedTuple):
+    sizing: Sizing
+    ttft_share: float
+    tbt_share: float
+    both_share: float
+    hit_rate: float
+    p99_ttft_s: float
+    p99_tbt_s: float
+
+
+class Candidate(NamedTuple):
+    outcome: Outcome
+    cost: float
+    chosen: bool = False
+
+
+class Planner:
+    """Search over clusters for one trace, profile and cost weights (``plan`` once)."""
+
+    def __init__(self, trace: Sequence[SimRequest], cal: Calibration, targets: Targets,
+                 costs: CostWeights, colocated: bool,
+                 progress: Callable[[str], None] = lambda _: None) -> None:
+        self.trace, self.cal, self.targets = trace, cal, targets
+        self.costs, self.colocated, self.progress = costs, colocated, progress
+        self._memo: dict[tuple[Sizing, bool], Outcome] = {}
+
+    @property
+    def simulations(self) -> int:
+        return len(self._memo)
+
+    def evaluate(self, s: Sizing, decode_side: bool = True) -> Outcome:
+        """One simulation of ``s`` (memoised); ``decode_side`` False: TTFT only, no decode."""
+        key = (s, decode_side)
+        if key in self._memo:
+            return self._memo[key]
+        cal = replace(self.cal, bandwidth_bytes_per_s=s.bandwidth_Bps)
+        setup = FIG5_SETUPS["global_cache_aware" if s.pool_tokens else "local_cache_aware"]
+        spec = ClusterSpec(
+            s.prefill, cal, cal.local_tokens_per_instance, s.pool_tokens > 0,
+            decode_instances=s.decode if decode_side else 0,
+            colocated=decode_side and self.colocated, pool_tokens=s.pool_tokens or None)
+        sim = Simulation(spec, make_policy(setup, cal, cal.local_tokens_per_instance),
+                         make_cost(cal))
+        out = outcome(s, sim.run(self.trace), self.targets)
+        self._memo[key] = out
+        self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,} tokens, "
+                      f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "
+                      f"TBT {out.tbt_share:.3f}")
+        return out
+
+    def cost(self, s: Sizing) -> float:
+        return self.costs.of(s, self.cal.kv_bytes_per_token)
+
+    def _smallest(self, lo: int, share: Callable[[int], float], what: str) -> int:
+        """The smallest n >= lo whose ``share(n)`` reaches the accepted share: doubling to an
+        upper bound, then bisection. Stops when doubling no longer helps (a plateau)."""
+        a, hi = self.targets.accept, lo
+        last = share(hi)
+        while last < a:
+            lo, hi = hi + 1, hi * 2
+            now = share(hi)
+            if hi > MAX_INSTANCES or (hi >= 8 and now <= last):
+                raise PlanError(f"more {what} instances do not help: {now:.1%} of requests "
+                                f"meet the SLOs at {hi}, {a:.1%} asked")
+            last = now
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if share(mid) >= a:
+                hi = mid
+            else:
+                lo = mid + 1
+        return hi
+
+    def _ttft_share(self, pool: int, bw: float) -> Callable[[int], float]:
+        if self.colocated:
+            return lambda p: self.evaluate(Sizing(p, 0, pool, bw)).both_share
+        return lambda p: self.evaluate(Sizing(p, 0, pool, bw), False).ttft_share
+
+    def plan(self, bandwidths: Sequence[float], curve: CapacityCurve) -> list[Candidate]:
+        """Every candidate found (cheapest marked ``chosen``), ascending by cost."""
+        pools = sorted({0, *(max(0, curve.capacity_for(f * curve.max_hit_rate))
+                             for f in POOL_FRACTIONS)})
+        found: list[Outcome] = []
+        self.skipped: dict[float, str] = {}
+        for bw in bandwidths:
+            self.progress(f"fabric {bw * 8 / 1e9:g} Gbit/s per instance")
+            try:
+                found += self._at_bandwidth(bw, pools)
+            except PlanError as exc:  # another fabric may do
+                self.skipped[bw] = str(exc)
+        if not found:
+            raise PlanError("; ".join(f"{bw * 8 / 1e9:g} Gbit/s: {why}"
+                                      for bw, why in self.skipped.items()))
+        ranked = sorted(found, key=lambda o: (self.cost(o.sizing), o.sizing))
+        return [Candidate(o, self.cost(o.sizing), i == 0) for i, o in enumerate(ranked)]
+
+    def _at_bandwidth(self, bw: float, pools: list[int]) -> list[Outcome]:
+        prefill: dict[int, int] = {}
+        lower = 1
+        for pool in reversed(pools):  # a smaller pool never needs fewer instances
+            try:
+                prefill[pool] = lower = self._smallest(lower, self._ttft_share(pool, bw),
+                                                       "prefill")
+            except PlanError:
+                if pool == pools[-1]:
+                    raise
+                break  # smaller pools will not do better
+        decode = 0
+        if not self.colocated:
+            p_full, full = prefill[pools[-1]], pools[-1]
+            decode = self._smallest(
+                1, lambda d: self.evaluate(Sizing(p_full, d, full, bw)).tbt_share, "decode")
+        return [self._together(Sizing(p, decode, self._smallest_pool(list(prefill), prefill, p,
+                                                                      bw), bw))
+                for p in sorted(set(prefill.values()))]
+
+    def _smallest_pool(self, pools: list[int], prefill: dict[int, int], p: int,
+                       bw: float) -> int:
+        """Bisect the pool between the largest tried size that needs more than ``p`` prefill
+        instances and the smallest that needs ``p``, to a quarter of the smaller."""
+        pools = sorted(pools)
+        hi = min(pool for pool in pools if prefill[pool] == p)
+        below = [pool for pool in pools if pool < hi]
+        if not below:
+            return hi
+        lo = below[-1]
+        page = self.cal.page_tokens
+        while hi - lo > max(page, lo // 4):
+            mid = (lo + hi) // 2 // page * page
+            if self._ttft_share(mid, bw)(p) >= self.targets.accept:
+                hi = mid
+            else:
+                lo = mid
+        return hi
+
+    def _together(self, s: Sizing) -> Outcome:
+        """``s`` checked with both sides at once, grown one instance at a time while it misses
+        (PD: the side whose SLO the share misses)."""
+        a = self.targets.accept
+        for _ in range(8):
+            out = self.evaluate(s)
+            if out.both_share >= a:
+                return out
+            if self.colocated or out.ttft_share < a or out.tbt_share >= a:
+                s = s._replace(prefill=s.prefill + 1)
+            else:
+                s = s._replace(decode=s.decode + 1)
+        raise PlanError(f"{s} and its neighbours miss the targets together")
+
+
+def outcome(s: Sizing, records: Sequence[RequestRecord], targets: Targets) -> Outcome:
+    """Shares of all requests meeting TTFT, TBT and both (a rejected request meets neither)."""
+    n = len(records) or 1
+    ttft_ok = [r.accepted and r.ttft_s is not None and r.ttft_s <= targets.ttft_slo_s
+               for r in records]
+    tbt_ok = [r.accepted and (r.tbt_s is None or r.tbt_s <= targets.tbt_slo_s) for r in records]
+    ttfts = sorted(r.ttft_s for r in records if r.ttft_s is not None)
+    tbts = sorted(r.tbt_s for r in records if r.tbt_s is not None)
+    acc = [r for r in records if r.accepted]
+    tokens = sum(r.input_tokens for r in acc) or 1
+    return Outcome(
+        s, sum(ttft_ok) / n, sum(tbt_ok) / n,
+        sum(a and b for a, b in zip(ttft_ok, tbt_ok, strict=True)) / n,
+        sum(r.local_tokens + r.fetched_tokens for r in acc) / tokens,
+        _p99(ttfts), _p99(tbts))
+
+
+def _p99(values: Sequence[float]) -> float:
+    return values[min(len(values) - 1, int(0.99 * len(values)))] if values else float("nan")
+
+
+def attainable_share(trace: Sequence[SimRequest], cal: Calibration, targets: Targets) -> float:
+    """The share of requests that could meet both SLOs on any cluster: no queueing, every page
+    any earlier request computed reused for free, decoding alone. A bound: if it is below the
+    accepted share, no plan exists (and searching would only find that out slowly)."""
+    seen: set[int] = set()
+    met = 0
+    for req in trace:
+        keys = full_page_keys(req, cal.page_tokens)
+        hit = 0
+        while hit < len(keys) and keys[hit] in seen:
+            hit += 1
+        seen.update(keys)
+        reused = min(hit * cal.page_tokens, max(0, req.input_tokens - 1))
+        ttft = cal.prefill_s(req.input_tokens, reused) + cal.first_token_s
+        tbt = cal.decode.step_s(1, req.input_tokens)
+        met += ttft <= targets.ttft_slo_s and (req.output_tokens <= 1
+                                               or tbt <= targets.tbt_slo_s)
+    return met / len(trace) if trace else 0.0

@@ -1,0 +1,66 @@
+"""The planner on a small slice: the plan meets both SLOs for the accepted share, and one prefill
+instance fewer, or half its pool, does not (the search's monotone assumptions, checked)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from benchmarks.harness.paths import REPO
+from radix_global_tools.plan.capacity_curve import capacity_curve
+from radix_global_tools.plan.costs import CostWeights
+from radix_global_tools.plan.search import PlanError, Planner, Targets, attainable_share
+from radix_global_tools.simulate.config import DEFAULT_CONFIG, load_calibration
+from radix_global_tools.simulate.workload import read_trace
+
+SAMPLE = REPO / "benchmarks" / "data" / "conversation_multiturn_sample.jsonl"
+# Local caches of 20k tokens (the A800 profile's are 3M): on this 109-request slice the pool,
+# not the instances' own caches, is what holds the conversations.
+CAL = replace(load_calibration(DEFAULT_CONFIG), local_tokens_per_instance=20_000)
+TARGETS = Targets(ttft_slo_s=5.0, tbt_slo_s=0.1, accept=0.95)
+
+
+@pytest.fixture(scope="module")
+def trace():  # type: ignore[no-untyped-def]
+    return read_trace(SAMPLE)
+
+
+@pytest.mark.parametrize("colocated", [False, True], ids=["pd", "colocated"])
+def test_the_plan_meets_and_a_smaller_cluster_misses(trace, colocated: bool) -> None:  # type: ignore[no-untyped-def]
+    planner = Planner(trace, CAL, TARGETS, CostWeights(), colocated)
+    cands = planner.plan([CAL.bandwidth_bytes_per_s], capacity_curve(trace, CAL.page_tokens))
+    best = cands[0]
+    assert best.chosen and [c.cost for c in cands] == sorted(c.cost for c in cands)
+    s = best.outcome.sizing
+    assert best.outcome.both_share >= TARGETS.accept
+    assert s.pool_tokens > 0, "the slice was chosen for a plan with a pool"
+    assert (s.decode == 0) == colocated
+    fewer = planner.evaluate(s._replace(prefill=s.prefill - 1))
+    assert fewer.both_share < TARGETS.accept, fewer
+    half = planner.evaluate(s._replace(pool_tokens=s.pool_tokens // 2))
+    assert half.both_share < TARGETS.accept, half
+    if not colocated and s.decode > 1:
+        assert planner.evaluate(s._replace(decode=s.decode - 1)).both_share < TARGETS.accept
+    assert planner.simulations < 40  # bounded: no simulation per candidate pool byte
+
+
+def test_a_cheaper_pool_buys_a_bigger_one(trace) -> None:  # type: ignore[no-untyped-def]
+    """Pool bytes free: the plan's pool is no smaller than when they are dear."""
+    curve = capacity_curve(trace, CAL.page_tokens)
+    dear = Planner(trace, CAL, TARGETS, CostWeights(pool_gib=1e3), False).plan(
+        [CAL.bandwidth_bytes_per_s], curve)[0]
+    free = Planner(trace, CAL, TARGETS, CostWeights(pool_gib=0.0), False).plan(
+        [CAL.bandwidth_bytes_per_s], curve)[0]
+    assert free.outcome.sizing.prefill <= dear.outcome.sizing.prefill
+    assert free.outcome.sizing.pool_tokens >= dear.outcome.sizing.pool_tokens
+
+
+def test_slos_no_cluster_can_meet(trace) -> None:  # type: ignore[no-untyped-def]
+    # A 12k-token prompt alone takes ~1.5 s to prefill on the A800 profile.
+    tight = Targets(ttft_slo_s=0.2, tbt_slo_s=0.1, accept=0.99)
+    assert attainable_share(trace, CAL, tight) < 0.99
+    assert attainable_share(trace, CAL, TARGETS) >= TARGETS.accept
+    with pytest.raises(PlanError, match="do not help"):
+        Planner(trace, CAL, tight, CostWeights(), False).plan(
+            [CAL.bandwidth_bytes_per_s], capacity_curve(trace, CAL.page_tokens))
