@@ -28,7 +28,6 @@ Modelling choices (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import heapq
-import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -41,10 +40,10 @@ from radix_global.types import Location, Namespace, PoolId, Role, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.decode import Decoded, DecodeInstance
 from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
+from radix_global_tools.simulate.timed_policy import TimedPolicy
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
 from router.routing.contract import (
-    ClusterView,
     Decision,
     RejectReason,
     RouteRequest,
@@ -113,30 +112,6 @@ class ClusterSpec:
     colocated: bool = False  # else: every prefill instance decodes its own requests
     pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
     extra: dict[str, Any] = field(default_factory=dict)
-
-
-class TimedPolicy(RoutingPolicy):
-    """Delegates to a policy, recording the wall clock of its last ``choose``."""
-
-    name = "timed"
-
-    def __init__(self, inner: RoutingPolicy) -> None:
-        self.inner = inner
-        self.last_choose_s = 0.0
-
-    def choose(
-        self, req: RouteRequest, workers: Sequence[WorkerState], view: ClusterView, now: float
-    ) -> Decision:
-        t0 = time.perf_counter()
-        decision = self.inner.choose(req, workers, view, now)
-        self.last_choose_s = time.perf_counter() - t0
-        return decision
-
-    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
-        self.inner.on_routed(req, decision, now)
-
-    def on_finished(self, request_id: str, ok: bool, now: float) -> None:
-        self.inner.on_finished(request_id, ok, now)
 
 
 class Simulation:
@@ -328,10 +303,11 @@ class Simulation:
             self.driver.finished(rid, True, now)
             return None
         steps = max(0, req.output_tokens - 1)
-        self._first_token[rid] = (now + self.cal.first_token_s, steps)
+        first = now + self.cal.first_token_s  # decoding goes on from the first token
+        self._first_token[rid] = (first, steps)
         if self.pd and flight.decision.decode_worker_id is not None:
             target = WorkerId(flight.decision.decode_worker_id)
-            ready = now + self.cal.handoff_s(req.input_tokens, flight.prefill_s)
+            ready = max(first, now + self.cal.handoff_s(req.input_tokens, flight.prefill_s))
         else:
-            target, ready = flight.instance.worker_id, now
+            target, ready = flight.instance.worker_id, first
         return ready, target, rid, req.input_tokens, steps
