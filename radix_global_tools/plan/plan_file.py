@@ -1,7 +1,8 @@
 """The plan as files a deployment reads: ``<tag>.toml`` (the cluster) and ``<tag>_router.toml``
 (``radix-global router --config``: the SLOs and the decode model the plan was made with).
 
-The plan file's tables and keys are in ``docs/interfaces.md``, "The capacity plan file".
+The plan file's tables and keys are in ``docs/interfaces.md``, "The capacity plan file and the
+decode model".
 """
 
 from __future__ import annotations
@@ -70,7 +71,8 @@ def write_plan(out: Path, tag: str, command: str, best: Candidate, cal: Calibrat
     plan, router = out / f"{tag}.toml", out / f"{tag}_router.toml"
     header = f"Written by: {command}"
     plan.write_text(_toml(plan_tables(best, cal, targets, colocated, source),
-                          "A capacity plan (docs/interfaces.md, \"The capacity plan file\").\n"
+                          "A capacity plan (docs/interfaces.md, \"The capacity plan file and "
+                          "the decode model\").\n"
                           + header))
     router.write_text(_toml(router_tables(cal, targets),
                             "radix-global router --config FILE: the plan's SLOs and decode "

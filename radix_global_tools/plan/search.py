@@ -144,7 +144,8 @@ class Planner:
         if not found:
             raise PlanError("; ".join(f"{bw * 8 / 1e9:g} Gbit/s: {why}"
                                       for bw, why in self.skipped.items()))
-        ranked = sorted(found, key=lambda o: (self.cost(o.sizing), o.sizing))
+        unique = {o.sizing: o for o in found}  # growing two sizings may meet at one
+        ranked = sorted(unique.values(), key=lambda o: (self.cost(o.sizing), o.sizing))
         return [Candidate(o, self.cost(o.sizing), i == 0) for i, o in enumerate(ranked)]
 
     def _at_bandwidth(self, bw: float, pools: list[int]) -> list[Outcome]:
@@ -163,9 +164,12 @@ class Planner:
             p_full, full = prefill[pools[-1]], pools[-1]
             decode = self._smallest(
                 1, lambda d: self.evaluate(Sizing(p_full, d, full, bw)).tbt_share, "decode")
-        return [self._together(Sizing(p, decode, self._smallest_pool(list(prefill), prefill, p,
-                                                                      bw), bw))
-                for p in sorted(set(prefill.values()))]
+        # every pool size tried (the trade-off: fewer prefill instances against a bigger pool),
+        # and for each prefill count the smallest pool that keeps it
+        sizes = {Sizing(p, decode, pool, bw) for pool, p in prefill.items()}
+        sizes |= {Sizing(p, decode, self._smallest_pool(list(prefill), prefill, p, bw), bw)
+                  for p in set(prefill.values())}
+        return [self._together(s) for s in sorted(sizes)]
 
     def _smallest_pool(self, pools: list[int], prefill: dict[int, int], p: int,
                        bw: float) -> int:
