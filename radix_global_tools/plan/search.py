@@ -76,6 +76,7 @@ class Planner:
         self.trace, self.cal, self.targets = trace, cal, targets
         self.costs, self.colocated, self.progress = costs, colocated, progress
         self._memo: dict[tuple[Sizing, bool], Outcome] = {}
+        self.skipped: dict[float, str] = {}  # fabric -> why no cluster met the targets there
 
     @property
     def simulations(self) -> int:
@@ -124,7 +125,9 @@ class Planner:
                 lo = mid + 1
         return hi
 
-    def _ttft_share(self, pool: int, bw: float) -> Callable[[int], float]:
+    def _prefill_share(self, pool: int, bw: float) -> Callable[[int], float]:
+        """The share that the prefill count decides: PD, the TTFT share (no decode side);
+        co-located, the share meeting both."""
         if self.colocated:
             return lambda p: self.evaluate(Sizing(p, 0, pool, bw)).both_share
         return lambda p: self.evaluate(Sizing(p, 0, pool, bw), False).ttft_share
@@ -134,7 +137,6 @@ class Planner:
         pools = sorted({0, *(max(0, curve.capacity_for(f * curve.max_hit_rate))
                              for f in POOL_FRACTIONS)})
         found: list[Outcome] = []
-        self.skipped: dict[float, str] = {}
         for bw in bandwidths:
             self.progress(f"fabric {bw * 8 / 1e9:g} Gbit/s per instance")
             try:
@@ -153,7 +155,7 @@ class Planner:
         lower = 1
         for pool in reversed(pools):  # a smaller pool never needs fewer instances
             try:
-                prefill[pool] = lower = self._smallest(lower, self._ttft_share(pool, bw),
+                prefill[pool] = lower = self._smallest(lower, self._prefill_share(pool, bw),
                                                        "prefill")
             except PlanError:
                 if pool == pools[-1]:
@@ -184,7 +186,7 @@ class Planner:
         page = self.cal.page_tokens
         while hi - lo > max(page, lo // 4):
             mid = (lo + hi) // 2 // page * page
-            if self._ttft_share(mid, bw)(p) >= self.targets.accept:
+            if self._prefill_share(mid, bw)(p) >= self.targets.accept:
                 hi = mid
             else:
                 lo = mid

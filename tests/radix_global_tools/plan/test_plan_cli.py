@@ -26,6 +26,9 @@ def test_writes_a_plan_the_router_reads(tmp_path: Path) -> None:
     assert router.slo.ttft_slo_s == 5.0 and router.slo.tbt_slo_s == 0.1
     assert (tmp_path / "p.png").stat().st_size > 10_000
     assert (tmp_path / "p.json").is_file()
+    # the documented example has exactly the keys a plan has
+    example = tomllib.loads((REPO / "docs" / "examples" / "plan.toml").read_text())
+    assert {(t, k) for t in plan for k in plan[t]} == {(t, k) for t in example for k in example[t]}
 
 
 def test_what_if_knobs(tmp_path: Path) -> None:
