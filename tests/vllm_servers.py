@@ -44,8 +44,12 @@ class VllmMissingError(RuntimeError):
     """The vLLM CPU venv is not built."""
 
 
+def _venv_python() -> Path:
+    return REPO_ROOT / ".venv-vllm" / "bin" / "python"
+
+
 def vllm_python() -> Path:
-    python = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    python = _venv_python()
     if not python.exists():
         raise VllmMissingError(
             f"{python} not found: the vLLM CPU venv is missing; run `make bootstrap-vllm`")
@@ -60,7 +64,8 @@ def vllm_argv(model_path: str | os.PathLike[str], port: int, events_path: str | 
               extra_args: Sequence[str] = ()) -> list[str]:
     events = {"enable_kv_cache_events": True, "publisher": "zmq",
               "endpoint": events_endpoint(events_path), "topic": "kv-events"}
-    return [str(vllm_python()), "-m", "vllm.entrypoints.openai.api_server",
+    # checked by ``vllm_servers`` before it starts anything: a command line needs no venv
+    return [str(_venv_python()), "-m", "vllm.entrypoints.openai.api_server",
             "--model", str(model_path), "--served-model-name", SERVED_MODEL_NAME,
             "--host", "127.0.0.1", "--port", str(port), "--enable-prefix-caching",
             "--enforce-eager", "--enable-prompt-tokens-details",

@@ -34,7 +34,8 @@ from benchmarks.scenarios.pressure_plan import DEFAULT_CONFIG, load_config
 from radix_global_tools.cluster.local import LocalCluster, RouterSpec
 from radix_global_tools.plan.capacity_curve import capacity_curve
 from radix_global_tools.plan.costs import CostWeights
-from radix_global_tools.plan.search import Planner, Sizing, Targets
+from radix_global_tools.plan.search import Planner, Targets
+from radix_global_tools.plan.sizing import Sizing
 from radix_global_tools.replay.client import kv_bytes_per_token
 from radix_global_tools.simulate.config import CPU_CONFIG, load_calibration
 
@@ -66,7 +67,7 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     cfg, cal = load_config(DEFAULT_CONFIG), load_calibration(CPU_CONFIG)
     targets = Targets(args.ttft_slo, args.tbt_slo, args.accept)
-    point = conversation_point(cfg.conversations, FULL_TRACE, cfg.page_size, args.duration)
+    point = conversation_point(cfg.conversations, str(FULL_TRACE), cfg.page_size, args.duration)
     reqs = sim_requests(point, cal.page_tokens)
     planner = Planner(reqs, cal, targets, CostWeights(), colocated=True)
     best = planner.plan([cal.bandwidth_bytes_per_s], capacity_curve(reqs, cal.page_tokens))[0]

@@ -10,10 +10,8 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    from radix_global_tools.plan.search import Sizing
+from radix_global_tools.plan.sizing import Sizing
 
 DEFAULT_COSTS = Path(__file__).with_name("default_costs.toml")
 GIB = 2**30

@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from radix_global_tools.plan.capacity_curve import CapacityCurve
 from radix_global_tools.plan.costs import CostWeights
+from radix_global_tools.plan.sizing import Sizing
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.engine import ClusterSpec, RequestRecord, Simulation
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
@@ -42,13 +43,6 @@ class Targets(NamedTuple):
     ttft_slo_s: float
     tbt_slo_s: float
     accept: float  # the share of all requests that must meet both
-
-
-class Sizing(NamedTuple):
-    prefill: int
-    decode: int  # 0: co-located (the prefill instances decode), or TTFT-only runs
-    pool_tokens: int  # 0: no pool
-    bandwidth_Bps: float  # fabric bandwidth per instance (pool fetches, PD hand-off)
 
 
 class Outcome(NamedTuple):

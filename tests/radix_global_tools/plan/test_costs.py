@@ -5,7 +5,7 @@ from pathlib import Path
 import pytest
 
 from radix_global_tools.plan.costs import CostFileError, CostWeights, load_costs
-from radix_global_tools.plan.search import Sizing
+from radix_global_tools.plan.sizing import Sizing
 
 
 def test_defaults_and_a_partial_file(tmp_path: Path) -> None:

@@ -1,0 +1,12 @@
+"""One cluster the planner prices and simulates."""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+
+class Sizing(NamedTuple):
+    prefill: int
+    decode: int  # 0: co-located (the prefill instances decode), or TTFT-only runs
+    pool_tokens: int  # 0: no pool
+    bandwidth_Bps: float  # fabric bandwidth per instance (pool fetches, PD hand-off)
