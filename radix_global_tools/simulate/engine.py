@@ -14,10 +14,11 @@ Modelling choices (also in docs/benchmarks.md):
   so the router's ``on_prefill_done`` and ``on_finished`` are both called then.
 - With one (``radix_global_tools/simulate/decode.py``): PD, decode instances of their own that
   the router's decode selection picks (``router/routing/decode_select.py``, its KV reservations
-  against each instance's KV capacity), the prompt's KV moved over the fabric after prefill; or
-  co-located, each prefill instance decoding its own requests, a prefill stalling its batch and
-  waiting for the step in progress. ``on_finished`` comes at the last token. TBT is a request's
-  mean time between tokens: from its first token to its last, over its remaining tokens.
+  against each instance's KV capacity), the prompt's KV sent over the fabric layer by layer
+  during the prefill (only what outlasts the prefill delays decoding); or co-located, each
+  prefill instance decoding its own requests, a prefill stalling its batch and waiting for the
+  step in progress. ``on_finished`` comes at the last token. TBT is a request's mean time
+  between tokens: from its first token to its last, over its remaining tokens.
 - Engine-reported ``waiting_tokens`` is left unknown: the router-side FIFO queue model is exact
   for a one-at-a-time server.
 - Admission is booked in the router's own :class:`AdmissionLedger`, and each TTFT rejection is
@@ -109,7 +110,7 @@ class ClusterSpec:
     with_pool: bool  # a global pool every instance can fetch from
     ttft_slo_s: float | None = None  # passed on each RouteRequest (None: policy default)
     decode_instances: int = 0  # PD: this many decode instances of their own
-    colocated: bool = False  # else: every prefill instance decodes its own requests
+    colocated: bool = False  # without decode instances: each prefill instance decodes its own
     pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
     extra: dict[str, Any] = field(default_factory=dict)
 
