@@ -29,7 +29,8 @@ from radix_global_tools.plan.sizing import Sizing
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.engine import ClusterSpec, RequestRecord, Simulation
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
-from radix_global_tools.simulate.workload import SimRequest, full_page_keys
+from radix_global_tools.simulate.metrics import oracle_reuse
+from radix_global_tools.simulate.workload import SimRequest
 
 POOL_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 1.0)
 MAX_INSTANCES = 512
@@ -226,17 +227,8 @@ def attainable_share(trace: Sequence[SimRequest], cal: Calibration, targets: Tar
     """The share of requests that could meet both SLOs on any cluster: no queueing, every page
     any earlier request computed reused for free, decoding alone. A bound: if it is below the
     accepted share, no plan exists (and searching would only find that out slowly)."""
-    seen: set[int] = set()
-    met = 0
-    for req in trace:
-        keys = full_page_keys(req, cal.page_tokens)
-        hit = 0
-        while hit < len(keys) and keys[hit] in seen:
-            hit += 1
-        seen.update(keys)
-        reused = min(hit * cal.page_tokens, max(0, req.input_tokens - 1))
-        ttft = cal.prefill_s(req.input_tokens, reused) + cal.first_token_s
-        tbt = cal.decode.step_s(1, req.input_tokens)
-        met += ttft <= targets.ttft_slo_s and (req.output_tokens <= 1
-                                               or tbt <= targets.tbt_slo_s)
+    met = sum(
+        cal.prefill_s(req.input_tokens, reused) + cal.first_token_s <= targets.ttft_slo_s
+        and (req.output_tokens <= 1 or cal.decode.step_s(1, req.input_tokens) <= targets.tbt_slo_s)
+        for req, reused in oracle_reuse(cal, trace))
     return met / len(trace) if trace else 0.0

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from radix_global_tools.simulate.config import Calibration
@@ -70,18 +70,24 @@ def summarize(records: Sequence[RequestRecord], ttft_slo_s: float) -> RunSummary
     )
 
 
-def oracle_mean_ttft_s(cal: Calibration, requests: Sequence[SimRequest]) -> float:
-    """A lower bound of every policy's mean TTFT, at any load: no request ever waits, and each
-    reuses the longest prefix any earlier request computed (unbounded cache, free transfer).
-    Dividing it by a baseline's mean TTFT bounds the ratio any policy can reach against it."""
+def oracle_reuse(cal: Calibration, requests: Sequence[SimRequest]
+                 ) -> Iterator[tuple[SimRequest, int]]:
+    """Each request with the tokens it would reuse if every page any earlier request computed
+    were cached (unbounded cache, free transfer)."""
     seen: set[int] = set()
-    total = 0.0
     for req in requests:
         keys = full_page_keys(req, cal.page_tokens)
         hit = 0
         while hit < len(keys) and keys[hit] in seen:
             hit += 1
         seen.update(keys)
-        reused = min(hit * cal.page_tokens, max(0, req.input_tokens - 1))
-        total += cal.prefill_s(req.input_tokens, reused) + cal.first_token_s
+        yield req, min(hit * cal.page_tokens, max(0, req.input_tokens - 1))
+
+
+def oracle_mean_ttft_s(cal: Calibration, requests: Sequence[SimRequest]) -> float:
+    """A lower bound of every policy's mean TTFT, at any load: no request ever waits, and each
+    reuses the longest prefix any earlier request computed (:func:`oracle_reuse`). Dividing it
+    by a baseline's mean TTFT bounds the ratio any policy can reach against it."""
+    total = sum(cal.prefill_s(req.input_tokens, reused) + cal.first_token_s
+                for req, reused in oracle_reuse(cal, requests))
     return total / len(requests) if requests else float("nan")
