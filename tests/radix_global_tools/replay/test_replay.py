@@ -159,7 +159,9 @@ def test_ttft_tbt_and_usage_are_measured() -> None:
                                kv_bytes=10, progress=False)
     r = report.results[0]
     assert r.status == "ok" and r.output_tokens == 7
-    assert 0.2 <= r.ttft_s < 0.35
+    # the first token, not the end: two more chunks of 0.06 s follow it (a bound on the gap, not
+    # on TTFT itself, holds on a loaded machine: CI saw a 0.53 s TTFT here)
+    assert r.ttft_s >= 0.2 and r.latency_s - r.ttft_s >= 0.1
     # chunks of 1, 3, 3 tokens: 6 per-token samples of ~0.06/3
     assert len(r.tbt_s) == 6
     assert all(0.015 <= g < 0.05 for g in r.tbt_s)
