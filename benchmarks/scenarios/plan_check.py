@@ -12,7 +12,8 @@ the same requests are replayed through our router (``conductor``) on real SGLang
 at the planned engine count and at one engine fewer, engines of the plan's kind (its pool: our
 engines with the pool; none: stock engines with their local HiCache). A request meets its SLOs
 when its TTFT and its mean time between tokens ((latency - TTFT) / (output tokens - 1)) are both
-within them. Table on stdout, JSON (every request) to ``--out``.
+within them. ``--dispatch-off``: the router without its dispatch gate (the simulator's router
+has none). Table on stdout, JSON (every request) to ``--out``.
 """
 
 from __future__ import annotations
@@ -63,6 +64,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--tbt-slo", type=float, default=0.5)
     p.add_argument("--accept", type=float, default=0.95)
     p.add_argument("--sim-only", action="store_true", help="plan, and do not run engines")
+    p.add_argument("--dispatch-off", action="store_true",
+                   help="the router without its dispatch gate, as the simulator runs it")
     p.add_argument("--out", default=str(RESULTS / "plan_check.json"))
     args = p.parse_args(argv)
     cfg, cal = load_config(DEFAULT_CONFIG), load_calibration(CPU_CONFIG)
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
         "targets": targets._asdict(), "requests": len(reqs), "duration_s": args.duration,
         "plan": plan._asdict(), "predicted": predicted, "real": {}}
     if not args.sim_only:
-        out["real"] = run_real(cfg, plan, counts, point, targets)
+        out["real"] = run_real(cfg, plan, counts, point, targets, args.dispatch_off)
         print("| engines | predicted both | real TTFT | real TBT | real both |\n"
               "|---|---|---|---|---|")
         for n in counts:
@@ -99,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_real(cfg: Any, plan: Sizing, counts: list[int], point: Any, targets: Targets
-             ) -> dict[int, dict[str, Any]]:
+def run_real(cfg: Any, plan: Sizing, counts: list[int], point: Any, targets: Targets,
+             dispatch_off: bool) -> dict[int, dict[str, Any]]:
     model_dir = str(REPO / "build" / "tiny-llama")
     kind = "ours" if plan.pool_tokens else "stock-hicache"
     run_dir = REPO / "build" / f"plan-check-{time.strftime('%Y%m%d-%H%M%S')}"
@@ -114,7 +117,8 @@ def run_real(cfg: Any, plan: Sizing, counts: list[int], point: Any, targets: Tar
                             tbt_slo_s=targets.tbt_slo_s)
         runner = Runner(cluster, bench, specs)
         for n in counts:
-            c = Contender(f"conductor, {n} engines", f"{n}", RouterSpec("ours", "conductor"))
+            router = RouterSpec("ours", "conductor", {"--dispatch": "off"} if dispatch_off else {})
+            c = Contender(f"conductor, {n} engines", f"{n}", router)
             print(f"== {c.name} ({kind})", flush=True)
             row = runner.run(c, point.plan, kv_bytes_per_token(model_dir),
                              duration_s=point.span_s)
