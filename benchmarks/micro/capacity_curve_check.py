@@ -20,9 +20,7 @@ from pathlib import Path
 from benchmarks.harness.paths import RESULTS
 from radix_global_tools.plan.capacity_curve import capacity_curve
 from radix_global_tools.simulate.config import DEFAULT_CONFIG, load_config
-from radix_global_tools.simulate.engine import ClusterSpec, Simulation
-from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
-from radix_global_tools.simulate.metrics import summarize
+from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.workload import read_trace
 
 POINTS = (1e6, 3e6, 1e7, 2e7, 3e7, 5e7, 1e8, float("inf"))
@@ -43,13 +41,9 @@ def main(argv: list[str] | None = None) -> int:
     curve = capacity_curve(trace, cal.page_tokens)
     curve_s = time.perf_counter() - t0
     every_page = len({k for r in trace for k in r.page_keys}) * cal.page_tokens
-    spec = ClusterSpec(args.instances, cal, cal.local_tokens_per_instance, True,
-                       pool_tokens=every_page)
-    setup = FIG5_SETUPS["global_cache_aware"]
     t0 = time.perf_counter()
-    sim = Simulation(spec, make_policy(setup, cal, cal.local_tokens_per_instance),
-                     make_cost(cal))
-    simulated = summarize(sim.run(trace), cal.ttft_slo_s).hit_rate
+    simulated = run_one(cal, trace, args.instances, FIG5_SETUPS["global_cache_aware"],
+                        cal.local_tokens_per_instance, pool_tokens=every_page)[0].hit_rate
     sim_s = time.perf_counter() - t0
     rows = [{"capacity_tokens": c, "hit_rate": curve.hit_rate(c)} for c in POINTS]
     print("| capacity (tokens) | hit rate (curve) |\n|---|---|")

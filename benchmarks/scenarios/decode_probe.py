@@ -35,22 +35,14 @@ import httpx
 import numpy as np
 
 from benchmarks.harness.paths import REPO
-from benchmarks.scenarios.engine_probe import fit, measure, prompts
-from radix_global_tools.replay.client import stream_ids
+from benchmarks.scenarios.engine_probe import fit, measure, prompts, send_at_once
 
 
 async def decode_batch(url: str, ids_list: list[list[int]], output_tokens: int) -> float:
     """Every prompt at once; the median over them of (latency - TTFT) / (output - 1)."""
-    async with httpx.AsyncClient(timeout=600) as client:
-        t0 = time.perf_counter()
-        done = await asyncio.gather(*(stream_ids(client, url, ids, output_tokens, i, t0)
-                                      for i, ids in enumerate(ids_list)))
-    per_token = []
-    for result, _ in done:
-        if result.status != "ok" or result.ttft_s is None or result.latency_s is None:
-            raise RuntimeError(f"decode probe request failed: {result.error}")
-        per_token.append((result.latency_s - result.ttft_s) / (output_tokens - 1))
-    return statistics.median(per_token)
+    results = await send_at_once(url, ids_list, output_tokens, "decode probe")
+    return statistics.median(((r.latency_s or 0.0) - (r.ttft_s or 0.0)) / (output_tokens - 1)
+                             for r in results)
 
 
 def fit_decode(rows: list[dict[str, Any]], output_tokens: int) -> dict[str, float]:

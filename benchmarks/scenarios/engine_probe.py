@@ -46,6 +46,7 @@ from benchmarks.scenarios.pressure_plan import DEFAULT_CONFIG, load_config
 from radix_global.trace import DEFAULT_VOCAB
 from radix_global_tools.cluster.local import LocalCluster, RouterSpec, flush_caches
 from radix_global_tools.replay.client import stream_ids
+from radix_global_tools.replay.stats import RequestResult
 
 KINDS = ("stock-hicache", "stock-file", "ours")
 VOCAB = (DEFAULT_VOCAB.first_id, DEFAULT_VOCAB.first_id + DEFAULT_VOCAB.size)  # word tokens
@@ -71,18 +72,24 @@ async def measure(url: str, ids_list: list[list[int]], output_tokens: int
     return rows
 
 
-async def measure_burst(url: str, ids_list: list[list[int]], output_tokens: int
-                        ) -> dict[str, Any]:
-    """Every prompt sent at once: mean TTFT and the time until the last first token."""
+async def send_at_once(url: str, ids_list: list[list[int]], output_tokens: int, what: str
+                       ) -> list[RequestResult]:
+    """Every prompt sent at once; their results (one that failed raises, naming ``what``)."""
     async with httpx.AsyncClient(timeout=600) as client:
         t0 = time.perf_counter()
         done = await asyncio.gather(*(stream_ids(client, url, ids, output_tokens, i, t0)
                                       for i, ids in enumerate(ids_list)))
-    ttfts = []
     for result, _ in done:
-        if result.status != "ok" or result.ttft_s is None:
-            raise RuntimeError(f"burst request failed: {result.error}")
-        ttfts.append(result.sent_s + result.ttft_s)
+        if result.status != "ok" or result.ttft_s is None or result.latency_s is None:
+            raise RuntimeError(f"{what} request failed: {result.error}")
+    return [result for result, _ in done]
+
+
+async def measure_burst(url: str, ids_list: list[list[int]], output_tokens: int
+                        ) -> dict[str, Any]:
+    """Every prompt sent at once: mean TTFT and the time until the last first token."""
+    ttfts = [r.sent_s + (r.ttft_s or 0.0)
+             for r in await send_at_once(url, ids_list, output_tokens, "burst")]
     return {"tokens": len(ids_list[0]), "requests": len(ids_list),
             "ttft_mean_s": statistics.fmean(ttfts), "last_first_token_s": max(ttfts)}
 

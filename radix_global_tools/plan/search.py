@@ -27,8 +27,8 @@ from radix_global_tools.plan.capacity_curve import CapacityCurve
 from radix_global_tools.plan.costs import CostWeights
 from radix_global_tools.plan.sizing import Sizing
 from radix_global_tools.simulate.config import Calibration
-from radix_global_tools.simulate.engine import ClusterSpec, RequestRecord, Simulation
-from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
+from radix_global_tools.simulate.engine import RequestRecord
+from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.metrics import oracle_reuse
 from radix_global_tools.simulate.workload import SimRequest
 
@@ -84,13 +84,11 @@ class Planner:
             return self._memo[key]
         cal = replace(self.cal, bandwidth_bytes_per_s=s.bandwidth_Bps)
         setup = FIG5_SETUPS["global_cache_aware" if s.pool_tokens else "local_cache_aware"]
-        spec = ClusterSpec(
-            s.prefill, cal, cal.local_tokens_per_instance, s.pool_tokens > 0,
-            decode_instances=s.decode if decode_side else 0,
-            colocated=decode_side and self.colocated, pool_tokens=s.pool_tokens or None)
-        sim = Simulation(spec, make_policy(setup, cal, cal.local_tokens_per_instance),
-                         make_cost(cal))
-        out = outcome(s, sim.run(self.trace), self.targets)
+        _, sim = run_one(cal, self.trace, s.prefill, setup, cal.local_tokens_per_instance,
+                         pool_tokens=s.pool_tokens or None,
+                         decode_instances=s.decode if decode_side else 0,
+                         colocated=decode_side and self.colocated)
+        out = outcome(s, sim.records, self.targets)
         self._memo[key] = out
         self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,} tokens, "
                       f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "

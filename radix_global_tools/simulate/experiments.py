@@ -83,8 +83,14 @@ def run_one(
     local_tokens: int,
     ttft_slo_s: float | None = None,
     ttft_headroom: float = 0.0,
+    pool_tokens: int | None = None,
+    decode_instances: int = 0,
+    colocated: bool = False,
 ) -> tuple[RunSummary, Simulation]:
-    spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s)
+    """One simulated run of ``setup`` (the spec's other fields: ``ClusterSpec``)."""
+    spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s,
+                       decode_instances=decode_instances, colocated=colocated,
+                       pool_tokens=pool_tokens)
     policy = make_policy(setup, cal, local_tokens)
     if ttft_headroom:
         policy = get_policy(setup.policy, slo=SloConfig(ttft_headroom=ttft_headroom),

@@ -5,14 +5,15 @@ from __future__ import annotations
 import statistics
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from radix_global_tools.plan.capacity_curve import capacity_curve
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.decode import DecodeProfile
-from radix_global_tools.simulate.engine import ClusterSpec, RequestRecord, Simulation
-from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy
+from radix_global_tools.simulate.engine import RequestRecord, Simulation
+from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.metrics import summarize
 from radix_global_tools.simulate.workload import read_trace
 
@@ -27,12 +28,11 @@ def trace():  # type: ignore[no-untyped-def]
     return read_trace(DATA / "conversation_sample.jsonl")
 
 
-def run(trace, instances: int, cal: Calibration = CAL, **spec: object  # type: ignore[no-untyped-def]
+def run(trace, instances: int, cal: Calibration = CAL, **spec: Any  # type: ignore[no-untyped-def]
         ) -> tuple[list[RequestRecord], Simulation]:
-    setup = FIG5_SETUPS["global_cache_aware"]
-    s = Simulation(ClusterSpec(instances, cal, cal.local_tokens_per_instance, True, **spec),  # type: ignore[arg-type]
-                   make_policy(setup, cal, cal.local_tokens_per_instance), make_cost(cal))
-    return s.run(trace), s
+    _, s = run_one(cal, trace, instances, FIG5_SETUPS["global_cache_aware"],
+                   cal.local_tokens_per_instance, **spec)
+    return s.records, s
 
 
 def mean_tbt(records: list[RequestRecord]) -> float:
