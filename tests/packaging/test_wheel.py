@@ -11,7 +11,8 @@ One module-scoped build of the wheel from a copy of the source tree, then:
   ``/health`` and a routed ``/generate`` in front of an instant upstream, the benchmark command
   saying it needs the source checkout;
 - ``[tools]`` into another clean venv the same way: ``pip check``, an import walk of every module
-  of ``radix_global_tools``, and ``replay``, ``cluster`` and ``simulate`` answering ``--help``;
+  of ``radix_global_tools``, and ``replay``, ``cluster``, ``simulate`` and ``plan`` answering
+  ``--help``;
 - ``[mooncake]`` into a clean venv: ``pip check``, the store client and our pool import, the
   master's command is there;
 - the core alone at the lowest declared ``grpcio``/``protobuf``: the generated gRPC code imports,
@@ -54,7 +55,7 @@ PRODUCT = ("radix_global", "radix_global_cli", "radix_global_tools", "router", "
 SOURCE = ("pyproject.toml", "README.md", "LICENSE", *PRODUCT, "benchmarks", "tests")
 INSTALL_TIMEOUT_S = 900
 SOURCE_ONLY_COMMANDS = ("bench",)
-TOOL_COMMANDS = ("replay", "cluster", "simulate")
+TOOL_COMMANDS = ("replay", "cluster", "simulate", "plan")
 
 
 def _project() -> dict[str, Any]:
@@ -214,6 +215,7 @@ def test_wheel_contents(wheel: Path) -> None:
     assert "sglang_patch/child_site/sitecustomize.py" in names  # the CPU engine's patch hook
     for calibration in ("paper_config.toml", "cpu_config.toml"):  # radix-global simulate's
         assert f"radix_global_tools/simulate/{calibration}" in names
+    assert "radix_global_tools/plan/default_costs.toml" in names  # radix-global plan's weights
     assert "radix_global/proto/index_pb2_grpc.py" in names
     assert f"{dist_info}/licenses/LICENSE" in names
     metadata = zipfile.ZipFile(wheel).read(f"{dist_info}/METADATA").decode()
