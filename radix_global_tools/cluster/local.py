@@ -125,8 +125,10 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
     if spec.kind == "stock":
         argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--", *common]
         if spec.kv_events:
+            # bind: on a concrete address SGLang's publisher connects unless told to bind, and
+            # the router's subscriber connects too: no event would ever arrive
             argv += ["--kv-events-config", json.dumps({
-                "publisher": "zmq", "topic": "kv-events",
+                "publisher": "zmq", "topic": "kv-events", "bind": True,
                 "endpoint": events_endpoint or f"tcp://127.0.0.1:{free_port()}"})]
         return argv
     if router_url is None or pool_id is None:

@@ -17,6 +17,7 @@ length, KV bytes per token).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +39,8 @@ from radix_global.registration import (
 )
 from radix_global.types import Role
 from router.keying.tokenize import model_context_length
+
+log = logging.getLogger(__name__)
 
 
 def cli_worker_id(url: str) -> str:
@@ -171,10 +174,24 @@ def check_server_info(server: Mapping[str, Any]) -> ServerReport:
     )
 
 
+_WILDCARD_HOSTS = ("*", "0.0.0.0", "::")
+
+
 def _events_endpoint(cfg: Mapping[str, Any] | None, worker_url: str) -> str | None:
-    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host)."""
+    """The PUB endpoint from SGLang's ``--kv-events-config``, made connectable (``*`` -> host).
+    None (logged) when the publisher connects instead of binding: SGLang binds only with
+    ``"bind": true`` or a wildcard host, and the router's subscriber connects too, so not one
+    event would arrive."""
     endpoint = cfg.get("endpoint") if cfg else None
-    if not endpoint:
+    if not cfg or not endpoint:
+        return None
+    bind = cfg.get("bind")
+    host = endpoint.split("//", 1)[-1].rsplit(":", 1)[0].strip("[]")
+    if bind is False or (bind is None and host not in _WILDCARD_HOSTS):
+        log.warning("worker %s: its --kv-events-config publisher connects to %s instead of "
+                    "binding it, so the router receives no KV events from it (routing is "
+                    "cache-blind there): add \"bind\": true, or use tcp://*:PORT",
+                    worker_url, endpoint)
         return None
     host = urlsplit(worker_url).hostname or "127.0.0.1"
     for wildcard in ("*", "0.0.0.0"):

@@ -33,6 +33,22 @@ def test_a_sane_answer_is_described_as_before():
     assert (bare.page_size, bare.dp_size, context) == (1, 1, None)  # absent: the defaults
 
 
+@pytest.mark.parametrize(("config", "endpoint"), [
+    ({"endpoint": "tcp://127.0.0.1:5557", "bind": True}, "tcp://127.0.0.1:5557"),
+    ({"endpoint": "tcp://0.0.0.0:5557"}, "tcp://127.0.0.1:5557"),
+    # SGLang's publisher connects to a concrete address unless told to bind: nothing to hear
+    ({"endpoint": "tcp://127.0.0.1:5557"}, None),
+    ({"endpoint": "tcp://*:5557", "bind": False}, None),
+])
+def test_a_publisher_that_connects_instead_of_binding_is_named_not_subscribed(
+        config, endpoint, caplog):  # type: ignore[no-untyped-def]
+    with caplog.at_level(logging.WARNING, logger="router.cluster.discovery"):
+        info, _, _ = info_from_server_info(URL, {**SANE, "kv_events_config": config},
+                                           ModelOverrides())
+    assert info.kv_events_endpoint == endpoint
+    assert ('"bind": true' in caplog.text) == (endpoint is None)
+
+
 @pytest.mark.parametrize(("field", "value"), [
     ("page_size", "16"), ("page_size", 1e9), ("page_size", 10**9), ("page_size", 0),
     ("page_size", True), ("page_size", MAX_PAGE_SIZE + 1),
