@@ -27,10 +27,11 @@ from radix_global_tools.plan.capacity_curve import CapacityCurve
 from radix_global_tools.plan.costs import CostWeights
 from radix_global_tools.plan.sizing import Sizing
 from radix_global_tools.simulate.config import Calibration
-from radix_global_tools.simulate.engine import RequestRecord
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.metrics import oracle_reuse
+from radix_global_tools.simulate.records import RequestRecord
 from radix_global_tools.simulate.workload import SimRequest
+from router.routing.dispatch_gate import DispatchConfig
 
 POOL_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 1.0)
 MAX_INSTANCES = 512
@@ -67,9 +68,13 @@ class Planner:
 
     def __init__(self, trace: Sequence[SimRequest], cal: Calibration, targets: Targets,
                  costs: CostWeights, colocated: bool,
-                 progress: Callable[[str], None] = lambda _: None) -> None:
+                 progress: Callable[[str], None] = lambda _: None,
+                 prefill_batch: int = DispatchConfig().depth) -> None:
         self.trace, self.cal, self.targets = trace, cal, targets
         self.costs, self.colocated, self.progress = costs, colocated, progress
+        # Our router's dispatch gate sends an engine at most its depth of requests awaiting a
+        # first token; the engine prefills those that wait together as one batch.
+        self.prefill_batch = prefill_batch
         self._memo: dict[tuple[Sizing, bool], Outcome] = {}
         self.skipped: dict[float, str] = {}  # fabric -> why no cluster met the targets there
 
@@ -87,7 +92,8 @@ class Planner:
         _, sim = run_one(cal, self.trace, s.prefill, setup, cal.local_tokens_per_instance,
                          pool_tokens=s.pool_tokens or None,
                          decode_instances=s.decode if decode_side else 0,
-                         colocated=decode_side and self.colocated)
+                         colocated=decode_side and self.colocated,
+                         prefill_batch=self.prefill_batch)
         out = outcome(s, sim.records, self.targets)
         self._memo[key] = out
         self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,} tokens, "

@@ -119,6 +119,11 @@ class DecodeInstance:
     def kv_used_tokens(self) -> int:
         return self._kv_used
 
+    @property
+    def kv_promised_tokens(self) -> int:
+        """KV held by the batch and by the requests queued for it."""
+        return self._kv_used + sum(w.kv_tokens for w in self._waiting)
+
     def step_s(self) -> float:
         """The time of the next step of the batch as it is now (0 when idle)."""
         return self.profile.step_s(self.batch, self._context) if self._active else 0.0

@@ -2,8 +2,10 @@
 
 Per arrival the real policy chooses a prefill instance through the real cost model, reading the
 real global index; the simulated instance then serves the request FIFO with the calibrated prefill
-time and, when the prefill completes, stores the prompt's pages in its local cache (and writes
-them through to the pool), feeding the resulting ``StorePages``/``RemovePages`` to the index.
+time (up to ``ClusterSpec.prefill_batch`` waiting requests as one batch, as an SGLang engine
+batches its queue) and, when the prefill completes, stores the prompt's pages in its local cache
+(and writes them through to the pool), feeding the resulting ``StorePages``/``RemovePages`` to
+the index.
 
 Modelling choices (also in docs/benchmarks.md):
 - The engine always reuses its own local cache; it fetches from the pool only the pages the
@@ -29,6 +31,7 @@ Modelling choices (also in docs/benchmarks.md):
 from __future__ import annotations
 
 import heapq
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
@@ -40,7 +43,13 @@ from radix_global.ops import IndexOp, IndexRefusal
 from radix_global.types import Location, Namespace, PoolId, Role, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.decode import Decoded, DecodeInstance
-from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
+from radix_global_tools.simulate.instances import (
+    PageCache,
+    PrefillInstance,
+    Waiting,
+    local_location,
+)
+from radix_global_tools.simulate.records import RequestRecord
 from radix_global_tools.simulate.timed_policy import TimedPolicy
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
@@ -59,35 +68,9 @@ NAMESPACE = Namespace("llama3-70b@sim")
 MODEL = "llama3-70b"  # the admission ledger's label
 POOL_ID = PoolId("pool-global")
 
-# At equal times a completion is handled before an arrival, so the arrival sees its pages.
-_DONE, _JOIN, _ARRIVAL = 0, 1, 2
-
-
-class RequestRecord(NamedTuple):
-    request_id: str
-    arrival_s: float
-    accepted: bool
-    worker_id: str | None
-    input_tokens: int
-    local_tokens: int  # reused from the chosen instance's own cache
-    fetched_tokens: int  # pulled from the pool
-    queue_s: float
-    fetch_s: float
-    prefill_s: float
-    ttft_s: float | None  # None when rejected
-    decision_s: float  # wall clock of policy.choose
-    reason: str = ""
-    tbt_s: float | None = None  # mean time between tokens (None: no decode side, or rejected)
-
-
-class _InFlight(NamedTuple):
-    req: SimRequest
-    keys: tuple[Any, ...]
-    instance: PrefillInstance
-    prefill_s: float
-    record: RequestRecord
-    decision: Decision
-    done_s: float  # its prefill ends
+# At equal times a completion is handled before an arrival, so the arrival sees its pages; a
+# batch starts after the arrivals of its instant, so requests sent together are batched together.
+_DONE, _JOIN, _ARRIVAL, _START = 0, 1, 2, 3
 
 
 class _Service(NamedTuple):
@@ -98,6 +81,26 @@ class _Service(NamedTuple):
     reused_tokens: int
     fetch_s: float
     prefill_s: float
+
+
+class _Queued(NamedTuple):
+    """An accepted request waiting at its instance, its hits already taken."""
+
+    req: SimRequest
+    keys: tuple[Any, ...]
+    service: _Service
+    decision: Decision
+    decision_s: float
+    arrival_s: float
+
+
+class _InFlight(NamedTuple):
+    req: SimRequest
+    keys: tuple[Any, ...]
+    instance: PrefillInstance[_Queued]
+    prefill_s: float
+    record: RequestRecord
+    decision: Decision
 
 
 @dataclass
@@ -112,6 +115,7 @@ class ClusterSpec:
     decode_instances: int = 0  # PD: this many decode instances of their own
     colocated: bool = False  # without decode instances: each prefill instance decodes its own
     pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
+    prefill_batch: int = 1  # the most requests an instance prefills together
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -126,9 +130,10 @@ class Simulation:
         self.index = GlobalIndex()
         self.index.register_namespace(NAMESPACE, cal.page_tokens)
         pages = max(1, spec.local_tokens_per_instance // cal.page_tokens)
-        self.instances = [
+        self.instances: list[PrefillInstance[_Queued]] = [
             PrefillInstance(
-                WorkerId(f"p{i}"), PageCache(NAMESPACE, local_location(WorkerId(f"p{i}")), pages)
+                WorkerId(f"p{i}"), PageCache(NAMESPACE, local_location(WorkerId(f"p{i}")), pages),
+                spec.prefill_batch, cal.fixed_s / cal.prefill_speedup,
             )
             for i in range(spec.instances)
         ]
@@ -149,6 +154,8 @@ class Simulation:
         if self.pd:  # what the HTTP router learns from a decode worker's /server_info
             selector.capacity.update(dict.fromkeys(decoder_ids, prof.kv_tokens_per_instance))
         self.driver = PolicyDriver(self.policy, cost, index=self.index, decode=selector)
+        # co-located: KV of requests whose prefill started and that have not joined the batch
+        self._joining = dict.fromkeys(self.decoders, 0) if not self.pd else {}
         self._first_token: dict[str, tuple[float, int]] = {}  # (time, decode steps) per request
         self.tbt: dict[str, float] = {}
         self.records: list[RequestRecord] = []
@@ -165,7 +172,7 @@ class Simulation:
         states = [
             WorkerState(
                 worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id, role=role,
-                running=inst.running(now), waiting=inst.waiting(now),
+                running=inst.running(now), waiting=inst.waiting(),
             )
             for inst in self.instances
         ]
@@ -193,12 +200,22 @@ class Simulation:
             now, kind, _, payload = heapq.heappop(heap)
             self.now = now
             if kind == _ARRIVAL:
-                flight = self._arrive(payload, now)
-                if flight is not None:
+                due = self._arrive(payload, now)
+                if due is not None:
                     seq += 1
-                    heapq.heappush(heap, (flight.done_s, _DONE, seq, flight))
+                    heapq.heappush(heap, (due[0], _START, seq, due[1]))
+            elif kind == _START:
+                finish, flights, next_start = self._start(payload, now)
+                for flight in flights:
+                    seq += 1
+                    heapq.heappush(heap, (finish, _DONE, seq, flight))
+                if next_start is not None:
+                    seq += 1
+                    heapq.heappush(heap, (next_start, _START, seq, payload))
             elif kind == _JOIN:
                 target, rid, context, steps = payload
+                if not self.pd:
+                    self._joining[target] -= context + steps
                 self.decoders[target].join(now, rid, context, steps)
             else:
                 join = self._complete(payload, now)
@@ -216,7 +233,10 @@ class Simulation:
             self.tbt[d.request_id] = (d.finish_s - first) / steps if steps else 0.0
             self.driver.finished(d.request_id, True, min(d.finish_s, self.now))
 
-    def _arrive(self, req: SimRequest, now: float) -> _InFlight | None:
+    def _arrive(self, req: SimRequest, now: float
+                ) -> tuple[float, PrefillInstance[_Queued]] | None:
+        """Route ``req``; if accepted, queue it and return when and where a batch start is due
+        (None: rejected, or a start is already scheduled there)."""
         cal = self.cal
         keys = full_page_keys(req, cal.page_tokens)
         route = RouteRequest(
@@ -241,21 +261,44 @@ class Simulation:
         inst = self._by_id[WorkerId(decision.worker_id)]
         s = self._service(inst, keys, req.input_tokens, decision.prefix_tokens,
                           decision.fetch_tokens, touch=True)
-        # Co-located: the prefill waits for the decode step in progress, then stalls the batch.
-        dec = None if self.pd else self.decoders.get(inst.worker_id)
-        extra = dec.step_s() if dec is not None else 0.0
-        start, finish = inst.enqueue(now, s.fetch_s + s.prefill_s + extra, req.input_tokens)
-        if dec is not None:
-            dec.stall(start, finish - start)
-        record = RequestRecord(
-            req.request_id, now, True, inst.worker_id, req.input_tokens,
-            min(s.local_pages * cal.page_tokens, s.reused_tokens),
-            s.fetched_pages * cal.page_tokens, start - now, s.fetch_s, s.prefill_s,
-            finish + cal.first_token_s - now, decision_s,
-        )
-        return _InFlight(req, keys, inst, s.prefill_s, record, decision, finish)
+        queued = _Queued(req, keys, s, decision, decision_s, now)
+        kv = req.input_tokens + max(0, req.output_tokens - 1)
+        due = inst.enqueue(now, Waiting(s.fetch_s + s.prefill_s, req.input_tokens, queued, kv))
+        return None if due is None else (due, inst)
 
-    def _service(self, inst: PrefillInstance, keys: Sequence[Any], input_tokens: int,
+    def _start(self, inst: PrefillInstance[_Queued], now: float
+               ) -> tuple[float, list[_InFlight], float | None]:
+        """A batch is due at ``inst``: when it ends, its members, and when the next start is due.
+        Co-located, the batch needs room in the instance's KV (running requests keep theirs, as
+        an SGLang engine admits a prefill only into free KV): while there is none it waits a
+        decode step and asks again; then it waits for the step in progress and stalls decoding."""
+        dec = None if self.pd else self.decoders.get(inst.worker_id)
+        kv_free = math.inf
+        if dec is not None:
+            self._decoded(dec.advance(now))
+            kv_free = (dec.profile.kv_tokens_per_instance - dec.kv_promised_tokens
+                       - self._joining[inst.worker_id])
+            busy = dec.batch > 0 or self._joining[inst.worker_id] > 0
+            if busy and inst.head_kv_tokens() > kv_free:
+                return now, [], now + max(dec.step_s(), self.cal.first_token_s)
+            now += dec.step_s()
+        batch, next_start = inst.start(now, kv_free)
+        if dec is not None:
+            dec.stall(batch.start_s, batch.finish_s - batch.start_s)
+            self._joining[inst.worker_id] += sum(w.kv_tokens for w in batch.members)
+        cal, flights = self.cal, []
+        for w in batch.members:
+            q, s = w.payload, w.payload.service
+            record = RequestRecord(
+                q.req.request_id, q.arrival_s, True, inst.worker_id, q.req.input_tokens,
+                min(s.local_pages * cal.page_tokens, s.reused_tokens),
+                s.fetched_pages * cal.page_tokens, batch.start_s - q.arrival_s, s.fetch_s,
+                s.prefill_s, batch.finish_s + cal.first_token_s - q.arrival_s, q.decision_s,
+            )
+            flights.append(_InFlight(q.req, q.keys, inst, s.prefill_s, record, q.decision))
+        return batch.finish_s, flights, next_start
+
+    def _service(self, inst: PrefillInstance[_Queued], keys: Sequence[Any], input_tokens: int,
                  prefix_tokens: int, fetch_tokens: int, touch: bool) -> _Service:
         """How ``inst`` serves a prompt the router planned ``prefix_tokens`` for (of them
         ``fetch_tokens`` from the pool); ``touch``: it does (the hits are taken now)."""
@@ -284,8 +327,7 @@ class Simulation:
         s = self._service(inst, keys, req.input_tokens,
                           best.local_prefix_tokens + best.fetch_tokens, best.fetch_tokens,
                           touch=False)
-        start = max(now, inst.busy_until)
-        return start - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
+        return inst.free_at(now) - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
 
     def _complete(self, flight: _InFlight, now: float
                   ) -> tuple[float, WorkerId, str, int, int] | None:

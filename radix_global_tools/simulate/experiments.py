@@ -86,11 +86,12 @@ def run_one(
     pool_tokens: int | None = None,
     decode_instances: int = 0,
     colocated: bool = False,
+    prefill_batch: int = 1,
 ) -> tuple[RunSummary, Simulation]:
     """One simulated run of ``setup`` (the spec's other fields: ``ClusterSpec``)."""
     spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s,
                        decode_instances=decode_instances, colocated=colocated,
-                       pool_tokens=pool_tokens)
+                       pool_tokens=pool_tokens, prefill_batch=prefill_batch)
     policy = make_policy(setup, cal, local_tokens)
     if ttft_headroom:
         policy = get_policy(setup.policy, slo=SloConfig(ttft_headroom=ttft_headroom),

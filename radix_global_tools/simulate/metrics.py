@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from typing import NamedTuple
 
 from radix_global_tools.simulate.config import Calibration
-from radix_global_tools.simulate.engine import RequestRecord
+from radix_global_tools.simulate.records import RequestRecord
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 
 

@@ -9,13 +9,15 @@ from typing import Any
 
 import pytest
 
+from radix_global.types import PageKey
 from radix_global_tools.plan.capacity_curve import capacity_curve
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.decode import DecodeProfile
-from radix_global_tools.simulate.engine import RequestRecord, Simulation
+from radix_global_tools.simulate.engine import Simulation
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.metrics import summarize
-from radix_global_tools.simulate.workload import read_trace
+from radix_global_tools.simulate.records import RequestRecord
+from radix_global_tools.simulate.workload import SimRequest, read_trace
 
 DATA = Path(__file__).resolve().parents[3] / "benchmarks" / "data"
 CAL = replace(Calibration(), decode=DecodeProfile(
@@ -73,6 +75,24 @@ def test_colocated_prefills_stall_the_batch(trace) -> None:  # type: ignore[no-u
     assert mean_tbt(colo) > 1.5 * mean_tbt(pd)
     # the prefill waits for the step in progress: TTFT is no shorter co-located
     assert summarize(colo, 30).mean_ttft_s >= summarize(pd, 30).mean_ttft_s
+
+
+@pytest.mark.parametrize("kv_tokens", [1_500, 100_000])
+def test_colocated_prefill_waits_for_free_kv(kv_tokens: int) -> None:
+    """Co-located, a prompt is prefilled only into free KV: while ``a`` decodes and holds 1,050
+    of 1,500 tokens, ``b`` (1,000 more) waits for ``a``'s last token. The control: with room
+    for both, ``b`` starts as soon as ``a``'s prefill is done."""
+    cal = replace(CAL, decode=replace(CAL.decode, kv_tokens_per_instance=kv_tokens))
+    pages = tuple(PageKey(i) for i in range(1000 // cal.page_tokens + 1))
+    a = SimRequest("a", 0.0, 1000, 51, pages)
+    b = SimRequest("b", 0.01, 1000, 51, tuple(PageKey(-1 - i) for i in range(len(pages))))
+    records, _ = run([a, b], 1, cal, colocated=True)
+    ra, rb = sorted(records, key=lambda r: r.request_id)
+    a_decoding_s = 50 * cal.decode.step_fixed_s
+    if kv_tokens < 2 * 1050:
+        assert rb.queue_s >= (ra.ttft_s or 0) + a_decoding_s - b.arrival_s
+    else:
+        assert rb.queue_s < (ra.ttft_s or 0) + cal.decode.step_fixed_s
 
 
 def test_without_a_decode_side_nothing_changes(trace) -> None:  # type: ignore[no-untyped-def]

@@ -24,8 +24,8 @@ def req(rid: str, t: float, ids: list[int], tokens: int | None = None) -> SimReq
 
 
 def sim(instances: int, policy: str = "least_load", local_tokens: int = 512 * 100,
-        pool: bool = False, cal: Calibration = CAL) -> Simulation:
-    spec = ClusterSpec(instances, cal, local_tokens, pool)
+        pool: bool = False, cal: Calibration = CAL, prefill_batch: int = 1) -> Simulation:
+    spec = ClusterSpec(instances, cal, local_tokens, pool, prefill_batch=prefill_batch)
     return Simulation(spec, get_policy(policy), make_cost(cal))
 
 
@@ -47,6 +47,20 @@ def test_fifo_queueing_and_ttft_breakdown() -> None:
     assert b.queue_s == pytest.approx(a.prefill_s - 0.1)
     for r in (a, b):
         assert r.ttft_s == pytest.approx(r.queue_s + r.fetch_s + r.prefill_s + CAL.first_token_s)
+
+
+def test_requests_waiting_together_are_prefilled_as_one_batch() -> None:
+    trace = [req("a", 0.0, [1, 2]), req("b", 0.1, [3, 4]), req("c", 0.1, [5, 6]),
+             req("d", 0.1, [7, 8])]
+    one = {r.request_id: r for r in sim(1).run(trace)}
+    two = {r.request_id: r for r in sim(1, prefill_batch=2).run(trace)}
+    assert len({round(one[k].ttft_s or 0, 9) for k in "bcd"}) == 3  # one at a time
+    # b and c waited together: one batch, one first-token time, the fixed cost paid once
+    assert two["b"].queue_s == two["c"].queue_s == pytest.approx(one["b"].queue_s)
+    assert two["b"].ttft_s == pytest.approx(two["c"].ttft_s or 0)
+    assert two["b"].ttft_s == pytest.approx((one["c"].ttft_s or 0) - CAL.fixed_s)
+    assert two["d"].queue_s == pytest.approx(two["b"].queue_s + 2 * one["b"].prefill_s
+                                             - CAL.fixed_s)
 
 
 def test_lru_eviction_removes_pages_from_the_index() -> None:

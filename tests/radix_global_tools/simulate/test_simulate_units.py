@@ -9,7 +9,12 @@ import pytest
 from radix_global.ops import RemovePages, StorePages
 from radix_global.types import Namespace, PageKey, WorkerId
 from radix_global_tools.simulate.config import Calibration, SimConfigError, load_config
-from radix_global_tools.simulate.instances import PageCache, PrefillInstance, local_location
+from radix_global_tools.simulate.instances import (
+    PageCache,
+    PrefillInstance,
+    Waiting,
+    local_location,
+)
 from radix_global_tools.simulate.workload import (
     COPY_STRIDE,
     TraceFormatError,
@@ -56,15 +61,42 @@ def test_touch_protects_a_prefix_from_eviction() -> None:
     assert ops[-1] == RemovePages(NS, cache.location, keys(5))
 
 
+def _instance(max_batch: int = 1, overhead_s: float = 0.0) -> PrefillInstance[str]:
+    return PrefillInstance(WorkerId("p0"), PageCache(NS, local_location(WorkerId("p0")), 4),
+                           max_batch, overhead_s)
+
+
 def test_fifo_instance_queue_times() -> None:
-    inst = PrefillInstance(WorkerId("p0"), PageCache(NS, local_location(WorkerId("p0")), 4))
-    assert inst.enqueue(0.0, 2.0, 100) == (0.0, 2.0)
-    assert inst.enqueue(0.5, 1.0, 200) == (2.0, 3.0)  # waits 1.5 s behind the first
-    assert inst.waiting(0.5) == 1 and inst.waiting_tokens(0.5) == 200
-    assert inst.running(2.5) == 1 and inst.waiting(2.5) == 0
-    assert inst.running(3.5) == 0
-    assert inst.enqueue(5.0, 1.0, 300) == (5.0, 6.0)  # idle gap: starts at arrival
-    assert inst.busy_s == pytest.approx(4.0)
+    inst = _instance()
+    assert inst.enqueue(0.0, Waiting(2.0, 100, "a")) == 0.0  # idle: a start is due now
+    batch, nxt = inst.start(0.0)
+    assert (batch.start_s, batch.finish_s, nxt) == (0.0, 2.0, None)
+    assert inst.enqueue(0.5, Waiting(1.0, 200, "b")) == 2.0  # waits behind the first
+    assert inst.enqueue(0.6, Waiting(1.0, 50, "c")) is None  # a start is already due
+    assert inst.waiting() == 2 and inst.waiting_tokens() == 250
+    assert inst.free_at(0.7) == pytest.approx(4.0)
+    batch, nxt = inst.start(2.0)
+    assert [m.payload for m in batch.members] == ["b"] and (batch.finish_s, nxt) == (3.0, 3.0)
+    assert inst.running(2.5) == 1 and inst.waiting() == 1
+    batch, nxt = inst.start(3.0)
+    assert (batch.finish_s, nxt) == (4.0, None) and inst.running(4.5) == 0
+    assert inst.enqueue(5.0, Waiting(1.0, 300, "d")) == 5.0  # idle gap: starts at arrival
+    assert inst.busy_s == pytest.approx(4.0) and inst.served == 3
+
+
+def test_waiting_requests_start_as_one_batch_paying_the_overhead_once() -> None:
+    inst = _instance(max_batch=2, overhead_s=0.1)
+    inst.enqueue(0.0, Waiting(1.0, 100, "a"))
+    inst.start(0.0)
+    for name in "bcd":
+        inst.enqueue(0.5, Waiting(0.5, 100, name))
+    batch, nxt = inst.start(1.0)
+    # b and c together: 0.5 + 0.5 - 0.1 of overhead paid once; d waits for the next batch
+    assert [m.payload for m in batch.members] == ["b", "c"]
+    assert batch.finish_s == pytest.approx(1.9) and nxt == pytest.approx(1.9)
+    assert inst.running(1.5) == 2 and inst.waiting() == 1
+    with pytest.raises(ValueError):
+        _instance(max_batch=0)
 
 
 def test_prefill_curve_matches_router_prior_features() -> None:
