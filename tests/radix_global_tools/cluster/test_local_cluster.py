@@ -1,13 +1,18 @@
-"""LocalCluster stops what it started when its process is told to stop (SIGTERM)."""
+"""LocalCluster stops what it started when its process is told to stop (SIGTERM), and its stock
+engines publish KV events our router can hear."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from radix_global_tools.cluster.local import EngineSet, engine_argv
+from router.cluster.discovery import ModelOverrides, info_from_server_info
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -48,3 +53,15 @@ def test_sigterm_stops_the_clusters_processes(tmp_path: Path) -> None:
         owner.kill()
         if _alive(child):
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_stock_engines_kv_events_reach_the_router() -> None:
+    """The stock engine's ``--kv-events-config`` is one our router subscribes to: SGLang binds a
+    loopback publisher only when told to, and a connecting publisher is not subscribed to
+    (``router/cluster/discovery.py``). Without ``"bind": true`` every stock-engine benchmark ran
+    behind an index that never heard an event."""
+    argv = engine_argv(EngineSet("stock", "/models/tiny"), 30001, 0, None, None)
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    server = {"kv_events_config": json.dumps(config)}
+    info, _, _ = info_from_server_info("http://127.0.0.1:30001", server, ModelOverrides())
+    assert info.kv_events_endpoint == config["endpoint"]
