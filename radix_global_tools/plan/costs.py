@@ -1,4 +1,5 @@
-"""Cost weights of a plan: per instance, per GiB of pool and per Gbit/s of fabric, per hour.
+"""Cost weights of a plan: per instance, per GiB of pool and of disk, per Gbit/s of fabric, per
+hour.
 
 Read from a TOML file with one ``[cost]`` table (``default_costs.toml`` holds the defaults and
 says what each weight means); a key the file leaves out keeps its default, an unknown key or a
@@ -26,6 +27,7 @@ class CostWeights:
     prefill_instance: float = 16.0
     decode_instance: float = 16.0
     pool_gib: float = 0.005
+    disk_gib: float = 0.0002
     bandwidth_gbit: float = 0.002
 
     def of(self, s: Sizing, kv_bytes_per_token: int) -> float:
@@ -33,6 +35,7 @@ class CostWeights:
         instances = s.prefill + s.decode
         return (self.prefill_instance * s.prefill + self.decode_instance * s.decode
                 + self.pool_gib * s.pool_tokens * kv_bytes_per_token / GIB
+                + self.disk_gib * s.disk_tokens * kv_bytes_per_token / GIB
                 + self.bandwidth_gbit * s.bandwidth_Bps * 8 / 1e9 * instances)
 
 

@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     }, indent=1))
     s = best.outcome.sizing
     console.print(f"plan: {s.prefill} prefill + {s.decode} decode instances, pool "
-                  f"{s.pool_tokens:,} tokens, {s.bandwidth_Bps * 8 / 1e9:g} Gbit/s; "
+                  f"{s.pool_tokens:,} tokens, disk {s.disk_tokens:,} tokens, "
+                  f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s; "
                   f"{best.outcome.both_share:.3f} meet both; {best.cost:,.2f} per hour "
                   f"({planner.simulations} simulations, {wall:.0f} s)")
     console.print("wrote " + ", ".join(str(p) for p in [*paths, out / f"{args.tag}.png"]))

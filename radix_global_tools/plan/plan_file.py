@@ -48,7 +48,7 @@ def plan_tables(best: Candidate, cal: Calibration, targets: Targets, colocated: 
             "device_bytes": decoding * cal.decode.kv_tokens_per_instance * kv,
             "host_bytes": s.prefill * cal.local_tokens_per_instance * kv,
             "pool_bytes": s.pool_tokens * kv,
-            "disk_bytes": 0,  # the planner does not model a disk tier (docs/operations.md)
+            "disk_bytes": s.disk_tokens * kv,  # the disk tier under the pool (0: none)
         },
         "fabric": {"bandwidth_bytes_per_s": s.bandwidth_Bps},
         "predicted": {"share_meeting_both": o.both_share, "ttft_share": o.ttft_share,

@@ -16,14 +16,15 @@ CURVE_POINTS = (1e6, 3e6, 1e7, 3e7, 5e7, 1e8)  # tokens
 
 def tradeoff_table(cands: Sequence[Candidate], kv_bytes_per_token: int, colocated: bool) -> Table:
     t = Table(title="Clusters meeting both SLOs for the accepted share (cheapest first)")
-    for col in ("", "fabric Gbit/s", "pool GiB", "hit rate", "prefill",
+    for col in ("", "fabric Gbit/s", "pool GiB", "disk GiB", "hit rate", "prefill",
                 "decode" if not colocated else "decode (co-located)", "met both",
                 "p99 TTFT s", "p99 TBT ms", "cost / h"):
         t.add_column(col, justify="right")
     for c in cands:
         o, s = c.outcome, c.outcome.sizing
         t.add_row("plan" if c.chosen else "", f"{s.bandwidth_Bps * 8 / 1e9:g}",
-                  f"{s.pool_tokens * kv_bytes_per_token / GIB:,.1f}", f"{o.hit_rate:.3f}",
+                  f"{s.pool_tokens * kv_bytes_per_token / GIB:,.1f}",
+                  f"{s.disk_tokens * kv_bytes_per_token / GIB:,.1f}", f"{o.hit_rate:.3f}",
                   str(s.prefill), str(s.decode) if not colocated else "-",
                   f"{o.both_share:.3f}", f"{o.p99_ttft_s:.2f}", f"{o.p99_tbt_s * 1000:.1f}",
                   f"{c.cost:,.2f}")

@@ -14,7 +14,10 @@ together (and grown by one instance at a time while it misses). Co-located: one 
 
 Pool sizes tried: none, and the capacities where the trace's LRU reuse curve
 (``capacity_curve.py``) reaches 50/80/90/95/100% of its unbounded reuse; for each prefill count
-found, the smallest pool that still keeps it is bisected between two tried sizes.
+found, the smallest pool that still keeps it is bisected between two tried sizes. With a disk
+tier in the hardware profile (its ``[disk]`` table), each pool short of the largest is tried
+again with a disk under it holding the whole reuse (the largest size): a small memory pool
+backed by cheap, slower disk against a large memory pool.
 """
 
 from __future__ import annotations
@@ -90,13 +93,15 @@ class Planner:
         cal = replace(self.cal, bandwidth_bytes_per_s=s.bandwidth_Bps)
         setup = FIG5_SETUPS["global_cache_aware" if s.pool_tokens else "local_cache_aware"]
         _, sim = run_one(cal, self.trace, s.prefill, setup, cal.local_tokens_per_instance,
-                         pool_tokens=s.pool_tokens or None,
+                         pool_tokens=s.pool_tokens or None, disk_tokens=s.disk_tokens,
                          decode_instances=s.decode if decode_side else 0,
                          colocated=decode_side and self.colocated,
                          prefill_batch=self.prefill_batch)
         out = outcome(s, sim.records, self.targets)
         self._memo[key] = out
-        self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,} tokens, "
+        disk = f", disk {s.disk_tokens:,}" if s.disk_tokens else ""
+        self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,}{disk} "
+                      f"tokens, "
                       f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "
                       f"TBT {out.tbt_share:.3f}")
         return out
@@ -124,12 +129,12 @@ class Planner:
                 lo = mid + 1
         return hi
 
-    def _prefill_share(self, pool: int, bw: float) -> Callable[[int], float]:
+    def _prefill_share(self, pool: int, bw: float, disk: int = 0) -> Callable[[int], float]:
         """The share that the prefill count decides: PD, the TTFT share (no decode side);
         co-located, the share meeting both."""
         if self.colocated:
-            return lambda p: self.evaluate(Sizing(p, 0, pool, bw)).both_share
-        return lambda p: self.evaluate(Sizing(p, 0, pool, bw), False).ttft_share
+            return lambda p: self.evaluate(Sizing(p, 0, pool, bw, disk)).both_share
+        return lambda p: self.evaluate(Sizing(p, 0, pool, bw, disk), False).ttft_share
 
     def plan(self, bandwidths: Sequence[float], curve: CapacityCurve) -> list[Candidate]:
         """Every candidate found (cheapest marked ``chosen``), ascending by cost."""
@@ -170,7 +175,25 @@ class Planner:
         sizes = {Sizing(p, decode, pool, bw) for pool, p in prefill.items()}
         sizes |= {Sizing(p, decode, self._smallest_pool(list(prefill), prefill, p, bw), bw)
                   for p in set(prefill.values())}
+        sizes |= self._with_disk(pools, prefill, decode, bw)
         return [self._together(s) for s in sorted(sizes)]
+
+    def _with_disk(self, pools: list[int], prefill: dict[int, int], decode: int,
+                   bw: float) -> set[Sizing]:
+        """Each tried pool short of the largest, with a disk under it that holds the whole
+        reuse (the largest pool size), where the pool alone needs more prefill instances than
+        the largest: the prefill count it needs with the disk."""
+        if self.cal.disk_read_bytes_per_s is None or not pools[-1]:
+            return set()
+        disk, out = pools[-1], set()
+        fewest = prefill[disk]  # a memory pool that holds everything: a disk cannot beat it
+        for pool in [p for p in pools if 0 < p < disk and prefill.get(p) != fewest]:
+            try:
+                p = self._smallest(fewest, self._prefill_share(pool, bw, disk), "prefill")
+            except PlanError:
+                continue
+            out.add(Sizing(p, decode, pool, bw, disk))
+        return out
 
     def _smallest_pool(self, pools: list[int], prefill: dict[int, int], p: int,
                        bw: float) -> int:

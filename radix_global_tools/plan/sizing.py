@@ -10,3 +10,4 @@ class Sizing(NamedTuple):
     decode: int  # 0: co-located (the prefill instances decode), or TTFT-only runs
     pool_tokens: int  # 0: no pool
     bandwidth_Bps: float  # fabric bandwidth per instance (pool fetches, PD hand-off)
+    disk_tokens: int = 0  # a disk tier under the pool (0: none)

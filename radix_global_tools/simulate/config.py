@@ -7,7 +7,7 @@ dataclasses: a run never mutates its configuration; CLI overrides build a new on
 from __future__ import annotations
 
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,8 @@ class Calibration:
     decode: DecodeProfile = field(default_factory=DecodeProfile)
     # A faster prefill kernel (what-if): every prefill time divided by this.
     prefill_speedup: float = 1.0
+    # A disk tier under the pool reads at this (None: the profile has none, so no plan has one).
+    disk_read_bytes_per_s: float | None = None
 
     def prefill_s(self, input_tokens: int, prefix_tokens: int) -> float:
         """Compute time of a prefill whose first ``prefix_tokens`` are reused (causal attention:
@@ -61,6 +63,18 @@ class Calibration:
         if tokens <= 0:
             return 0.0
         return self.fetch_latency_s + tokens * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+
+    @property
+    def disk_fetch_Bps(self) -> float:
+        """A fetch from the disk tier: the disk's read, then the fabric, whichever is slower."""
+        if self.disk_read_bytes_per_s is None:
+            raise SimConfigError("the hardware profile has no [disk] table")
+        return min(self.disk_read_bytes_per_s, self.bandwidth_bytes_per_s)
+
+    def disk_fetch_s(self, tokens: int) -> float:
+        if tokens <= 0:
+            return 0.0
+        return self.fetch_latency_s + tokens * self.kv_bytes_per_token / self.disk_fetch_Bps
 
     def prior_coefficients(self) -> tuple[float, float, float, float]:
         """The same curve in ``router.routing.prefill_model`` features ``[1, m, m*p, m^2]``
@@ -117,7 +131,8 @@ def _table(doc: dict[str, Any], name: str) -> dict[str, Any]:
 
 
 def calibration_from(doc: dict[str, Any]) -> Calibration:
-    """The [model] [prefill] [network] [decode] [cache] [slo] tables of a simulator file."""
+    """The [model] [prefill] [network] [decode] [cache] [slo] tables of a simulator file, and
+    its optional [disk] table."""
     model, pre, net = _table(doc, "model"), _table(doc, "prefill"), _table(doc, "network")
     dec, cache, slo = _table(doc, "decode"), _table(doc, "cache"), _table(doc, "slo")
     cal = Calibration(
@@ -141,6 +156,12 @@ def calibration_from(doc: dict[str, Any]) -> Calibration:
     )
     if cal.page_tokens < 1 or cal.bandwidth_bytes_per_s <= 0:
         raise SimConfigError("page_tokens and bandwidth must be positive")
+    if "disk" in doc:  # optional: a profile without it plans no disk tier
+        disk = _table(doc, "disk")
+        read = _get(disk, "read_bytes_per_s", float, "disk")
+        if not read > 0:
+            raise SimConfigError("disk.read_bytes_per_s must be positive")
+        cal = replace(cal, disk_read_bytes_per_s=read)
     d = cal.decode
     if d.step_fixed_s <= 0 or min(d.step_per_request_s, d.step_per_context_token_s) < 0 \
             or d.kv_tokens_per_instance < 1:

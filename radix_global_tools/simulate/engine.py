@@ -9,7 +9,8 @@ the index.
 
 Modelling choices (also in docs/benchmarks.md):
 - The engine always reuses its own local cache; it fetches from the pool only the pages the
-  decision asked to fetch (Mooncake: the Conductor decides fetch vs recompute).
+  decision asked to fetch (Mooncake: the Conductor decides fetch vs recompute), from the holder
+  it chose (the pool, or the disk tier under it: ``shared_tiers.py``).
 - Hits are taken at dispatch (the pages are touched then, so queueing cannot evict them).
 - Pages become visible (local, pool, index) when the prefill that computed them completes.
 - Without a decode side the prefill instance is released at prefill end (decode runs elsewhere),
@@ -40,7 +41,7 @@ from prometheus_client import CollectorRegistry
 
 from radix_global.index import GlobalIndex
 from radix_global.ops import IndexOp, IndexRefusal
-from radix_global.types import Location, Namespace, PoolId, Role, Tier, WorkerId
+from radix_global.types import Namespace, PoolId, Role, WorkerId
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.decode import Decoded, DecodeInstance
 from radix_global_tools.simulate.instances import (
@@ -50,6 +51,7 @@ from radix_global_tools.simulate.instances import (
     local_location,
 )
 from radix_global_tools.simulate.records import RequestRecord
+from radix_global_tools.simulate.shared_tiers import POOL_ID, SharedTiers
 from radix_global_tools.simulate.timed_policy import TimedPolicy
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
@@ -66,7 +68,6 @@ from router.routing.driver import PolicyDriver
 
 NAMESPACE = Namespace("llama3-70b@sim")
 MODEL = "llama3-70b"  # the admission ledger's label
-POOL_ID = PoolId("pool-global")
 
 # At equal times a completion is handled before an arrival, so the arrival sees its pages; a
 # batch starts after the arrivals of its instant, so requests sent together are batched together.
@@ -116,6 +117,7 @@ class ClusterSpec:
     colocated: bool = False  # without decode instances: each prefill instance decodes its own
     pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
     prefill_batch: int = 1  # the most requests an instance prefills together
+    disk_tokens: int = 0  # a disk tier under the pool (with_pool only; the profile's [disk])
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -138,12 +140,12 @@ class Simulation:
             for i in range(spec.instances)
         ]
         self._by_id = {inst.worker_id: inst for inst in self.instances}
-        self.pool: PageCache | None = None
+        self.shared: SharedTiers | None = None
         if spec.with_pool:
             pool_tokens = spec.pool_tokens if spec.pool_tokens is not None \
                 else spec.instances * cal.pool_tokens_per_instance
-            pool_pages = max(1, pool_tokens // cal.page_tokens)
-            self.pool = PageCache(NAMESPACE, Location(POOL_ID, 0, Tier.POOL), pool_pages)
+            self.shared = SharedTiers(NAMESPACE, cal, pool_tokens, spec.disk_tokens)
+            self.shared.price_on(cost)
         prof = cal.decode
         self.pd = spec.decode_instances > 0
         decoder_ids = ([WorkerId(f"d{i}") for i in range(spec.decode_instances)] if self.pd
@@ -167,12 +169,13 @@ class Simulation:
         self.rejections_would_meet: list[bool] = []
 
     def _worker_states(self, now: float) -> list[WorkerState]:
-        pool_id = POOL_ID if self.pool is not None else None
+        pool_id = POOL_ID if self.shared is not None else None
+        disk_id = self.shared.disk_id if self.shared is not None else None
         role = Role.PREFILL if self.pd else Role.MIXED
         states = [
             WorkerState(
                 worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id, role=role,
-                running=inst.running(now), waiting=inst.waiting(),
+                pool_disk_id=disk_id, running=inst.running(now), waiting=inst.waiting(),
             )
             for inst in self.instances
         ]
@@ -260,7 +263,7 @@ class Simulation:
             return None
         inst = self._by_id[WorkerId(decision.worker_id)]
         s = self._service(inst, keys, req.input_tokens, decision.prefix_tokens,
-                          decision.fetch_tokens, touch=True)
+                          decision.fetch_tokens, decision.fetch_from, touch=True)
         queued = _Queued(req, keys, s, decision, decision_s, now)
         kv = req.input_tokens + max(0, req.output_tokens - 1)
         due = inst.enqueue(now, Waiting(s.fetch_s + s.prefill_s, req.input_tokens, queued, kv))
@@ -299,23 +302,20 @@ class Simulation:
         return batch.finish_s, flights, next_start
 
     def _service(self, inst: PrefillInstance[_Queued], keys: Sequence[Any], input_tokens: int,
-                 prefix_tokens: int, fetch_tokens: int, touch: bool) -> _Service:
+                 prefix_tokens: int, fetch_tokens: int, fetch_from: PoolId | None,
+                 touch: bool) -> _Service:
         """How ``inst`` serves a prompt the router planned ``prefix_tokens`` for (of them
-        ``fetch_tokens`` from the pool); ``touch``: it does (the hits are taken now)."""
+        ``fetch_tokens`` from ``fetch_from``); ``touch``: it does (the hits are taken now)."""
         cal = self.cal
         local = inst.cache.prefix_pages(keys)
         if touch:
             inst.cache.touch(keys[:local])
-        fetched = 0
-        if self.pool is not None and fetch_tokens > 0:
-            in_pool = self.pool.prefix_pages(keys)
-            if touch:
-                self.pool.touch(keys[:in_pool])
+        fetched, fetch_s = 0, 0.0
+        if self.shared is not None and fetch_tokens > 0:
             wanted = max(local, prefix_tokens // cal.page_tokens)
-            fetched = max(0, min(in_pool, wanted) - local)
+            fetched, fetch_s = self.shared.fetch(keys, local, wanted, fetch_from, touch)
         # The last prompt token is always computed (its logits give the first output token).
         reused = min((local + fetched) * cal.page_tokens, max(0, input_tokens - 1))
-        fetch_s = cal.fetch_s(fetched * cal.page_tokens)
         return _Service(local, fetched, reused, fetch_s, cal.prefill_s(input_tokens, reused))
 
     def _ttft_if_admitted(self, decision: Decision, keys: Sequence[Any], req: SimRequest,
@@ -326,7 +326,7 @@ class Simulation:
         inst = self._by_id[best.worker_id]
         s = self._service(inst, keys, req.input_tokens,
                           best.local_prefix_tokens + best.fetch_tokens, best.fetch_tokens,
-                          touch=False)
+                          best.fetch_from, touch=False)
         return inst.free_at(now) - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
 
     def _complete(self, flight: _InFlight, now: float
@@ -334,8 +334,8 @@ class Simulation:
         """The prefill ended: publish its pages; return when and where it joins a decode batch
         (with its context and decode steps), if the cluster has a decode side."""
         ops = flight.instance.cache.insert(flight.keys)
-        if self.pool is not None:
-            ops += self.pool.insert(flight.keys)
+        if self.shared is not None:
+            ops += self.shared.store(flight.keys)
         self._apply(ops)
         req, rid = flight.req, flight.req.request_id
         self.driver.prefill_done(rid, now, prefill_s=flight.prefill_s)

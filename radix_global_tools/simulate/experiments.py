@@ -87,11 +87,13 @@ def run_one(
     decode_instances: int = 0,
     colocated: bool = False,
     prefill_batch: int = 1,
+    disk_tokens: int = 0,
 ) -> tuple[RunSummary, Simulation]:
     """One simulated run of ``setup`` (the spec's other fields: ``ClusterSpec``)."""
     spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s,
                        decode_instances=decode_instances, colocated=colocated,
-                       pool_tokens=pool_tokens, prefill_batch=prefill_batch)
+                       pool_tokens=pool_tokens, prefill_batch=prefill_batch,
+                       disk_tokens=disk_tokens)
     policy = make_policy(setup, cal, local_tokens)
     if ttft_headroom:
         policy = get_policy(setup.policy, slo=SloConfig(ttft_headroom=ttft_headroom),

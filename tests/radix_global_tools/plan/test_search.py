@@ -17,7 +17,9 @@ from radix_global_tools.simulate.workload import read_trace
 SAMPLE = REPO / "benchmarks" / "data" / "conversation_multiturn_sample.jsonl"
 # Local caches of 20k tokens (the A800 profile's are 3M): on this 109-request slice the pool,
 # not the instances' own caches, is what holds the conversations.
-CAL = replace(load_calibration(DEFAULT_CONFIG), local_tokens_per_instance=20_000)
+# Without a disk tier unless a test adds one.
+CAL = replace(load_calibration(DEFAULT_CONFIG), local_tokens_per_instance=20_000,
+              disk_read_bytes_per_s=None)
 TARGETS = Targets(ttft_slo_s=5.0, tbt_slo_s=0.1, accept=0.95)
 
 
@@ -43,6 +45,25 @@ def test_the_plan_meets_and_a_smaller_cluster_misses(trace, colocated: bool) -> 
     if not colocated and s.decode > 1:
         assert planner.evaluate(s._replace(decode=s.decode - 1)).both_share < TARGETS.accept
     assert planner.simulations < 40  # bounded: no simulation per candidate pool byte
+
+
+def test_a_disk_under_a_small_pool_replaces_memory(trace) -> None:  # type: ignore[no-untyped-def]
+    """Co-located, with the A800 profile's disk tier (26 GB/s): a small memory pool backed by
+    the disk beats a larger memory pool on cost; the plan's cluster misses without its disk (the
+    disk does the work), and a disk too slow to beat recomputing is never planned."""
+    curve = capacity_curve(trace, CAL.page_tokens)
+    bw = CAL.bandwidth_bytes_per_s
+    memory = Planner(trace, CAL, TARGETS, CostWeights(), True).plan([bw], curve)[0]
+    with_disk = replace(CAL, disk_read_bytes_per_s=26e9)
+    planner = Planner(trace, with_disk, TARGETS, CostWeights(), True)
+    best = planner.plan([bw], curve)[0]
+    s = best.outcome.sizing
+    assert s.disk_tokens > 0 and s.pool_tokens < memory.outcome.sizing.pool_tokens
+    assert best.cost < memory.cost and best.outcome.both_share >= TARGETS.accept
+    assert planner.evaluate(s._replace(disk_tokens=0)).both_share < TARGETS.accept
+    slow = replace(CAL, disk_read_bytes_per_s=1e6)
+    assert Planner(trace, slow, TARGETS, CostWeights(), True).plan(
+        [bw], curve)[0].outcome.sizing.disk_tokens == 0
 
 
 def test_a_cheaper_pool_buys_a_bigger_one(trace) -> None:  # type: ignore[no-untyped-def]

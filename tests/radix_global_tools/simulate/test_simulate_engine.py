@@ -11,6 +11,7 @@ from radix_global.types import PageKey
 from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.engine import NAMESPACE, POOL_ID, ClusterSpec, Simulation
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy, run_one
+from radix_global_tools.simulate.shared_tiers import DISK_ID
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys, read_trace, scale_load
 from router.routing.policies import get_policy
 
@@ -93,9 +94,32 @@ def test_sample_trace_end_to_end_index_mirrors_the_caches(label: str) -> None:
         for inst in s.instances:
             got = match.matched.get((inst.worker_id, 0))
             assert (got.host if got else 0) == inst.cache.prefix_pages(keys)
-        if s.pool is not None:
+        if s.shared is not None:
             got = match.matched.get((POOL_ID, 0))
-            assert (got.pool if got else 0) == s.pool.prefix_pages(keys)
+            assert (got.pool if got else 0) == s.shared.pool.prefix_pages(keys)
+
+
+@pytest.mark.parametrize("disk_tokens", [0, 512 * 100])
+def test_the_disk_tier_serves_what_the_pool_evicted(disk_tokens: int) -> None:
+    """A conversation's history is evicted from a 4-page pool by two other prompts; its next
+    turn is fetched from the disk tier under the pool (at the disk's price), and the index
+    mirrors the disk. The control: without a disk tier the same turn is recomputed."""
+    cal = replace(CAL, disk_read_bytes_per_s=CAL.bandwidth_bytes_per_s / 10,
+                  linear_s_per_token=1e-3)  # slow compute: any fetch beats recomputing
+    spec = ClusterSpec(1, cal, 512, True, pool_tokens=512 * 4, disk_tokens=disk_tokens)
+    s = Simulation(spec, make_policy(FIG5_SETUPS["global_cache_aware"], cal, 512),
+                   make_cost(cal))
+    history = [1, 2, 3, 4]
+    trace = [req("a", 0.0, history), req("b", 10.0, [11, 12, 13, 14]),
+             req("c", 20.0, [21, 22, 23, 24]), req("a2", 30.0, [*history, 5])]
+    turn = {r.request_id: r for r in s.run(trace)}["a2"]
+    if disk_tokens:  # at the disk's price (ten times the pool's): read from the disk
+        assert turn.fetched_tokens == 512 * 4
+        assert turn.fetch_s == pytest.approx(cal.disk_fetch_s(512 * 4))
+        held = s.index.match(NAMESPACE, [PageKey(i) for i in history], 1e6).matched
+        assert held[(DISK_ID, 0)].pool == 4
+    else:
+        assert turn.fetched_tokens == 0
 
 
 def test_global_pool_fetches_and_local_setups_never_do() -> None:

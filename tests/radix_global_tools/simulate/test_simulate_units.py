@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from radix_global.ops import RemovePages, StorePages
 from radix_global.types import Namespace, PageKey, WorkerId
-from radix_global_tools.simulate.config import Calibration, SimConfigError, load_config
+from radix_global_tools.simulate.config import (
+    CPU_CONFIG,
+    DEFAULT_CONFIG,
+    Calibration,
+    SimConfigError,
+    load_calibration,
+    load_config,
+)
 from radix_global_tools.simulate.instances import (
     PageCache,
     PrefillInstance,
     Waiting,
     local_location,
 )
+from radix_global_tools.simulate.shared_tiers import SharedTiers
 from radix_global_tools.simulate.workload import (
     COPY_STRIDE,
     TraceFormatError,
@@ -142,3 +151,21 @@ def test_committed_config_loads_and_bad_config_is_refused(tmp_path: Path) -> Non
     bad.write_text("[model]\nkv_bytes_per_token = 'many'\n")
     with pytest.raises(SimConfigError):
         load_config(bad)
+
+
+def test_the_disk_table_is_optional_and_checked(tmp_path: Path) -> None:
+    """A profile with [disk] plans a disk tier read at the slower of the disk and the fabric; one
+    without plans none (and a disk asked of it is refused); a bad [disk] is one clear error."""
+    assert load_config().calibration.disk_read_bytes_per_s == 26e9
+    cal = load_calibration(CPU_CONFIG)
+    assert cal.disk_read_bytes_per_s is None
+    with pytest.raises(SimConfigError, match=r"\[disk\]"):
+        SharedTiers(NS, cal, 1000, disk_tokens=1000)
+    slow = replace(Calibration(), disk_read_bytes_per_s=1e9)
+    assert slow.disk_fetch_Bps == 1e9 and slow.disk_fetch_s(1000) > slow.fetch_s(1000)
+    text = DEFAULT_CONFIG.read_text()
+    for bad, why in (("read_bytes_per_s = 0.0", "positive"), ("speed = 1.0", "read_bytes")):
+        path = tmp_path / "bad.toml"
+        path.write_text(text.replace("read_bytes_per_s = 26e9", bad))
+        with pytest.raises(SimConfigError, match=why):
+            load_config(path)
