@@ -101,8 +101,7 @@ class Planner:
         self._memo[key] = out
         disk = f", disk {s.disk_tokens:,}" if s.disk_tokens else ""
         self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,}{disk} "
-                      f"tokens, "
-                      f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "
+                      f"tokens, {s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "
                       f"TBT {out.tbt_share:.3f}")
         return out
 
