@@ -180,13 +180,13 @@ class Planner:
     def _with_disk(self, pools: list[int], prefill: dict[int, int], decode: int,
                    bw: float) -> set[Sizing]:
         """Each tried pool short of the largest, with a disk under it that holds the whole
-        reuse (the largest pool size), where the pool alone needs more prefill instances than
-        the largest: the prefill count it needs with the disk."""
+        reuse (the largest pool size): the prefill count it needs with the disk (checked with
+        the decode side by the caller, where a small pool alone may need one more)."""
         if self.cal.disk_read_bytes_per_s is None or not pools[-1]:
             return set()
         disk, out = pools[-1], set()
         fewest = prefill[disk]  # a memory pool that holds everything: a disk cannot beat it
-        for pool in [p for p in pools if 0 < p < disk and prefill.get(p) != fewest]:
+        for pool in [p for p in pools if 0 < p < disk]:
             try:
                 p = self._smallest(fewest, self._prefill_share(pool, bw, disk), "prefill")
             except PlanError:
