@@ -59,10 +59,12 @@ class Calibration:
         outlasts the prefill shows."""
         return max(0.0, self.fetch_s(tokens) - prefill_s)
 
-    def fetch_s(self, tokens: int) -> float:
+    def fetch_s(self, tokens: int, bandwidth_Bps: float | None = None) -> float:
+        """``tokens`` of KV moved at ``bandwidth_Bps`` (default: the fabric's)."""
         if tokens <= 0:
             return 0.0
-        return self.fetch_latency_s + tokens * self.kv_bytes_per_token / self.bandwidth_bytes_per_s
+        bw = self.bandwidth_bytes_per_s if bandwidth_Bps is None else bandwidth_Bps
+        return self.fetch_latency_s + tokens * self.kv_bytes_per_token / bw
 
     @property
     def disk_fetch_Bps(self) -> float:
@@ -72,9 +74,7 @@ class Calibration:
         return min(self.disk_read_bytes_per_s, self.bandwidth_bytes_per_s)
 
     def disk_fetch_s(self, tokens: int) -> float:
-        if tokens <= 0:
-            return 0.0
-        return self.fetch_latency_s + tokens * self.kv_bytes_per_token / self.disk_fetch_Bps
+        return self.fetch_s(tokens, self.disk_fetch_Bps)
 
     def prior_coefficients(self) -> tuple[float, float, float, float]:
         """The same curve in ``router.routing.prefill_model`` features ``[1, m, m*p, m^2]``

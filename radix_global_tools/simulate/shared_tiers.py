@@ -13,13 +13,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from radix_global.ops import IndexOp
+from radix_global.pool_ids import disk_holder
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier
 from radix_global_tools.simulate.config import Calibration, SimConfigError
 from radix_global_tools.simulate.instances import PageCache
 from router.routing.cost import CostModel
 
 POOL_ID = PoolId("pool-global")
-DISK_ID = PoolId(f"{POOL_ID}+disk")
+DISK_ID = disk_holder(POOL_ID)
 
 
 class SharedTiers:
