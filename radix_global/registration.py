@@ -7,6 +7,7 @@ and values, so a bad record is refused with a :class:`RegistrationError` naming 
 from __future__ import annotations
 
 import math
+import re
 
 import msgspec
 
@@ -31,7 +32,10 @@ MAX_CONTEXT_LENGTH = 1 << 24
 MAX_ID_CHARS = 256
 MAX_URL_CHARS = 2048
 _TEXT_FIELDS = ("worker_id", "model", "namespace", "kv_events_topic", "pool_id",
-                "compute_domain", "pool_disk_id")
+                "compute_domain", "pool_disk_id", "place")
+# a worker's place: fault domains widest first (docs/interfaces.md, "Where hosts are")
+MAX_PLACE_LEVELS = 4
+_PLACE_LABEL = re.compile(r"[A-Za-z0-9._-]{1,63}")
 _URL_FIELDS = ("url", "kv_events_endpoint", "kv_events_replay_endpoint", "pool_events_endpoint")
 
 
@@ -89,6 +93,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # half its host tier, interfaces.md, "Worker registration"): the conductor plans no fetch past
     # it. 0: no limit known.
     pool_prefetch_budget_tokens: int = 0
+    # The fault domains its host sits in, widest first ("zone-a/rack-3"): the router builds
+    # its topology from them (docs/interfaces.md, "Where hosts are"). None: under the root.
+    place: str | None = None
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -129,6 +136,8 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if self.kv_bytes_per_token is not None and self.kv_bytes_per_token < 1:
             raise RegistrationError(
                 f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")
+        if self.place is not None:
+            check_place(self.place)
         for name, ranks in (("kv_events_endpoint", self.dp_size),
                             ("kv_events_replay_endpoint", self.dp_size),
                             ("pool_events_endpoint", 1)):
@@ -165,3 +174,14 @@ def decode_worker_info(data: bytes | str) -> WorkerInfo:
 
 def encode_worker_info(info: WorkerInfo) -> bytes:
     return msgspec.json.encode(info)
+
+
+def check_place(place: str) -> list[str]:
+    """The domains of a place, widest first; :class:`RegistrationError` for a malformed one."""
+    labels = place.split("/")
+    if not 1 <= len(labels) <= MAX_PLACE_LEVELS or not all(
+            _PLACE_LABEL.fullmatch(label) for label in labels):
+        raise RegistrationError(
+            f"place must be 1 to {MAX_PLACE_LEVELS} '/'-separated labels of [A-Za-z0-9._-] "
+            f"(at most 63 characters each), widest first, e.g. zone-a/rack-3; got {place!r}")
+    return labels

@@ -48,6 +48,7 @@ from radix_global.options import load_config_file as options_file
 from router.cluster.discovery import ModelOverrides
 from router.cluster.engine_loads import EngineLoadConfig
 from router.cluster.health import HealthConfig
+from router.cluster.places import TopologyConfig
 from router.cluster.profiling import ProfilingConfig
 from router.cluster.replication import WarmConfig
 from router.cluster.warming import JoinWarmConfig
@@ -186,6 +187,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("client", ServerLimits, "client_"),
     Section("mismatch", MismatchConfig, "mismatch_"),
     Section("cost", CostConfig),
+    Section("topology", TopologyConfig, "topology_"),
     Section("profiling", ProfilingConfig, "profile_"),
     Section("slo", SloConfig),
     Section("dispatch", DispatchConfig, "dispatch_"),
@@ -229,6 +231,7 @@ class RouterConfig:
     client: ServerLimits = field(default_factory=ServerLimits)
     mismatch: MismatchConfig = field(default_factory=MismatchConfig)
     cost: CostConfig = field(default_factory=CostConfig)
+    topology: TopologyConfig = field(default_factory=TopologyConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)

@@ -20,6 +20,8 @@ from router.admission_ledger import AdmissionLedger
 from router.cluster.dispatcher import Dispatcher
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
+from router.cluster.load_reports import LoadReports
+from router.cluster.places import Places
 from router.cluster.profiling import Profiler
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
 from router.cluster.slots import SlotTables
@@ -92,11 +94,18 @@ class RouterState:
                         "holding requests while the engines are busy\")", config.dispatch.order,
                         policy.name)
             gate = None
+        # where hosts are, from the workers' registrations (docs/interfaces.md, "Where hosts are")
+        self.places = Places(config.topology, config.cost.remote_segment_bandwidth_Bps,
+                             config.cost.default_bandwidth_Bps)
         self.routing = PolicyDriver(
-            policy, CostModel(config.cost), self.index.view,
+            policy, CostModel(config.cost, self.places.topology), self.index.view,
             decode=DecodeSelector(config.decode), slo=slo, gate=gate)
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
+        self.loads = LoadReports(self.places)
+        self.loads.bind_metrics(self.metrics.registry)
+        self.routing.on_fetch = lambda req, decision, now: self.loads.fetch_planned(
+            self._pool_of(decision.worker_id), req, decision, now)
         self.dispatcher = (Dispatcher(gate, self.routing, self.registry, self.metrics, clock,
                                       config=config.dispatch)
                            if gate is not None else None)
@@ -165,6 +174,10 @@ class RouterState:
         if self.view.writes is not None:
             self.view.writes.worker_alive(worker_id)
 
+    def _pool_of(self, worker_id: str | None) -> str | None:
+        entry = self.registry.find(worker_id) if worker_id is not None else None
+        return entry.info.pool_id if entry is not None else None
+
     def _busy(self, worker_id: str) -> bool:
         entry = self.registry.find(worker_id)
         if entry is None:
@@ -177,6 +190,7 @@ class RouterState:
         self.index.worker_added(entry)
         self.prewarm(entry)
         self.routing.cost.share_compute(entry.worker_id, entry.info.compute_domain)
+        self.places.joined(entry.info)
         if entry.info.pool_disk_id and entry.info.pool_disk_read_Bps:  # a disk tier's speed
             self.routing.cost.set_holder_bandwidth(PoolId(entry.info.pool_disk_id),
                                                    entry.info.pool_disk_read_Bps)
@@ -203,6 +217,7 @@ class RouterState:
         self.profiler.left(entry.info.worker_id)
         self.index.worker_removed(entry)
         self.routing.worker_removed(entry.worker_id)
+        self.places.left(entry.worker_id)
         self.view.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
         self.refresh_gauges()

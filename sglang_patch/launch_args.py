@@ -31,6 +31,7 @@ from radix_global.options import (
     env_values,
     opt,
 )
+from radix_global.registration import check_place
 from radix_global.service_config import TOKEN_ENV, add_option_flags
 
 PROG = "radix-global sglang"
@@ -99,9 +100,17 @@ class OurFlags:
     pool_load_probe_tokens: Annotated[int, opt(
         "prompt length of the start-up probe of the engine's load path from the pool (512 is "
         "a good length; 0: off)", ge=0, aliases=("--pool-load-probe-tokens",))] = 0
+    place: Annotated[str | None, opt(
+        "the fault domains this host sits in, widest first (zone-a/rack-3): the router prices "
+        "fetches on the path between hosts (docs/interfaces.md, \"Where hosts are\")",
+        metavar="DOMAINS")] = None
     heartbeat_interval_s: Annotated[float, opt(
         "seconds between heartbeats to the router", gt=0,
         aliases=("--heartbeat-interval",))] = 5.0
+
+    def __post_init__(self) -> None:
+        if self.place is not None:  # refused before the engine starts, not at registration
+            check_place(self.place)
 
 
 class WrapperOption(Option):

@@ -168,6 +168,7 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         pool_fetch_min_tokens=fetch_min_tokens(plan.backend_config, page_size),
         pool_prefetch_budget_tokens=(prefetch_budget_tokens(server, kv_bytes)
                                      if plan.backend_config else 0),
+        place=plan.flags.place,
         **_disk_fields(plan),
     )
 

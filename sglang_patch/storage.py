@@ -27,6 +27,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -40,6 +41,7 @@ from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
 from sglang_patch.pool.disk_tier import DiskTier
 from sglang_patch.pool.events import PoolEventPublisher, as_disk, block_removed, run_stores
 from sglang_patch.pool.host_pages import bytes_view, page_key_of, page_views
+from sglang_patch.pool.load_reports import LoadReporter, http_send
 from sglang_patch.pool.opening import open_pool
 from sglang_patch.register import TOKEN_ENV
 
@@ -80,8 +82,12 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if router:
             self._aliases = AliasResolver(http_fetch(str(router), self.namespace,
                                                      os.environ.get(TOKEN_ENV) or None))
+        self._first_rank = storage_config.tp_rank == 0 and storage_config.pp_rank == 0
+        self._page_bytes = 0
+        # how long loads take, for the router's links (docs/interfaces.md, "Where hosts are")
+        self._loads: LoadReporter | None = None
         endpoint = self.config.get("pool_events_endpoint")
-        if endpoint and storage_config.tp_rank == 0 and storage_config.pp_rank == 0:
+        if endpoint and self._first_rank:
             self._publisher = PoolEventPublisher(
                 str(endpoint), str(self.config.get("pool_events_topic", "kv-events")),
                 on_subscribe=self._announce_disk)
@@ -96,6 +102,11 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                       else int(mem_pool_host.get_dummy_flat_data_page().numel()
                                * mem_pool_host.dtype.itemsize))
         self.pool = open_pool(self.config, page_bytes)
+        self._page_bytes = page_bytes
+        loads_url = self.config.get("pool_loads_url")
+        if loads_url and self._first_rank:
+            self._loads = LoadReporter(self.pool.pool_id, http_send(
+                str(loads_url), os.environ.get(TOKEN_ENV) or None))
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
             self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy
@@ -143,10 +154,11 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                 return i
         return len(keys)
 
-    def _load(self, host: Any, indices: list[int], targets: list[str],
+    def _load(self, host: Any, indices: list[int], keys: list[str], targets: list[str],
               events: list[dict[str, Any]]) -> list[bool]:
         """Pages into the host pool: from memory in one batch, each miss from the disk tier
-        (then put back into memory)."""
+        (then put back into memory). ``keys``: SGLang's (the request's), ``targets``: what
+        they are stored under."""
         pool = self._pool()
         chunks: list[Sequence[Any]] = []
         flats: list[torch.Tensor | None] = []  # layouts without a chunk form: via a flat page
@@ -159,15 +171,20 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                 flat = None
             flats.append(flat)
             chunks.append(views)
-        keys = [self.pool_key(t) for t in targets]
-        loaded = pool.get_many([PageIO(k, c) for k, c in zip(keys, chunks, strict=True)])
+        stored = [self.pool_key(t) for t in targets]
+        started = time.perf_counter()
+        loaded = pool.get_many([PageIO(k, c) for k, c in zip(stored, chunks, strict=True)])
+        if self._loads is not None and loaded and loaded[0]:  # timed from memory only
+            pages = sum(loaded)
+            self._loads.add(int(page_key_of(keys[0])), pages, pages * self._page_bytes,
+                            time.perf_counter() - started)
         for i, ok in enumerate(loaded):
             if not ok and self.disk is not None:
-                ok, damaged = self.disk.read_into(keys[i], chunks[i])
+                ok, damaged = self.disk.read_into(stored[i], chunks[i])
                 events.extend(damaged)
                 if ok:  # the disk holder has it already: only the memory pool's evictions
                     evicted = [PageKey(e.tag) for e in
-                               pool.put(keys[i], chunks[i], page_key_of(targets[i])).evicted]
+                               pool.put(stored[i], chunks[i], page_key_of(targets[i])).evicted]
                     if evicted:
                         events.append(self._removed(evicted))
                 loaded[i] = ok
@@ -183,7 +200,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         read_aliases: list[int] = []  # before the first miss (SGLang keeps only that run)
         events: list[dict[str, Any]] = []
         indices = [int(host_indices[i * self._page_size]) for i in range(len(keys))]
-        results = self._load(host, indices, targets, events)
+        results = self._load(host, indices, keys, targets, events)
         for i, (key, target, ok) in enumerate(zip(keys, targets, results, strict=True)):
             if not ok:  # batch_exists saw it: evicted or corrupt now
                 lost.extend(dict.fromkeys([page_key_of(key), page_key_of(target)]))
@@ -354,5 +371,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             self._resync.join(timeout=5.0)
         if self._publisher is not None:
             self._publisher.close()
+        if self._loads is not None:
+            self._loads.close()
         if self.pool is not None:
             self.pool.close()

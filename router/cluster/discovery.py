@@ -35,6 +35,7 @@ from radix_global.registration import (
     MAX_PAGE_SIZE,
     RegistrationError,
     WorkerInfo,
+    check_place,
     decode_worker_info,
 )
 from radix_global.types import Role
@@ -51,7 +52,7 @@ def cli_worker_id(url: str) -> str:
 
 # WorkerInfo fields a --workers URL fragment may set
 SPEC_FIELDS = ("engine", "page_size", "kv_events_endpoint", "kv_events_replay_endpoint",
-               "kv_events_topic", "compute_domain", "kv_bytes_per_token")
+               "kv_events_topic", "compute_domain", "kv_bytes_per_token", "place")
 _INT_SPEC_FIELDS = ("page_size", "kv_bytes_per_token")
 
 
@@ -68,6 +69,12 @@ def split_worker_spec(spec: str) -> tuple[str, dict[str, Any]]:
             if not value.isdigit():
                 raise ValueError(f"worker {url}: {name} must be an integer, got {value!r}")
             overrides[name] = int(value)
+        elif name == "place":
+            try:
+                check_place(value)
+            except RegistrationError as exc:
+                raise ValueError(f"worker {url}: {exc}") from exc
+            overrides[name] = value
         else:
             overrides[name] = value
     return url.rstrip("/"), overrides

@@ -19,6 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from radix_global.endpoints import is_loopback_address
+from radix_global.pool_loads import PoolLoadError, decode_report
 from radix_global.registration import (
     RegistrationError,
     WorkerInfo,
@@ -26,6 +27,7 @@ from radix_global.registration import (
     refuse_host_local,
 )
 from router.cluster.discovery import ServerInfoError, check_server_info, model_of_server
+from router.cluster.load_reports import LoadOutcome
 from router.cluster.registry import RegistryError, Source
 from router.request.handler import read_body
 from router.state import RouterState, key_mismatch
@@ -130,6 +132,8 @@ def stats(state: RouterState) -> dict[str, Any]:
         "recent": list(state.recent)[-50:],
         "pd": state.pd_report(),  # prefill/decode utilisation (pool mode), else None
         "coordination": _coordination(state),  # several routers, one view; None when alone
+        # where hosts are, the links and what measured loads made of them
+        "topology": {**state.places.report(), "loads": dict(state.loads.outcomes)},
     }
 
 
@@ -222,6 +226,17 @@ def admin_routes(state: RouterState) -> list[Route]:
     async def listing(request: Request) -> Response:
         return JSONResponse({"workers": [e.to_json() for e in state.registry.all()]})
 
+    async def pool_loads(request: Request) -> Response:
+        body = await read_body(request, ADMIN_BODY_MAX_BYTES, "pool load report")
+        try:
+            report = decode_report(body)
+        except PoolLoadError as exc:
+            return error_response(400, f"bad pool load report: {exc}")
+        if not any(e.info.pool_id == report.pool_id for e in state.registry.all()):
+            return error_response(404, f"no registered worker has pool {report.pool_id!r}")
+        outcomes = state.loads.apply(report, state.clock())
+        return JSONResponse({o.value: outcomes[o] for o in LoadOutcome})
+
     async def stats_ep(request: Request) -> Response:
         return JSONResponse(stats(state))
 
@@ -234,6 +249,7 @@ def admin_routes(state: RouterState) -> list[Route]:
         Route("/admin/workers/{worker_id}", guarded(remove), methods=["DELETE"]),
         Route("/admin/workers/{worker_id}/drain", guarded(drain), methods=["POST"]),
         Route("/admin/workers/{worker_id}/heartbeat", guarded(heartbeat), methods=["POST"]),
+        Route("/admin/pool-loads", guarded(pool_loads), methods=["POST"]),
         Route("/admin/stats", guarded(stats_ep), methods=["GET"]),
         Route("/admin/diagnostics", guarded(diag_ep), methods=["GET"]),
     ]

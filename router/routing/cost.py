@@ -52,11 +52,12 @@ class CostConfig:
     default_bandwidth_Bps: Annotated[float, opt(
         "pool -> worker bandwidth where the topology says nothing", gt=0,
         name="default_bandwidth_bytes_per_s")] = 10e9
-    # a segment of a shared store (radix_global/pool_ids.py) on another host than the worker's
-    # own segment: the link (a 10 Gbit/s NIC), not memory
+    # a host's link (a 10 Gbit/s NIC), which a fetch from another host's segment of a shared
+    # store (radix_global/pool_ids.py) crosses at least
     remote_segment_bandwidth_Bps: Annotated[float, opt(
-        "a shared store's segment on another host -> worker (docs/interfaces.md, \"Mooncake "
-        "Store as the L3 pool\")", gt=0, name="remote_segment_bandwidth_bytes_per_s")] = 1.25e9
+        "a host's link to its rack: what a fetch from another host's segment crosses "
+        "(docs/interfaces.md, \"Where hosts are\")", gt=0,
+        name="remote_segment_bandwidth_bytes_per_s")] = 1.25e9
     transfer_overhead_s: Annotated[float, opt("fixed cost of one pool fetch", ge=0)] = 0.0
     # Refit a worker whose model was installed (set_prefill_model: a profile, fitted or
     # inherited) on FIFO-inferred service times too; on a batching engine they include its
@@ -202,7 +203,8 @@ class CostModel:
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
         if worker.worker_id in self._installed:
             bandwidth = min(bandwidth, self._load_Bps.get(worker.worker_id, bandwidth))
-        return self.config.transfer_overhead_s + nbytes / bandwidth
+        return self.config.transfer_overhead_s + self._path_overhead_s(pool, worker.worker_id) \
+            + nbytes / bandwidth
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
                       own_pool: PoolId | None = None) -> float:
@@ -223,6 +225,17 @@ class CostModel:
         if host is not None and own is not None and host != own:
             return self.config.remote_segment_bandwidth_Bps
         return self.config.default_bandwidth_Bps
+
+    def _path_overhead_s(self, pool: PoolId, worker: WorkerId) -> float:
+        """The per-transfer cost measured on the path (0 where the topology does not place
+        both, or has not measured it)."""
+        topo = self.topology
+        if topo is not None and topo.knows(pool) and topo.knows(worker):
+            try:
+                return topo.overhead_s(pool, worker)
+            except TopologyError:
+                pass
+        return 0.0
 
     def set_holder_bandwidth(self, holder: PoolId, bandwidth_Bps: float) -> None:
         """``holder`` reads at ``bandwidth_Bps`` (``WorkerInfo.pool_disk_read_Bps``)."""
@@ -312,13 +325,6 @@ class CostModel:
         self._idle_changed.pop(worker_id, None)
         self._idle_count += 1
         self._removed_at = self._idle_count
-        if self.topology is not None:
-            self.topology.remove(worker_id)
-
-    def observe_transfer(self, pool: PoolId, worker: WorkerId, nbytes: int, seconds: float) -> None:
-        topo = self.topology
-        if topo is not None and topo.knows(pool) and topo.knows(worker):
-            topo.observe_transfer(pool, worker, nbytes, seconds)
 
     def stats(self) -> dict[str, Any]:
         """Per worker: observations, MAPE of prefill predictions, coefficients, and the drag

@@ -61,6 +61,9 @@ class PolicyDriver:
         # called with the slot and the prompt's page keys of each request routed: the shared
         # load view tells the other routers where its prefix went
         self.on_routed: Callable[[Slot, Sequence[PageKey]], None] | None = None
+        # called with each accepted request that plans a pool fetch: the router remembers which
+        # holder its pages are to come from (router/cluster/load_reports.py)
+        self.on_fetch: Callable[[RouteRequest, Decision, float], None] | None = None
 
     def estimate(self, req: RouteRequest, workers: Sequence[WorkerState], now: float
                  ) -> Decision:
@@ -105,6 +108,8 @@ class PolicyDriver:
         self.policy.on_routed(req, decision, now)
         if self.on_routed is not None and req.page_keys:
             self.on_routed(decision.slot, req.page_keys)
+        if self.on_fetch is not None and decision.fetch_from is not None:
+            self.on_fetch(req, decision, now)
         self._changed()
         return decision
 

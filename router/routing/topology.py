@@ -1,20 +1,24 @@
-"""The cluster's network as a graph: hosts, NICs, switches and the links between them.
+"""The cluster's network as a graph: hosts, fault domains (racks, zones) and the links between them.
 
 Holders (workers, pools) are placed on nodes. The bandwidth between two holders is the smallest
 link bandwidth on the fewest-hops path between their nodes (the bottleneck); two holders on one
-node use ``local_bandwidth_Bps`` (a host memory copy). Measured transfers correct the bottleneck
-link by an exponentially weighted moving average, so a congested sender shows up as slow.
+node use that node's local bandwidth (a host memory copy, ``local_bandwidth_Bps`` until measured).
+A measured transfer is a sample of the bottleneck link (or of the node's memory path): once a
+link has enough of them, its bandwidth and per-transfer overhead are what they say
+(:class:`router.routing.link_fit.LinkFit`), so a congested link shows up as slow.
 Pure (networkx only): no I/O.
 """
 
 from __future__ import annotations
 
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from itertools import pairwise
+from typing import Any
 
 import networkx as nx
 
 from radix_global.types import HolderId
+from router.routing.link_fit import LinkFit
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
 
@@ -24,21 +28,48 @@ class TopologyError(ValueError):
 
 
 class Topology:
-    def __init__(self, local_bandwidth_Bps: float = 20e9, ewma_alpha: float = 0.2) -> None:
-        if local_bandwidth_Bps <= 0 or not 0 < ewma_alpha <= 1:
-            raise ValueError("local bandwidth must be > 0 and 0 < ewma_alpha <= 1")
+    def __init__(self, local_bandwidth_Bps: float = 20e9,
+                 fit: Callable[[], LinkFit] = LinkFit) -> None:
+        if local_bandwidth_Bps <= 0:
+            raise ValueError("local bandwidth must be > 0")
         self._graph: nx.Graph = nx.Graph()
         self._placement: dict[HolderId, Hashable] = {}
         self._paths: dict[tuple[Hashable, Hashable], list[Hashable]] = {}
+        self._bottlenecks: dict[tuple[Hashable, Hashable], tuple[float, float]] = {}
+        self._local: dict[Hashable, LinkFit] = {}  # node -> its memory path's measurements
         self.local_bandwidth_Bps = local_bandwidth_Bps
-        self.ewma_alpha = ewma_alpha
+        self._fit = fit
 
     def add_link(self, a: Hashable, b: Hashable, bandwidth_Bps: float) -> None:
-        """A (full-duplex) link; adding it again replaces its bandwidth."""
-        if bandwidth_Bps <= 0:
+        """A (full-duplex) link; adding it again sets its bandwidth anew (what was measured on
+        it is forgotten)."""
+        if not bandwidth_Bps > 0:
             raise ValueError(f"link {a}-{b}: bandwidth must be > 0")
-        self._graph.add_edge(a, b, bandwidth=float(bandwidth_Bps))
+        if self._graph.has_edge(a, b) and self._graph.edges[a, b]["configured"] == bandwidth_Bps:
+            return
+        self._graph.add_edge(a, b, bandwidth=float(bandwidth_Bps), configured=float(bandwidth_Bps),
+                             overhead=0.0, fit=self._fit())
+        self._changed()
+
+    def cut(self, a: Hashable, b: Hashable) -> None:
+        """Remove the link between ``a`` and ``b`` (absent: nothing)."""
+        if self._graph.has_edge(a, b):
+            self._graph.remove_edge(a, b)
+            self._changed()
+
+    def neighbours(self, node: Hashable) -> list[Hashable]:
+        return list(self._graph.neighbors(node)) if node in self._graph else []
+
+    def drop_node(self, node: Hashable) -> None:
+        """Remove ``node`` and its links (a host whose last holder left)."""
+        if node in self._graph:
+            self._graph.remove_node(node)
+            self._local.pop(node, None)
+            self._changed()
+
+    def _changed(self) -> None:
         self._paths.clear()
+        self._bottlenecks.clear()
 
     def place(self, holder: HolderId, node: Hashable) -> None:
         """Put a worker or pool on a node (its host); the node is created if new."""
@@ -50,6 +81,12 @@ class Topology:
 
     def knows(self, holder: HolderId) -> bool:
         return holder in self._placement
+
+    def node_of(self, holder: HolderId) -> Hashable | None:
+        return self._placement.get(holder)
+
+    def holders_on(self, node: Hashable) -> list[HolderId]:
+        return [h for h, n in self._placement.items() if n == node]
 
     def path(self, src: HolderId, dst: HolderId) -> list[Hashable]:
         a, b = self._node(src), self._node(dst)
@@ -65,26 +102,70 @@ class Topology:
 
     def bandwidth_Bps(self, src: HolderId, dst: HolderId) -> float:
         """Bottleneck bandwidth from ``src`` to ``dst`` in bytes per second."""
-        nodes = self.path(src, dst)
-        if len(nodes) == 1:
-            return self.local_bandwidth_Bps
-        return min(self._graph.edges[u, v]["bandwidth"] for u, v in pairwise(nodes))
+        return self._bottleneck(src, dst)[0]
+
+    def overhead_s(self, src: HolderId, dst: HolderId) -> float:
+        """What one transfer from ``src`` to ``dst`` costs besides its bytes, as measured on
+        its bottleneck (0 until measured)."""
+        return self._bottleneck(src, dst)[1]
 
     def observe_transfer(self, src: HolderId, dst: HolderId, nbytes: int, seconds: float) -> None:
-        """A measured transfer: move the bottleneck link's (or the local) bandwidth towards the
-        observed rate. Nonsensical measurements are ignored."""
+        """A measured transfer, a sample of the bottleneck link (or of the node's memory path).
+        Nonsensical measurements are ignored."""
         if nbytes <= 0 or seconds <= 0:
             return
-        observed = nbytes / seconds
         nodes = self.path(src, dst)
-        a = self.ewma_alpha
         if len(nodes) == 1:
-            self.local_bandwidth_Bps = (1 - a) * self.local_bandwidth_Bps + a * observed
+            fit = self._local.get(nodes[0])
+            if fit is None:
+                fit = self._local[nodes[0]] = self._fit()
+            fit.observe(nbytes, seconds)
+            self._bottlenecks.clear()
             return
-        edges = list(pairwise(nodes))
-        u, v = min(edges, key=lambda e: self._graph.edges[e]["bandwidth"])
-        old = self._graph.edges[u, v]["bandwidth"]
-        self._graph.edges[u, v]["bandwidth"] = (1 - a) * old + a * observed
+        edge = self._graph.edges[min(pairwise(nodes),
+                                     key=lambda e: self._graph.edges[e]["bandwidth"])]
+        edge["fit"].observe(nbytes, seconds)
+        measured = edge["fit"].estimate()
+        if measured is not None:
+            edge["bandwidth"], edge["overhead"] = measured
+            self._bottlenecks.clear()
+
+    def report(self) -> dict[str, Any]:
+        """Links (bandwidth now and as configured, measured overhead), the memory paths measured
+        enough to be estimated, placements."""
+        local = {str(n): (fit.estimate(), fit.samples) for n, fit in self._local.items()}
+        return {
+            "links": [{"a": str(u), "b": str(v), "bandwidth_Bps": d["bandwidth"],
+                       "configured_Bps": d["configured"], "overhead_s": d["overhead"],
+                       "samples": d["fit"].samples}
+                      for u, v, d in self._graph.edges(data=True)],
+            "local": {node: {"bandwidth_Bps": e.bandwidth_Bps, "overhead_s": e.overhead_s,
+                          "samples": n}
+                      for node, (e, n) in local.items() if e is not None},
+            "local_default_Bps": self.local_bandwidth_Bps,
+            "placed": {h: str(n) for h, n in self._placement.items()},
+        }
+
+    def _bottleneck(self, src: HolderId, dst: HolderId) -> tuple[float, float]:
+        # (bandwidth, overhead): asked for every fetch the conductor prices, so kept until a
+        # link or a measurement changes
+        key = (self._node(src), self._node(dst))
+        cached = self._bottlenecks.get(key)
+        if cached is not None:
+            return cached
+        nodes = self.path(src, dst)
+        found: tuple[float, float] = (self.local_bandwidth_Bps, 0.0)
+        if len(nodes) == 1:
+            fit = self._local.get(nodes[0])
+            measured = fit.estimate() if fit is not None else None
+            if measured is not None:
+                found = (measured.bandwidth_Bps, measured.overhead_s)
+        else:
+            edge = min((self._graph.edges[e] for e in pairwise(nodes)),
+                       key=lambda d: d["bandwidth"])
+            found = (edge["bandwidth"], edge["overhead"])
+        self._bottlenecks[key] = found
+        return found
 
     def _node(self, holder: HolderId) -> Hashable:
         node = self._placement.get(holder)

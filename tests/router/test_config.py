@@ -231,12 +231,17 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--engine-load-poll-s", ["2"], "engine_load.poll_s", 2.0),
     ("--engine-load-timeout-s", ["2"], "engine_load.timeout_s", 2.0),
     ("--engine-load-max-concurrency", ["4"], "engine_load.max_concurrency", 4),
+    ("--topology-uplink-bytes-per-s", ["6.25e6"], "topology.uplink_Bps", 6.25e6),
+    ("--topology-links", ["zone-a/rack-3=6.25e6"], "topology.links",
+     {"zone-a/rack-3": 6.25e6}),
+    ("--no-topology-learn", [], "topology.learn", False),
     ("--engine-load-stale-polls", ["5"], "engine_load.stale_polls", 5),
 ]
 
 
 def test_the_old_flags_table_is_every_option():
-    names = {flag[2:].replace("-", "_") for flag, *_ in OLD_FLAGS} - {"worker_urls", "index"}
+    names = {flag[2:].removeprefix("no-").replace("-", "_")
+             for flag, *_ in OLD_FLAGS} - {"worker_urls", "index"}
     assert names == set(OPTIONS)
 
 

@@ -352,3 +352,17 @@ def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
             build_plan([*mooncake, *extra], ports=(1, 2, 3))
     with pytest.raises(LaunchError, match="an shm pool id may not contain it"):
         build_plan([*BASE, "--radix-global-pool-id", "a@b"], ports=(1, 2, 3))
+
+
+def test_a_place_is_registered_and_a_bad_one_refused_before_the_engine_starts():
+    """docs/interfaces.md, "Where hosts are"."""
+    from sglang_patch.launch_server import worker_info
+
+    plan = build_plan([*BASE, "--radix-global", "http://r:1",
+                       "--radix-global-place", "zone-a/rack-3"], ports=(1, 2, 3))
+    info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
+    assert info.place == "zone-a/rack-3"
+    assert plan.backend_config["pool_loads_url"] == "http://r:1"  # it times its loads for it
+    with pytest.raises(LaunchError, match="radix-global-place must be 1 to 4"):
+        build_plan([*BASE, "--radix-global", "http://r:1", "--radix-global-place", "rack 3"],
+                   ports=(1, 2, 3))

@@ -126,6 +126,38 @@ def _check_roundtrip(pool_id: str, layout: str, endpoint: str) -> None:
     assert sorted(ops[0].keys) == sorted(page_key_of(k) for k in keys)
 
 
+def _check_loads_are_timed_for_the_router(pool_id: str) -> None:
+    """docs/interfaces.md, "Where hosts are": each batch read from memory is reported with its
+    first page's key (the request's), pages, bytes and seconds; a batch whose first page misses
+    is not."""
+    import torch
+
+    from radix_global.pool_loads import PoolLoadReport
+    from sglang_patch.storage import page_key_of
+
+    writer = _backend(pool_id)
+    writer.register_mem_pool_host(_HostPool())
+    keys = [f"{i:02x}" * 32 for i in range(30, 33)]
+    assert writer.batch_set_v1(keys, torch.arange(0, 3 * PAGE_SIZE)) == [True] * 3
+    reader = _backend(pool_id, pool_loads_url="http://127.0.0.1:9")
+    reader.register_mem_pool_host(_HostPool())
+    assert writer._loads is None and reader._loads is not None
+    sent: list[bytes] = []
+    reader._loads._send = sent.append
+    assert reader.batch_get_v1(keys, torch.arange(8, 8 + 3 * PAGE_SIZE)) == [True] * 3
+    assert reader.batch_get_v1(["ee" * 32, *keys], torch.arange(8, 8 + 4 * PAGE_SIZE))[0] is False
+    reader._loads.flush()
+    import msgspec
+
+    loads = [x for body in sent for x in msgspec.json.decode(body, type=PoolLoadReport).loads]
+    page_bytes = 2 * LAYERS * PAGE_SIZE * HEADS * DIM * 2  # K and V, bfloat16
+    assert [(x.first, x.pages, x.bytes) for x in loads] == [
+        (page_key_of(keys[0]), 3, 3 * page_bytes)]
+    assert 0 < loads[0].seconds < 10
+    writer.close()
+    reader.close()
+
+
 def _check_corrupt_is_miss(pool_id: str) -> None:
     import torch
 
@@ -317,6 +349,7 @@ def _all_checks(prefix: str, port: int) -> None:
     _check_roundtrip(f"{prefix}-lf", "layer_first", f"tcp://127.0.0.1:{port}")
     _check_roundtrip(f"{prefix}-pf", "page_first", f"tcp://127.0.0.1:{port + 1}")
     _check_corrupt_is_miss(f"{prefix}-bad")
+    _check_loads_are_timed_for_the_router(f"{prefix}-ld")
     _check_resync_publishes_what_the_store_lost(f"{prefix}-rs", f"tcp://127.0.0.1:{port + 2}")
     _check_shared_prefix_aliases(f"{prefix}-al", f"tcp://127.0.0.1:{port + 3}")
     _check_mooncake_pages_move_in_one_call()
@@ -327,7 +360,8 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     are read bit-exactly by another (layer_first and page_first host layouts), another namespace
     sees none of them, the index decoder turns the published batch into a POOL StorePages with
     the right PageKeys, a corrupted page is a miss that disappears from batch_exists, and what
-    a pool lost silently is published as removed by the resync thread, shared-prefix
+    a pool lost silently is published as removed by the resync thread, loads are timed for the
+    router, shared-prefix
     aliases let a second tenant read (and not rewrite) the first one's prefix pages only, and
     over a Mooncake pool a batch of pages moves in one call."""
     from sglang_patch.ports import free_port

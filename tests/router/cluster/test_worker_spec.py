@@ -24,10 +24,12 @@ def test_split_worker_spec():
     assert url == "http://127.0.0.1:8000"
     assert over == {"engine": "vllm", "page_size": 128, "kv_events_endpoint": "ipc:///tmp/a/kv0"}
     assert split_worker_spec("http://h:1") == ("http://h:1", {})
+    assert split_worker_spec("http://h:1#place=zone-a/rack-3") == (
+        "http://h:1", {"place": "zone-a/rack-3"})
 
 
 @pytest.mark.parametrize("spec", ["http://h:1#bogus=1", "http://h:1#page_size=x",
-                                  "http://h:1#engine"])
+                                  "http://h:1#engine", "http://h:1#place=rack%203"])
 def test_bad_worker_spec_is_refused_at_start(spec: str):
     with pytest.raises(ValueError):
         split_worker_spec(spec)

@@ -211,7 +211,8 @@ def test_admin_body_is_bounded(router_factory):
 
 @pytest.mark.parametrize(("field", "value"), [
     ("worker_id", "w\r\nx-evil: 1"), ("worker_id", "w\x00"), ("dp_size", 100_000),
-    ("page_size", 10**23), ("model", "m" * 1000), ("bootstrap_port", 70000)])
+    ("page_size", 10**23), ("model", "m" * 1000), ("bootstrap_port", 70000),
+    ("place", "rack 1"), ("place", "a/b/c/d/e")])
 def test_admin_registration_is_bounded(router_factory, field, value):
     router = router_factory(workers=())
     info = {"worker_id": "w1", "url": "http://127.0.0.1:9", "model": "m", "namespace": "m@1",

@@ -165,8 +165,10 @@ def test_transfer_time_uses_the_topology_bottleneck_or_the_default() -> None:
     assert cost.transfer_s(PoolId("pool"), ws(), 1000) == pytest.approx(1e6 / (100 * GBPS))
     assert cost.transfer_s(PoolId("elsewhere"), ws(), 1000) == pytest.approx(1.0)
     assert cost.transfer_s(PoolId("pool"), ws(), 0) == 0.0
-    cost.observe_transfer(PoolId("pool"), W, nbytes=10**9, seconds=1.0)  # slower than the NIC
-    assert cost.bandwidth_Bps(PoolId("pool"), W) < 100 * GBPS
+    for size in (1, 2, 3, 4):  # 10 ms a transfer + 1 GB/s, slower than the NIC
+        topo.observe_transfer(PoolId("pool"), W, nbytes=size * 10**9, seconds=0.01 + size)
+    assert cost.bandwidth_Bps(PoolId("pool"), W) == pytest.approx(1e9)
+    assert cost.transfer_s(PoolId("pool"), ws(), 1000) == pytest.approx(0.01 + 1e6 / 1e9)
 
 
 def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
