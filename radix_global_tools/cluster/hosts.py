@@ -1,4 +1,4 @@
-"""Test hosts on one machine, each a Linux network namespace, joined by a bridge.
+"""Test hosts on one machine, each a Linux network namespace, joined by a bridge (or racks of them).
 
     with HostSet(["a", "b", "r"], run_dir) as hosts:
         hosts.spawn("a", "engine", [..., *hosts.pool_args("a")])
@@ -12,6 +12,11 @@ pulled and shaped). Namespaces share the filesystem, so each host has its own po
 are bounded. ``close`` (also at exit, and by a failed or interrupted ``up``) kills everything in
 the set's namespaces, deletes them and the pool roots; ``remove_stale`` (run by ``up``) sweeps
 sets of dead owners. One HostSet per process at a time (the names carry the owner's pid).
+
+Racks (``racks={"a": "r1", "b": "r1", "c": "r2"}``): a rack's hosts hang off its own bridge
+``br-<rack>``, joined to ``br0`` by a veth pair (``up-<rack>`` on the rack's bridge, ``dn-<rack>``
+on ``br0``): the rack's uplink, which :meth:`HostSet.shape_rack` limits. Hosts in no rack hang off
+``br0`` (the core).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -40,6 +45,7 @@ BRIDGE = "br0"
 SPAWN_TIMEOUT_S = 10.0
 PORT_RANGE = (30100, 32000)  # below the kernel's ephemeral ports (32768+): no clash with clients
 _NAME = re.compile(r"[a-z0-9]{1,10}")
+_RACK = re.compile(r"[a-z0-9]{1,8}")
 _WRAPPERS = ("radix_global_cli", "radix-global")
 
 
@@ -66,11 +72,15 @@ class HostSet:
     Bad arguments raise ValueError; what the system or a check here refuses raises HostError."""
 
     def __init__(self, names: Sequence[str], run_dir: str | Path, subnet: str = "10.77.0",
-                 stop_timeout_s: float = 5.0) -> None:
+                 stop_timeout_s: float = 5.0, racks: Mapping[str, str] | None = None) -> None:
         names = list(names)
         if (any(not _NAME.fullmatch(n) or n == "br" for n in names)
                 or not 0 < len(set(names)) == len(names) <= 253):
             raise ValueError(f"host names {names}: 1..253 unique, [a-z0-9]{{1,10}}, not 'br'")
+        self.racks = dict(racks or {})
+        if not set(self.racks) <= set(names) or any(
+                not _RACK.fullmatch(r) for r in self.racks.values()):
+            raise ValueError(f"racks {self.racks}: hosts of this set, rack names [a-z0-9]{{1,8}}")
         m = re.fullmatch(r"10\.(\d{1,3})\.(\d{1,3})", subnet)
         if not m or any(int(octet) > 255 for octet in m.groups()):
             raise ValueError(f"subnet {subnet!r}: 10.x.y")
@@ -119,12 +129,21 @@ class HostSet:
             # No multicast snooping: the bridge would send IGMP reports to every host.
             netns.ip("-n", br, "link", "add", BRIDGE, "type", "bridge", "mcast_snooping", "0")
             netns.ip("-n", br, "link", "set", BRIDGE, "up")
+            for rack in sorted(set(self.racks.values())):
+                netns.ip("-n", br, "link", "add", f"br-{rack}", "type", "bridge",
+                         "mcast_snooping", "0")
+                netns.ip("-n", br, "link", "add", f"up-{rack}", "type", "veth", "peer", "name",
+                         f"dn-{rack}")
+                netns.ip("-n", br, "link", "set", f"up-{rack}", "master", f"br-{rack}", "up")
+                netns.ip("-n", br, "link", "set", f"dn-{rack}", "master", BRIDGE, "up")
+                netns.ip("-n", br, "link", "set", f"br-{rack}", "up")
             for h in self.hosts.values():
                 self._add_netns(h.netns)
                 # Made inside the bridge namespace: no end ever appears in the root one.
                 netns.ip("-n", br, "link", "add", f"v-{h.name}", "type", "veth", "peer", "name",
                     "eth0", "netns", h.netns)
-                netns.ip("-n", br, "link", "set", f"v-{h.name}", "master", BRIDGE, "up")
+                switch = f"br-{self.racks[h.name]}" if h.name in self.racks else BRIDGE
+                netns.ip("-n", br, "link", "set", f"v-{h.name}", "master", switch, "up")
                 netns.ip("-n", h.netns, "addr", "add", f"{h.address}/24", "dev", "eth0")
                 netns.ip("-n", h.netns, "link", "set", "eth0", "up")
                 self._pools.append(Path(h.pool_root))
@@ -242,18 +261,15 @@ class HostSet:
         """Limit the host's cable to ``rate_mbit`` each way (tbf: bandwidth only, no delay;
         netem is not in this kernel); None lifts the limit."""
         h = self[host]
-        if rate_mbit is not None and not rate_mbit > 0:
-            raise ValueError(f"rate {rate_mbit} Mbit/s: must be > 0")
         # The bridge side shapes what the host receives, eth0 what it sends.
-        for ns, dev in ((self.bridge_netns, f"v-{h.name}"), (h.netns, "eth0")):
-            if rate_mbit is not None:
-                netns.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
-                      f"{max(1, round(rate_mbit * 1000))}kbit", "burst", "64kb",
-                      "latency", "400ms"])
-                continue
-            shown = json.loads(netns.run(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
-            if any(q.get("kind") == "tbf" for q in shown):  # del refuses the default qdisc
-                netns.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
+        _shape([(self.bridge_netns, f"v-{h.name}"), (h.netns, "eth0")], rate_mbit)
+
+    def shape_rack(self, rack: str, rate_mbit: float | None) -> None:
+        """Limit ``rack``'s uplink to ``rate_mbit`` each way; None lifts the limit."""
+        if rack not in self.racks.values():
+            raise HostError(f"no rack {rack!r} in this set ({sorted(set(self.racks.values()))})")
+        # dn- sends into the rack, up- out of it
+        _shape([(self.bridge_netns, f"up-{rack}"), (self.bridge_netns, f"dn-{rack}")], rate_mbit)
 
     def bytes(self, host: str) -> LinkBytes:
         stats = json.loads(netns.ip("-n", self[host].netns, "-s", "-j", "link", "show", "eth0"))
@@ -294,6 +310,21 @@ class HostSet:
         port = random.choice(free)
         self._given[host].add(port)
         return port
+
+
+def _shape(devices: Sequence[tuple[str, str]], rate_mbit: float | None) -> None:
+    """A tbf of ``rate_mbit`` on what each (namespace, device) sends; None removes it."""
+    if rate_mbit is not None and not rate_mbit > 0:
+        raise ValueError(f"rate {rate_mbit} Mbit/s: must be > 0")
+    for ns, dev in devices:
+        if rate_mbit is not None:
+            netns.run(["tc", "-n", ns, "qdisc", "replace", "dev", dev, "root", "tbf", "rate",
+                       f"{max(1, round(rate_mbit * 1000))}kbit", "burst", "64kb",
+                       "latency", "400ms"])
+            continue
+        shown = json.loads(netns.run(["tc", "-n", ns, "-j", "qdisc", "show", "dev", dev]))
+        if any(q.get("kind") == "tbf" for q in shown):  # del refuses the default qdisc
+            netns.run(["tc", "-n", ns, "qdisc", "del", "dev", dev, "root"])
 
 
 def _is_launch_wrapper(argv: Sequence[str]) -> bool:

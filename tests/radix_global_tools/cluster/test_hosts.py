@@ -186,6 +186,28 @@ def test_shape_limits_the_cable_both_ways_and_unshape_lifts_it(hosts: HostSet) -
         hosts.shape("a", 0)
 
 
+def test_a_shaped_rack_uplink_slows_only_what_crosses_it(tmp_path: Path) -> None:
+    """Hosts a, b in rack r1, c in r2: with r2's uplink at 20 Mbit/s, a -> b stays fast, a -> c
+    and c -> a are slow; lifted, all are fast."""
+    with HostSet(["a", "b", "c"], tmp_path, racks={"a": "r1", "b": "r1", "c": "r2"}) as hs:
+        _, port_b = serve(hs, "b")
+        _, port_c = serve(hs, "c")
+        _, port_a = serve(hs, "a")
+        hs.shape_rack("r2", 20)
+        within, across, back = (send(hs, "a", "b", port_b, 2 * MIB),
+                                send(hs, "a", "c", port_c, 2 * MIB),
+                                send(hs, "c", "a", port_a, 2 * MIB))
+        assert within is not None and across is not None and back is not None
+        assert within[1] < 0.3 and across[1] >= 0.5 and back[1] >= 0.5  # ~0.84 s at 20 Mbit/s
+        hs.shape_rack("r2", None)
+        free = send(hs, "a", "c", port_c, 2 * MIB)
+        assert free is not None and free[1] < 0.3
+        with pytest.raises(HostError, match="no rack"):
+            hs.shape_rack("r9", 10)
+    with pytest.raises(ValueError, match="racks"):
+        HostSet(["a"], tmp_path, racks={"z": "r1"})
+
+
 def test_remove_stale_sweeps_dead_owners_only(hosts: HostSet) -> None:
     dead = subprocess.Popen(["true"])
     dead.wait()
