@@ -49,3 +49,18 @@ def disk_holder(pool_id: str) -> PoolId:
     """The index holder of a pool's persistent disk tier (``docs/interfaces.md``,
     "The persistent disk tier under the pool")."""
     return PoolId(pool_id + DISK_SUFFIX)
+
+
+def is_disk_holder(holder: str) -> bool:
+    """Whether ``holder`` is a pool's disk tier (:func:`disk_holder`)."""
+    return holder.endswith(DISK_SUFFIX)
+
+
+def leaving_with_worker(pool_id: str | None, disk_id: str | None) -> list[PoolId]:
+    """The pool holders that leave the index with their worker: a Mooncake segment (it dies with
+    the client that contributed it) and its disk tier (a folder of that worker's host, read only
+    through it; the worker announces it again when it is back). None for a pool of its own (one
+    machine's shm pool, its disk), which lives on."""
+    if pool_id is None or not is_segment(pool_id):
+        return []
+    return [PoolId(pool_id)] + ([PoolId(disk_id)] if disk_id else [])

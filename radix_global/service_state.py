@@ -16,12 +16,12 @@ from collections.abc import Callable
 from typing import Any
 
 from radix_global.index import GlobalIndex
-from radix_global.pool_ids import is_segment
+from radix_global.pool_ids import is_segment, leaving_with_worker
 from radix_global.registration import WorkerInfo
 from radix_global.shards import ShardedIndex
 from radix_global.snapshot import FeedState, IndexSnapshot, SnapshotError
 from radix_global.subscriber import KVEventSubscriber
-from radix_global.types import Namespace, PoolId, WorkerId
+from radix_global.types import Namespace, WorkerId
 from radix_global.wire import IdConflictError, UnknownWorkerError
 
 log = logging.getLogger(__name__)
@@ -112,8 +112,8 @@ class ServiceState:
             self._drop_segment(info)
 
     def _drop_segment(self, info: WorkerInfo) -> None:
-        if info.pool_id is not None and is_segment(info.pool_id):
-            self.index.remove_holder(PoolId(info.pool_id))
+        for holder in leaving_with_worker(info.pool_id, info.pool_disk_id):
+            self.index.remove_holder(holder)
 
     # ---- snapshots ------------------------------------------------------------------------
     def take_snapshot(self) -> IndexSnapshot:

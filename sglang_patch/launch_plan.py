@@ -278,9 +278,6 @@ def _check_pool(ours: OurFlags) -> None:
     must not (its entries would leave the index with the first worker); a Mooncake segment must
     hold Mooncake's smallest segment."""
     mooncake = mooncake_master(ours.pool) is not None
-    if ours.pool_disk and mooncake:
-        raise LaunchError(f"{flag_of('pool_disk')} is a tier under this machine's shm pool; a "
-                          "Mooncake Store persists with its own SSD offload")
     if not mooncake and ours.pool_id is not None and is_segment(ours.pool_id):
         raise LaunchError(f"{POOL_ID} {ours.pool_id}: '@' marks a segment of a shared store "
                           f"({POOL} mooncake://...); an shm pool id may not contain it")

@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry
 from radix_global.index import GlobalIndex
 from radix_global.index_metrics import IndexCollector
 from radix_global.ops import HotPrefix, IndexRefusal
-from radix_global.pool_ids import is_segment
+from radix_global.pool_ids import is_segment, leaving_with_worker
 from radix_global.registration import WorkerInfo
 from radix_global.snapshot import (
     FeedState,
@@ -43,7 +43,7 @@ from radix_global.snapshot import (
     snapshot_every,
     write_now,
 )
-from radix_global.types import Namespace, PageKey, PoolId, WorkerId
+from radix_global.types import Namespace, PageKey, WorkerId
 from router.cluster.registry import ConflictError, WorkerEntry
 from router.cluster.remote_index import RemoteIndex
 from router.routing.contract import IndexView
@@ -183,8 +183,9 @@ class EmbeddedIndex:
         self._restored.clear()
 
     def _drop(self, info: WorkerInfo) -> None:
-        """Drop a worker's entries, and its Mooncake segment's (it leaves the store with it),
-        unless another followed worker names that segment: the registry refuses a second
+        """Drop a worker's entries, and its Mooncake segment's and that segment's disk tier's
+        (they leave with it), unless another followed worker names that segment: the registry
+        refuses a second
         holder of a segment, so that is only a guard, and the entries stay with the holder
         that is still there."""
         self.index.remove_holder(WorkerId(info.worker_id))
@@ -195,7 +196,8 @@ class EmbeddedIndex:
                 log.warning("worker %s left; segment %s stays: worker %s holds it",
                             info.worker_id, info.pool_id, others[0])
                 return
-            self.index.remove_holder(PoolId(info.pool_id))
+        for holder in leaving_with_worker(info.pool_id, info.pool_disk_id):
+            self.index.remove_holder(holder)
 
     async def _follow(self, entry: WorkerEntry, resume: FeedState | None) -> None:
         try:

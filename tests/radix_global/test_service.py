@@ -336,13 +336,15 @@ async def test_async_client(tmp_path: Path) -> None:
 
 def test_a_segment_of_a_shared_store_leaves_with_its_worker(served) -> None:
     """A Mooncake segment dies with its client (radix_global/pool_ids.py): deregistering the
-    worker drops it; a pool of its own (pool-a above) stays."""
+    worker drops it and its disk tier; a pool of its own (pool-a above) stays."""
     _, client = served
     _fill(client)
     segment = PoolId("mooncake-m-1@10.0.0.2:30000")
-    seg_worker = _worker(2, pool_id=segment)
+    disk = PoolId(f"{segment}+disk")
+    seg_worker = _worker(2, pool_id=segment, pool_disk_id=disk)
     client.register(seg_worker)
-    client.apply_many([StorePages(NS, Location(segment, 0, Tier.POOL), None, PROMPTS[0])])
+    client.apply_many([StorePages(NS, Location(holder, 0, Tier.POOL), None, PROMPTS[0])
+                       for holder in (segment, disk)])
     assert (segment, 0) in client.match(NS, PROMPTS[0]).matched
     # A second worker naming the same segment is refused (issue 35, item 10): leaving, it took
     # the first one's entries with it. The first one registering again is no conflict.
@@ -352,4 +354,4 @@ def test_a_segment_of_a_shared_store_leaves_with_its_worker(served) -> None:
     assert (segment, 0) in client.match(NS, PROMPTS[0]).matched
     client.deregister(WorkerId(seg_worker.worker_id))
     held = client.match(NS, PROMPTS[0]).matched
-    assert (segment, 0) not in held and (PoolId("pool-a"), 0) in held
+    assert (segment, 0) not in held and (disk, 0) not in held and (PoolId("pool-a"), 0) in held

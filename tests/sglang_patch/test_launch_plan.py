@@ -354,6 +354,20 @@ def test_a_mooncake_pool_is_shared_by_every_host_of_its_master():
         build_plan([*BASE, "--radix-global-pool-id", "a@b"], ports=(1, 2, 3))
 
 
+def test_a_disk_tier_goes_under_a_mooncake_segment_too(tmp_path):
+    """Persistence and sharing together (docs/interfaces.md, "The persistent disk tier under
+    the pool"): the disk is this worker's, its holder the segment's ``+disk``."""
+    from sglang_patch.launch_server import worker_info
+
+    disk = tmp_path / "disk"
+    plan = build_plan([*BASE, "--host", "10.77.0.2", "--radix-global", "http://r:1",
+                       "--radix-global-pool", "mooncake://10.77.0.5:50051",
+                       "--radix-global-pool-disk", str(disk)], ports=(1, 2, 3))
+    assert extra_config(plan)["pool_disk"] == str(disk)
+    info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
+    assert info.pool_disk_id == "mooncake-10.77.0.5-50051@10.77.0.2:31000+disk"
+
+
 def test_a_place_is_registered_and_a_bad_one_refused_before_the_engine_starts():
     """docs/interfaces.md, "Where hosts are"."""
     from sglang_patch.launch_server import worker_info

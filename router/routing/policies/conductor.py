@@ -53,7 +53,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 from radix_global.ops import HolderMatch, IndexRefusal, MatchResult
-from radix_global.pool_ids import is_segment, store_of
+from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.routing.admission import SloConfig, check_ttft, reject
 from router.routing.contract import (
@@ -395,8 +395,9 @@ def _pool_runs(worker: WorkerState, pools: dict[HolderId, int]) -> list[tuple[Po
     runs = [(pool_id, pools.get(pool_id, 0))]
     if is_segment(pool_id):
         store = store_of(pool_id)
-        runs += [(PoolId(h), pages) for h, pages in pools.items()
-                 if h != pool_id and is_segment(h) and store_of(h) == store]
+        runs += [(PoolId(h), pages) for h, pages in pools.items()  # another's disk: not readable
+                 if h != pool_id and is_segment(h) and store_of(h) == store
+                 and not is_disk_holder(h)]
     disk = worker.pool_disk_id
     if disk is not None:
         runs.append((disk, pools.get(disk, 0)))

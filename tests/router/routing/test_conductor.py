@@ -229,9 +229,25 @@ def test_a_worker_reads_every_segment_of_its_store_and_nothing_else() -> None:
     assert dec.fetch_from == seg_a and dec.fetch_tokens == 40 * PS
 
 
+def test_a_segments_disk_tier_is_read_by_its_own_worker_only() -> None:
+    """A disk tier under a Mooncake segment (docs/interfaces.md, "The persistent disk tier under
+    the pool") is a folder on the segment's host: its holder id looks like a segment of the
+    store (``<segment>+disk``), but only the worker that owns it reads it."""
+    seg_a, seg_b = PoolId("mooncake-m-1@10.0.0.2:1"), PoolId("mooncake-m-1@10.0.0.3:1")
+    disk_a = PoolId(f"{seg_a}+disk")
+    d = driver(index_with((disk_a, 0, Tier.POOL, 64)))
+    other = [WorkerState(WorkerId("wb"), NS, pool_id=seg_b)]
+    assert d.route(request(0), other, 0.0).fetch_tokens == 0
+    own = [WorkerState(WorkerId("wa"), NS, pool_id=seg_a, pool_disk_id=disk_a)]
+    dec = d.route(request(1), own, 0.0)
+    assert dec.fetch_from == disk_a and dec.fetch_tokens == 64 * PS
+
+
 def test_a_segment_leaves_the_index_with_its_worker() -> None:
     """A segment dies with the Mooncake client that contributed it: the worker's removal drops
-    the segment's pages; a pool of its own (shm) stays, it lives on without the worker."""
+    the segment's pages, and its disk tier's (only that worker reads the folder, and announces
+    it again when it is back); a pool of its own (shm) and its disk stay, they live on without
+    the worker."""
     from radix_global.registration import WorkerInfo
     from router.cluster.index_link import EmbeddedIndex
     from router.cluster.registry import Source, WorkerEntry
@@ -239,14 +255,14 @@ def test_a_segment_leaves_the_index_with_its_worker() -> None:
     link = EmbeddedIndex()
     link.index.register_namespace(NS, PS)
     seg, shm = PoolId("mooncake-m-1@10.0.0.2"), PoolId("shm-host")
-    for pool in (seg, shm):
+    for pool in (seg, shm, PoolId(f"{seg}+disk"), PoolId(f"{shm}+disk")):
         link.index.apply(StorePages(NS, Location(pool, 0, Tier.POOL), None, KEYS[:8]))
     for wid, pool in (("wa", seg), ("wb", shm)):
         info = WorkerInfo(worker_id=wid, url="http://10.0.0.2:1", model="m", namespace=NS,
-                          page_size=PS, pool_id=pool)
+                          page_size=PS, pool_id=pool, pool_disk_id=f"{pool}+disk")
         link.worker_removed(WorkerEntry(info, Source.REGISTERED, 0.0))
     held = link.index.match(NS, KEYS[:8], 0.0).matched
-    assert (seg, 0) not in held and held[(shm, 0)].pool == 8
+    assert {h for h, _ in held} == {shm, f"{shm}+disk"}
 
 
 def test_a_shared_prefix_is_priced_by_its_canonical_pool_run_on_aliasing_workers() -> None:
