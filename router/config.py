@@ -45,6 +45,7 @@ from radix_global.options import (
     opt,
 )
 from radix_global.options import load_config_file as options_file
+from router.cluster.copy_planner import CopyConfig
 from router.cluster.discovery import ModelOverrides
 from router.cluster.engine_loads import EngineLoadConfig
 from router.cluster.health import HealthConfig
@@ -188,6 +189,7 @@ SECTIONS: tuple[Section, ...] = (
     Section("mismatch", MismatchConfig, "mismatch_"),
     Section("cost", CostConfig),
     Section("topology", TopologyConfig, "topology_"),
+    Section("copies", CopyConfig, "copies_"),
     Section("profiling", ProfilingConfig, "profile_"),
     Section("slo", SloConfig),
     Section("dispatch", DispatchConfig, "dispatch_"),
@@ -232,6 +234,7 @@ class RouterConfig:
     mismatch: MismatchConfig = field(default_factory=MismatchConfig)
     cost: CostConfig = field(default_factory=CostConfig)
     topology: TopologyConfig = field(default_factory=TopologyConfig)
+    copies: CopyConfig = field(default_factory=CopyConfig)
     profiling: ProfilingConfig = field(default_factory=ProfilingConfig)
     slo: SloConfig = field(default_factory=SloConfig)
     dispatch: DispatchConfig = field(default_factory=DispatchConfig)

@@ -18,6 +18,7 @@ from radix_global import __version__
 from radix_global.types import PoolId
 from router.admission_ledger import AdmissionLedger
 from router.cluster.dispatcher import Dispatcher
+from router.cluster.domain_copies import DomainCopies
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.load_reports import LoadReports
@@ -121,6 +122,11 @@ class RouterState:
                                       self.routing.cost.outstanding, config.warm,
                                       config.join_warm, clock=clock)
         self.warmer.bind_metrics(self.metrics.registry)
+        # hot prefixes copied into other fault domains (docs/interfaces.md, "Where hosts are")
+        self.copies = DomainCopies(config.copies, self.index, self.registry, self.places,
+                                   self.warmer.prefixes, clock=clock)
+        self.copies.bind_metrics(self.metrics.registry)
+        self.warmer.keep_prompts = self.copies.enabled
         self.tokenizers = TokenizerCache()
         tenants_file = read_tenants_file(config.keying.tenants_file)
         self.tenants = Tenants.from_mapping(tenants_file)
@@ -163,7 +169,7 @@ class RouterState:
         self.view.engines.bind_metrics(self.metrics.registry)
         # each model's slots, kept between decisions, with the view laid over the loaded ones
         self.slots = SlotTables(self.registry, self.view)
-        self.warmer.leads = self.view.leads
+        self.warmer.leads = self.copies.leads = self.view.leads
         self.profiler = Profiler(config.profiling, self.routing.cost, self.registry,
                                  self.proxy.client, self.view, config.models.page_size,
                                  timeout_s=config.health.health_check_timeout_s * 4)
@@ -258,10 +264,12 @@ class RouterState:
             await self.health.discover(url)
         self.health.start()
         self.warmer.start()
+        self.copies.start()
 
     async def stop(self) -> None:
         self.profiler.stop()
         await self.warmer.stop()
+        await self.copies.stop()
         await self.view.stop()
         await self.health.stop()
         await self.index.stop()

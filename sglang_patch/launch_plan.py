@@ -200,8 +200,11 @@ def plan_launch(args: LaunchArgs, ports: Sequence[int] | None = None,
         backend["pool_events_endpoint"] = pool_ep
     if ours.radix_global:  # the router answers the backend's shared-prefix alias questions
         backend["pool_aliases_url"] = ours.radix_global
-        # and is told how long its loads took (docs/interfaces.md, "Where hosts are")
+        # and is told how long its loads took (docs/interfaces.md, "Where hosts are"), and a
+        # segment of a shared store asks it for copies to make
         backend["pool_loads_url"] = ours.radix_global
+        if backend.get("pool") == "mooncake":
+            backend["pool_copies_url"] = ours.radix_global
     if role is Role.DECODE and ROLE_OF_MODE[mode] is Role.MIXED:  # a pool hand-off decode
         # The prompt must come from the pool, not be recomputed: wait for the prefetch, and do
         # not skip prefetches shorter than SGLang's 256-token default threshold.

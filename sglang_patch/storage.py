@@ -37,6 +37,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, HiCacheStorageC
 from radix_global.types import PageKey
 from sglang_patch.pool.aliases import AliasResolver, http_fetch
 from sglang_patch.pool.base import PageIO, PagePool, PoolError
+from sglang_patch.pool.copy_orders import CopyOrders
+from sglang_patch.pool.copy_orders import http_fetch as copy_fetch
 from sglang_patch.pool.disk_backend import DiskBackend, DiskWrite
 from sglang_patch.pool.disk_tier import DiskTier
 from sglang_patch.pool.events import PoolEventPublisher, as_disk, block_removed, run_stores
@@ -86,6 +88,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._page_bytes = 0
         # how long loads take, for the router's links (docs/interfaces.md, "Where hosts are")
         self._loads: LoadReporter | None = None
+        self._copies: CopyOrders | None = None  # copies the router orders (same section)
         endpoint = self.config.get("pool_events_endpoint")
         if endpoint and self._first_rank:
             self._publisher = PoolEventPublisher(
@@ -103,10 +106,16 @@ class RadixGlobalPoolStorage(HiCacheStorage):
                                * mem_pool_host.dtype.itemsize))
         self.pool = open_pool(self.config, page_bytes)
         self._page_bytes = page_bytes
+        token = os.environ.get(TOKEN_ENV) or None
         loads_url = self.config.get("pool_loads_url")
         if loads_url and self._first_rank:
-            self._loads = LoadReporter(self.pool.pool_id, http_send(
-                str(loads_url), os.environ.get(TOKEN_ENV) or None))
+            self._loads = LoadReporter(self.pool.pool_id, http_send(str(loads_url), token))
+        copies_url = self.config.get("pool_copies_url")
+        # one shard only: a tensor-parallel worker's other ranks would not copy theirs
+        if copies_url and self._first_rank and not self._suffix \
+                and hasattr(self.pool, "copy_here"):
+            self._copies = CopyOrders(self.namespace, copy_fetch(
+                str(copies_url), self.pool.pool_id, token), self.copy_in)
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
             self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy
@@ -265,6 +274,17 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._publish(events + removals)
         return results
 
+    def copy_in(self, keys: list[str]) -> int:
+        """Copy the pages ``keys`` (SGLang's, a prefix, root first) into this worker's own
+        segment and publish the leading run it holds now; the pages copied."""
+        tags = [page_key_of(k) for k in keys]
+        copied = self._pool().copy_here([self.pool_key(k) for k in keys], tags)  # type: ignore[attr-defined]
+        run = next((i for i, ok in enumerate(copied) if not ok), len(copied))
+        if run:
+            self._publish(run_stores(tags[:run], lambda i: tags[i - 1] if i else None,
+                                     self._page_size))
+        return run
+
     def _parent_of(self, i: int, chain: list[str], extra_info: Any,
                    canonical: bool) -> PageKey | None:
         """The page before page ``i`` of a call on ``chain`` (the call's keys, or their
@@ -373,5 +393,7 @@ class RadixGlobalPoolStorage(HiCacheStorage):
             self._publisher.close()
         if self._loads is not None:
             self._loads.close()
+        if self._copies is not None:
+            self._copies.close()
         if self.pool is not None:
             self.pool.close()

@@ -63,6 +63,7 @@ class Places:
         self.host_link_Bps = host_link_Bps
         self.topology = Topology(local_bandwidth_Bps=local_bandwidth_Bps)
         self._holders: dict[WorkerId, list[HolderId]] = {}  # worker -> what it placed
+        self._places: dict[str, str] = {}  # host node -> its place ("" : the root)
 
     def joined(self, info: WorkerInfo) -> None:
         """Place ``info``'s worker (and its pool) on its host, in its place (again: what a
@@ -101,6 +102,12 @@ class Places:
         topo.observe_transfer(holder, worker, nbytes, seconds)
         return True
 
+    def domain_of(self, holder: HolderId) -> str | None:
+        """``holder``'s fault domain: its host's whole place ("" under the root); None when
+        it is not placed."""
+        node = self.topology.node_of(holder)
+        return None if node is None else self._places.get(str(node))
+
     def report(self) -> dict[str, Any]:
         return self.topology.report()
 
@@ -111,6 +118,7 @@ class Places:
         self.topology.remove(holder)
         if node is not None and not self.topology.holders_on(node):
             self.topology.drop_node(node)
+            self._places.pop(str(node), None)
 
     def _hang(self, node: str, labels: list[str]) -> None:
         """Link ``node`` (a host) under the domains ``labels``, and each domain under its
@@ -124,6 +132,7 @@ class Places:
             for n in stale:
                 topo.cut(node, n)
         topo.add_link(node, parent, self.host_link_Bps)
+        self._places[node] = "/".join(labels)
         for depth in range(len(labels), 0, -1):
             domain = "/".join(labels[:depth])
             up = domain_node(labels[:depth - 1]) if depth > 1 else ROOT

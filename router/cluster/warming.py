@@ -104,11 +104,14 @@ class HotPrefixWarmer:
         # whether this router runs the cluster's warming (the leader, when several share a
         # view: docs/interfaces.md, "Several routers, one view"); set by the router
         self.leads: Callable[[], bool] = lambda: True
+        # another part needs the prompts too (copies across fault domains)
+        self.keep_prompts = False
 
     @property
     def enabled(self) -> bool:
-        """Warming of either kind is on: routed prompts' token ids are remembered."""
-        return self.interval_s > 0 or self.join_pages > 0
+        """Warming of either kind is on, or another part needs them: routed prompts' token ids
+        are remembered."""
+        return self.interval_s > 0 or self.join_pages > 0 or self.keep_prompts
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._metric = Counter("radix_global_warm_actions", "Hot-prefix warm actions by outcome",

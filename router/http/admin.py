@@ -134,6 +134,7 @@ def stats(state: RouterState) -> dict[str, Any]:
         "coordination": _coordination(state),  # several routers, one view; None when alone
         # where hosts are, the links and what measured loads made of them
         "topology": {**state.places.report(), "loads": dict(state.loads.outcomes)},
+        "copies": state.copies.stats(),  # copies of hot prefixes in other fault domains
     }
 
 
@@ -237,6 +238,12 @@ def admin_routes(state: RouterState) -> list[Route]:
         outcomes = state.loads.apply(report, state.clock())
         return JSONResponse({o.value: outcomes[o] for o in LoadOutcome})
 
+    async def pool_copies(request: Request) -> Response:
+        pool_id = request.query_params.get("pool_id", "")
+        if not any(e.info.pool_id == pool_id for e in state.registry.all()):
+            return error_response(404, f"no registered worker has pool {pool_id!r}")
+        return JSONResponse({"orders": state.copies.take(pool_id)})
+
     async def stats_ep(request: Request) -> Response:
         return JSONResponse(stats(state))
 
@@ -250,6 +257,7 @@ def admin_routes(state: RouterState) -> list[Route]:
         Route("/admin/workers/{worker_id}/drain", guarded(drain), methods=["POST"]),
         Route("/admin/workers/{worker_id}/heartbeat", guarded(heartbeat), methods=["POST"]),
         Route("/admin/pool-loads", guarded(pool_loads), methods=["POST"]),
+        Route("/admin/pool-copies", guarded(pool_copies), methods=["GET"]),
         Route("/admin/stats", guarded(stats_ep), methods=["GET"]),
         Route("/admin/diagnostics", guarded(diag_ep), methods=["GET"]),
     ]

@@ -63,6 +63,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -95,6 +96,7 @@ STAGING_BYTES = 16 << 20  # packed pages' slots (at least one page)
 DEFAULT_PROBE_SPREAD = 4
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
+COPY_TIMEOUT_S = 10.0  # a copy task not done by then is taken as failed
 log = logging.getLogger(__name__)
 _MISS = PutResult(False, False, ())
 
@@ -169,7 +171,7 @@ class MooncakePagePool(PagePool):
             self._registered.append(ptr)
         self._ptr, self._sums_ptr = self._registered
         self._lock = threading.Lock()
-        self._counts = {"stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
+        self._counts = {"copies": 0, "stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
                         "vanished": 0, "put_failures": 0, "batch_calls": 0,
                         "zero_copy_calls": 0}
         self._closed = False
@@ -274,6 +276,40 @@ class MooncakePagePool(PagePool):
                 gone += self._probes.probed({k: e != 0 for k, e in zip(keys, found, strict=True)})
             self._counts["vanished"] += len(gone)
             return gone
+
+    def copy_here(self, keys: Sequence[str], tags: Sequence[int],
+                  timeout_s: float = COPY_TIMEOUT_S) -> list[bool]:
+        """Copy each existing object ``keys[i]`` into this client's own segment
+        (``create_copy_task``; docs/interfaces.md, "Copies across fault domains"), waiting up
+        to ``timeout_s`` for the tasks; True where the copy is made. A copied page is
+        remembered as written (``tags[i]``), so the resync tells the index when it is gone."""
+        with self._lock:
+            if self._closed:
+                return [False] * len(keys)
+            tasks = []
+            for key in keys:
+                task, rc = self._store.create_copy_task(key, [self._segment])
+                tasks.append(task if rc == 0 else None)
+        done: list[bool | None] = [None if t is not None else False for t in tasks]
+        deadline = time.monotonic() + timeout_s
+        while any(d is None for d in done) and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with self._lock:
+                for i, task in enumerate(tasks):
+                    if done[i] is None:
+                        response, rc = self._store.query_task(task)
+                        status = str(response.status) if rc == 0 and response is not None else ""
+                        if status.endswith("SUCCESS"):
+                            done[i] = True
+                        elif rc != 0 or status.endswith(("FAILED", "FAILURE", "ERROR")):
+                            done[i] = False
+        ok = [bool(d) for d in done]
+        with self._lock:
+            for key, tag, copied in zip(keys, tags, ok, strict=True):
+                if copied:
+                    self._probes.written(key, tag)
+            self._counts["copies"] += sum(ok)
+        return ok
 
     def exists(self, key: str) -> bool:
         with self._lock:

@@ -17,6 +17,9 @@ class FakeStore:
         self.regions: dict[int, int] = {}  # registered memory: address -> size
         self.batch_calls = 0
         self.multi_buffer_calls = 0  # the zero-copy ones, counted in batch_calls too
+        self.copies: list[tuple[str, list[str]]] = []  # (key, target segments) copied
+        self.pending_polls = 1  # query_task answers PENDING this many times per task
+        self._tasks: dict[tuple[int, int], int] = {}
 
     def setup(self, *args: object) -> int:
         return 0
@@ -33,6 +36,23 @@ class FakeStore:
 
     def _registered(self, ptr: int, size: int) -> bool:
         return any(a <= ptr and ptr + size <= a + n for a, n in self.regions.items())
+
+    def create_copy_task(self, key: str, targets: list[str]) -> tuple[tuple[int, int], int]:
+        """Mooncake's: a task id and 0, or an error code for a key that does not exist."""
+        if key not in self.objects:
+            return (0, 0), -704  # OBJECT_NOT_FOUND
+        self.copies.append((key, list(targets)))
+        task = (len(self.copies), 0)
+        self._tasks[task] = self.pending_polls
+        return task, 0
+
+    def query_task(self, task: tuple[int, int]) -> tuple[object, int]:
+        left = self._tasks.get(task)
+        if left is None:
+            return None, -1
+        self._tasks[task] = left - 1
+        status = "TaskStatus.PENDING" if left > 0 else "TaskStatus.SUCCESS"
+        return type("QueryTaskResponse", (), {"status": status})(), 0
 
     def is_exist(self, key: str) -> int:
         return int(key in self.objects)

@@ -364,6 +364,7 @@ def test_a_disk_tier_goes_under_a_mooncake_segment_too(tmp_path):
                        "--radix-global-pool", "mooncake://10.77.0.5:50051",
                        "--radix-global-pool-disk", str(disk)], ports=(1, 2, 3))
     assert extra_config(plan)["pool_disk"] == str(disk)
+    assert plan.backend_config["pool_copies_url"] == "http://r:1"  # a segment takes copies
     info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
     assert info.pool_disk_id == "mooncake-10.77.0.5-50051@10.77.0.2:31000+disk"
 
@@ -377,6 +378,7 @@ def test_a_place_is_registered_and_a_bad_one_refused_before_the_engine_starts():
     info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
     assert info.place == "zone-a/rack-3"
     assert plan.backend_config["pool_loads_url"] == "http://r:1"  # it times its loads for it
+    assert "pool_copies_url" not in plan.backend_config  # an shm pool takes no copy orders
     with pytest.raises(LaunchError, match="radix-global-place must be 1 to 4"):
         build_plan([*BASE, "--radix-global", "http://r:1", "--radix-global-place", "rack 3"],
                    ports=(1, 2, 3))

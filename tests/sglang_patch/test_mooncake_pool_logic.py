@@ -159,3 +159,17 @@ def test_the_resync_probes_pages_in_demand_before_the_round_robin() -> None:
     assert p.vanished(limit=1) == [5]  # round-robin alone would have probed k0
     del store.objects["k0"]
     assert p.vanished(limit=1) == [0]
+
+
+def test_copy_here_copies_onto_this_clients_segment_and_remembers_the_copies() -> None:
+    """docs/interfaces.md, "Copies across fault domains": one copy task per page, onto this
+    client's own segment, waited for; a page the store does not have is not copied; the copies
+    are probed by the resync like the pages this client wrote."""
+    store = FakeStore({"k1": b"x", "k2": b"y"})
+    p = pool(store)
+    assert p.copy_here(["k1", "gone", "k2"], [1, 2, 3]) == [True, False, True]
+    assert store.copies == [("k1", ["10.0.0.2:15000"]), ("k2", ["10.0.0.2:15000"])]
+    del store.objects["k2"]  # evicted: the resync reports the copy gone (spread over rounds)
+    assert [tag for _ in range(8) for tag in p.vanished(limit=10)] == [3]
+    store.pending_polls = 10**9  # never done: taken as failed after the timeout
+    assert p.copy_here(["k1"], [1], timeout_s=0.2) == [False]

@@ -340,6 +340,18 @@ def _check_mooncake_pages_move_in_one_call() -> None:
     assert got == [True, True, True, False] and stores[1].batch_calls == 1
     for i in range(3):
         assert torch.equal(_page(dst, 32 + i * PAGE_SIZE), _page(src, i * PAGE_SIZE))
+    # a copy order (docs/interfaces.md, "Copies across fault domains"): the reader copies the
+    # prefix onto its own segment and publishes what it holds now, parents in order
+    published: list[list[dict]] = []
+    reader._publish = published.append
+    copy = [*keys[:2], "ee" * 32, keys[2]]  # the third page is not in the store: the run ends
+    assert reader.copy_in(copy) == 2
+    assert stores[1].copies == [(reader.pool_key(k), ["10.0.0.2:15000"]) for k in keys[:3]]
+    from sglang_patch.storage import page_key_of
+
+    (events,) = published
+    assert [(e["block_hashes"], e["parent_block_hash"]) for e in events] == [
+        ([page_key_of(keys[0]), page_key_of(keys[1])], None)]
     writer.close()
     reader.close()
 

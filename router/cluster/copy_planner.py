@@ -1,0 +1,140 @@
+"""Which hot prefixes get a copy in another fault domain, and where (``docs/interfaces.md``,
+"Where hosts are", "Copies across fault domains"). Pure: the index, the places and the clock are
+passed in.
+
+A hot prefix whose whole run sits in Mooncake segments of fewer than ``domains`` fault domains
+gets a copy on a worker of a domain that does not hold it: the worker, among those whose pool is
+a segment of the same store, with the fewest copy pages ordered so far. Orders stay within
+``max_pages`` pages of copies not yet seen gone.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Annotated, NamedTuple
+
+from radix_global.ops import HotPrefix
+from radix_global.options import opt
+from radix_global.pool_ids import is_disk_holder, is_segment, store_of
+from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
+
+
+@dataclass(frozen=True)
+class CopyConfig:
+    """Copies of hot prefixes in other fault domains (router/cluster/copy_planner.py)."""
+
+    interval_s: Annotated[float, opt(
+        "a copy round every this many seconds; 0 = off", ge=0)] = 0.0
+    domains: Annotated[int, opt(
+        "fault domains a hot prefix's pool run should be in", ge=1)] = 2
+    min_hit_rate: Annotated[float, opt(
+        "copy prefixes at least this hot (decayed hits per second)", ge=0,
+        name="copies_min_hit_rate_per_s")] = 0.2
+    min_pages: Annotated[int, opt("... and at least this long", ge=1)] = 2
+    max_pages: Annotated[int, opt(
+        "pages of copies ordered and not yet seen gone, at most", ge=0)] = 65_536
+
+
+class CopyOutcome(StrEnum):
+    ORDERED = "ordered"
+    NO_TOKENS = "no_tokens"  # the router does not remember the prefix's token ids
+    NO_TARGET = "no_target"  # no worker of another domain reads a segment of that store
+    OVER_BUDGET = "over_budget"
+
+
+class Target(NamedTuple):
+    """A worker that can take a copy: its pool (a segment) and its fault domain."""
+
+    worker_id: WorkerId
+    pool_id: PoolId
+    domain: str
+
+
+class CopyOrder(NamedTuple):
+    namespace: Namespace
+    keys: tuple[PageKey, ...]  # the prefix, root first
+    target: Target
+
+
+class Copy(NamedTuple):
+    """A copy ordered: counted against the budget while its target holds the run (or it is
+    younger than the grace period: on its way)."""
+
+    namespace: Namespace
+    keys: tuple[PageKey, ...]
+    target: PoolId
+    at: float
+
+
+class CopyPlanner:
+    def __init__(self, config: CopyConfig) -> None:
+        self.config = config
+        self.copies: dict[tuple[Namespace, PageKey, PoolId], Copy] = {}
+
+    def pages(self) -> int:
+        return sum(len(c.keys) for c in self.copies.values())
+
+    def forget_gone(self, holds: Callable[[Copy], bool], now: float,
+                    grace_s: float = 60.0) -> None:
+        """Stop counting the copies older than ``grace_s`` whose target does not hold their run
+        (evicted, never made, or the target left)."""
+        self.copies = {k: c for k, c in self.copies.items()
+                       if now - c.at <= grace_s or holds(c)}
+
+    def plan(self, namespace: Namespace, now: float, hot: Sequence[HotPrefix],
+             holders_of: Callable[[tuple[PageKey, ...]], Sequence[HolderId]],
+             domain_of: Callable[[HolderId], str | None], targets: Sequence[Target],
+             remembered: Callable[[tuple[PageKey, ...]], bool]
+             ) -> tuple[list[CopyOrder], Counter[CopyOutcome]]:
+        """The orders for ``namespace`` now. ``holders_of(keys)``: the holders of the whole run;
+        ``domain_of``: a holder's fault domain (None: not placed); ``remembered(keys)``: whether
+        the prefix's token ids are known (an order names storage keys)."""
+        cfg, outcomes = self.config, Counter[CopyOutcome]()
+        orders: list[CopyOrder] = []
+        load: Counter[WorkerId] = Counter()
+        for c in self.copies.values():
+            for t in targets:
+                if t.pool_id == c.target:
+                    load[t.worker_id] += len(c.keys)
+        budget = cfg.max_pages - self.pages()
+        for prefix in hot:
+            if prefix.hit_rate < cfg.min_hit_rate or prefix.pages < cfg.min_pages:
+                continue
+            segments = [h for h in holders_of(prefix.keys)
+                        if is_segment(h) and not is_disk_holder(h)]
+            if not segments:
+                continue
+            store = store_of(segments[0])
+            ordered = [c.target for c in self.copies.values()
+                       if c.namespace == namespace and c.keys[-1] == prefix.keys[-1]]
+            covered = {domain_of(h) for h in [*segments, *ordered]} - {None}
+            if len(covered) >= cfg.domains:
+                continue
+            candidates = [t for t in targets if store_of(t.pool_id) == store
+                          and t.domain not in covered]
+            if not candidates:
+                outcomes[CopyOutcome.NO_TARGET] += 1
+                continue
+            if not remembered(prefix.keys):
+                outcomes[CopyOutcome.NO_TOKENS] += 1
+                continue
+            if prefix.pages > budget:
+                outcomes[CopyOutcome.OVER_BUDGET] += 1
+                continue
+            target = min(candidates, key=lambda t: (load[t.worker_id], t.worker_id))
+            budget -= prefix.pages
+            load[target.worker_id] += prefix.pages
+            orders.append(CopyOrder(namespace, prefix.keys, target))
+            self.copies[(namespace, prefix.keys[-1], target.pool_id)] = Copy(
+                namespace, prefix.keys, target.pool_id, now)
+            outcomes[CopyOutcome.ORDERED] += 1
+        return orders, outcomes
+
+
+def holders_of_run(matched: Mapping[tuple[HolderId, int], object], pages: int
+                   ) -> list[HolderId]:
+    """The holders whose pool run in a match (``MatchResult.matched``) covers ``pages``."""
+    return [h for (h, _), hit in matched.items() if getattr(hit, "pool", 0) >= pages]

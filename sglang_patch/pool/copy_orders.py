@@ -1,0 +1,102 @@
+"""Copy orders from the router: this worker's pool backend asks for them and carries them out
+(``docs/interfaces.md``, "Where hosts are", "Copies across fault domains").
+
+A thread asks ``GET /admin/pool-copies?pool_id=P`` every ``interval_s`` at the first of the
+routers that answers, and hands each order of this backend's namespace to ``handle`` (which
+copies the pages into this worker's own segment and publishes them). A router that cannot be
+reached, or refuses, costs that round only (logged once per kind); an order that is not an
+object with a namespace and a list of 64-hex-digit keys is dropped and logged.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+
+from sglang_patch.register import router_urls
+
+log = logging.getLogger(__name__)
+Fetch = Callable[[], list[Any]]  # one round's orders from the router; raises when it failed
+_KEY = re.compile(r"[0-9a-f]{64}")
+MAX_KEYS_PER_ORDER = 65_536
+
+
+def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: float = 2.0,
+               transport: httpx.BaseTransport | None = None) -> Fetch:
+    """``GET /admin/pool-copies`` at the first of the routers in ``router_url`` that answers."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
+    urls = [u + "/admin/pool-copies" for u in router_urls(router_url)]
+
+    def fetch() -> list[Any]:
+        for i, url in enumerate(urls):
+            try:
+                resp = client.get(url, params={"pool_id": pool_id})
+                resp.raise_for_status()
+                return list(resp.json().get("orders") or [])
+            except httpx.TransportError:
+                if i == len(urls) - 1:
+                    raise
+        return []
+
+    return fetch
+
+
+def valid_keys(order: Any, namespace: str) -> list[str] | None:
+    """The storage keys of an order for ``namespace``; None for another namespace's or a
+    malformed one."""
+    if not isinstance(order, dict) or order.get("namespace") != namespace:
+        return None
+    keys = order.get("keys")
+    if (not isinstance(keys, list) or not 0 < len(keys) <= MAX_KEYS_PER_ORDER
+            or not all(isinstance(k, str) and _KEY.fullmatch(k) for k in keys)):
+        return None
+    return keys
+
+
+class CopyOrders:
+    def __init__(self, namespace: str, fetch: Fetch, handle: Callable[[list[str]], int],
+                 interval_s: float = 2.0) -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be > 0")
+        self.namespace, self._fetch, self._handle = namespace, fetch, handle
+        self.interval_s = interval_s
+        self.failed = self.malformed = self.copied = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="radix-global-copy-orders",
+                                        daemon=True)
+        self._thread.start()
+
+    def poll(self) -> int:
+        """One round: the pages copied."""
+        try:
+            orders = self._fetch()
+        except (httpx.HTTPError, ValueError, OSError) as exc:
+            self.failed += 1
+            if self.failed == 1 or self.failed % 100 == 0:
+                log.warning("copy orders not fetched (%d so far): %r", self.failed, exc)
+            return 0
+        copied = 0
+        for order in orders:
+            keys = valid_keys(order, self.namespace)
+            if keys is None:
+                if not (isinstance(order, dict) and order.get("namespace") != self.namespace):
+                    self.malformed += 1
+                    log.warning("copy order dropped: not {namespace, keys: [64 hex digits]}")
+                continue
+            copied += self._handle(keys)
+        self.copied += copied
+        return copied
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=self.interval_s + 15)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            self.poll()

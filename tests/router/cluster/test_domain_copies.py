@@ -1,0 +1,62 @@
+"""Copies of hot prefixes in other fault domains, the router's side (router/cluster/
+domain_copies.py; docs/interfaces.md, "Where hosts are", "Copies across fault domains"): a hot
+prefix held only in rack r1's segment becomes an order for the worker of rack r2, naming SGLang's
+storage keys of its pages, handed out once through ``GET /admin/pool-copies``. Workers are real
+HTTP peers speaking SGLang's protocol."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from radix_global.keys import page_digests, page_keys
+from radix_global.ops import StorePages
+from radix_global.types import Location, Namespace, PoolId, Tier
+
+PS = 4
+PREFIX = list(range(10, 42))  # 8 pages
+# two hosts on one machine: "localhost" and "127.0.0.1" are two host names to the router
+HOST = {"a": "localhost", "b": "127.0.0.1"}
+SEG = {h: f"mooncake-m-1@{HOST[h]}:700{i}" for i, h in enumerate("ab")}
+
+
+@pytest.mark.parametrize("copies", [True, False])
+def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_factory,
+                                                            copies: bool) -> None:
+    peers = {h: upstreams() for h in "ab"}
+    router = router_factory(workers=(), policy="conductor",
+                            copies_interval_s=0.2 if copies else 0.0,
+                            copies_min_hit_rate_per_s=0.01)
+    with router.client() as c:
+        for h, rack in (("a", "r1"), ("b", "r2")):
+            r = c.post("/admin/workers", json={
+                "worker_id": f"w{h}", "model": "tiny",
+                "url": peers[h][1].url.replace("127.0.0.1", HOST[h]),
+                "namespace": "tiny@1", "page_size": PS, "pool_id": SEG[h], "place": rack})
+            assert r.status_code == 201, r.text
+        router.wait_workers(2)
+        ns = Namespace("tiny@1")
+        router.state.index.index.apply(StorePages(ns, Location(PoolId(SEG["a"]), 0, Tier.POOL),
+                                                  None, page_keys(PREFIX, PS)))
+        for i in range(3):  # the prefix is reused through the pool: hot, and remembered
+            r = c.post("/generate", json={"model": "tiny", "input_ids": PREFIX + [60 + i] * 5})
+            assert r.status_code == 200, r.text
+        deadline, orders = time.monotonic() + 5, []
+        while copies and not orders and time.monotonic() < deadline:
+            orders = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
+            time.sleep(0.1)
+        time.sleep(0.5)  # more rounds: the order is on its way, not made again
+        later = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
+        mine = c.get("/admin/pool-copies", params={"pool_id": SEG["a"]}).json()["orders"]
+        stats = c.get("/admin/stats").json()["copies"]
+        assert c.get("/admin/pool-copies", params={"pool_id": "x"}).status_code == 404
+        metrics = c.get("/metrics").text
+    assert later == [] and mine == []
+    if not copies:  # negative control: off, nothing ordered
+        assert orders == [] and stats["outcomes"] == {}
+        return
+    want = [d.hex() for d in page_digests(PREFIX, PS)]
+    assert orders == [{"namespace": ns, "keys": want}]
+    assert stats["pages"] == 8 and stats["waiting"] == 0
+    assert 'radix_global_copy_orders_total{outcome="ordered"} 1.0' in metrics

@@ -1,0 +1,44 @@
+"""sglang_patch/pool/copy_orders.py: the backend fetches the router's copy orders, hands the
+well-formed ones of its namespace on, and never lets a bad answer or a lost router reach
+SGLang's threads."""
+
+from __future__ import annotations
+
+import httpx
+
+from sglang_patch.pool.copy_orders import CopyOrders, http_fetch, valid_keys
+
+KEY = "ab" * 32
+
+
+def test_only_well_formed_orders_of_this_namespace_are_carried_out() -> None:
+    handled: list[list[str]] = []
+    orders = [{"namespace": "m@1", "keys": [KEY, KEY]}, {"namespace": "other@1", "keys": [KEY]},
+              {"namespace": "m@1", "keys": ["AB" * 32]}, {"namespace": "m@1", "keys": []},
+              "nonsense", {"namespace": "m@1"}]
+    poller = CopyOrders("m@1", lambda: orders, lambda keys: handled.append(keys) or len(keys),
+                        interval_s=3600)
+    assert poller.poll() == 2 and handled == [[KEY, KEY]]
+    assert poller.malformed == 4 and poller.copied == 2
+    poller.close()
+    assert valid_keys({"namespace": "m@1", "keys": [KEY]}, "m@1") == [KEY]
+
+
+def test_a_lost_router_costs_the_round_only_and_the_fetch_asks_by_pool_id() -> None:
+    def down() -> list[object]:
+        raise httpx.ConnectError("no router")
+
+    poller = CopyOrders("m@1", down, lambda keys: 1, interval_s=3600)
+    assert poller.poll() == 0 and poller.failed == 1
+    poller.close()
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"orders": [{"namespace": "m@1", "keys": [KEY]}]})
+
+    fetch = http_fetch("http://r:1", "mooncake-m@h:1", "tok",
+                       transport=httpx.MockTransport(handler))
+    assert fetch() == [{"namespace": "m@1", "keys": [KEY]}]
+    assert seen[0].url.params["pool_id"] == "mooncake-m@h:1"
+    assert seen[0].headers["authorization"] == "Bearer tok"
