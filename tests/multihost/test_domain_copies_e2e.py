@@ -5,11 +5,11 @@ other rack, on real SGLang CPU workers over one Mooncake Store.
 Host ``a`` (rack r1) and host ``c`` (rack r2) each run a worker; ``m`` the master and ``r`` the
 router sit on the core. Two system prompts, P1 (hotter: 5 requests) and P2 (2), are served by
 ``a`` alone (``c`` joins later, and serves neither before the failure), so their pages sit in
-``a``'s segment only. The router's copy rounds order
-P1 into ``c``'s segment; the copy budget (``--copies-max-pages``) is P1's length, so exactly one
-copy is ordered and P2 has none: the negative control, in the same run. Rack r1 fails (host ``a``: processes killed, cable
-out). Then a new turn of each prompt goes to ``c``: P1's prefix is loaded from ``c``'s own
-segment (storage tokens), its output equal to a cold run (HF transformers); P2's is recomputed.
+``a``'s segment only. The router's copy rounds order P1 into ``c``'s segment; the copy budget
+(``--copies-max-pages``) is P1's length, so exactly one copy is ordered and P2 has none: the
+negative control, in the same run. Rack r1 fails (host ``a``: processes killed, cable out).
+Then a new turn of each prompt goes to ``c``: P1's prefix is loaded from ``c``'s own segment
+(storage tokens), its output equal to a cold run (HF transformers); P2's is recomputed.
 """
 
 from __future__ import annotations
