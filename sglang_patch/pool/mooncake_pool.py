@@ -280,7 +280,7 @@ class MooncakePagePool(PagePool):
     def copy_here(self, keys: Sequence[str], tags: Sequence[int],
                   timeout_s: float = COPY_TIMEOUT_S) -> list[bool]:
         """Copy each existing object ``keys[i]`` into this client's own segment
-        (``create_copy_task``; docs/interfaces.md, "Copies across fault domains"), waiting up
+        (``create_copy_task``; docs/interfaces.md, "Where hosts are"), waiting up
         to ``timeout_s`` for the tasks; True where the copy is made. A copied page is
         remembered as written (``tags[i]``), so the resync tells the index when it is gone."""
         with self._lock:

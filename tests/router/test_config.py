@@ -235,6 +235,11 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--topology-links", ["zone-a/rack-3=6.25e6"], "topology.links",
      {"zone-a/rack-3": 6.25e6}),
     ("--no-topology-learn", [], "topology.learn", False),
+    ("--copies-interval-s", ["5"], "copies.interval_s", 5.0),
+    ("--copies-domains", ["3"], "copies.domains", 3),
+    ("--copies-min-hit-rate-per-s", ["1"], "copies.min_hit_rate", 1.0),
+    ("--copies-min-pages", ["8"], "copies.min_pages", 8),
+    ("--copies-max-pages", ["10"], "copies.max_pages", 10),
     ("--engine-load-stale-polls", ["5"], "engine_load.stale_polls", 5),
 ]
 

@@ -162,7 +162,7 @@ def test_the_resync_probes_pages_in_demand_before_the_round_robin() -> None:
 
 
 def test_copy_here_copies_onto_this_clients_segment_and_remembers_the_copies() -> None:
-    """docs/interfaces.md, "Copies across fault domains": one copy task per page, onto this
+    """docs/interfaces.md, "Where hosts are": one copy task per page, onto this
     client's own segment, waited for; a page the store does not have is not copied; the copies
     are probed by the resync like the pages this client wrote."""
     store = FakeStore({"k1": b"x", "k2": b"y"})

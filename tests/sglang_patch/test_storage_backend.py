@@ -340,7 +340,7 @@ def _check_mooncake_pages_move_in_one_call() -> None:
     assert got == [True, True, True, False] and stores[1].batch_calls == 1
     for i in range(3):
         assert torch.equal(_page(dst, 32 + i * PAGE_SIZE), _page(src, i * PAGE_SIZE))
-    # a copy order (docs/interfaces.md, "Copies across fault domains"): the reader copies the
+    # a copy order (docs/interfaces.md, "Where hosts are"): the reader copies the
     # prefix onto its own segment and publishes what it holds now, parents in order
     published: list[list[dict]] = []
     reader._publish = published.append
