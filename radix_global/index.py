@@ -123,9 +123,11 @@ class GlobalIndex:
             tree.clear_holder(holder, None)
 
     # ---- queries --------------------------------------------------------------------------
-    def match(self, namespace: Namespace, keys: Sequence[PageKey], now: float) -> MatchResult:
+    def match(self, namespace: Namespace, keys: Sequence[PageKey], now: float,
+              hit: bool = True) -> MatchResult:
+        """``RadixTree.match``: ``hit`` False for a lookup that is no request."""
         try:
-            return self._tree(namespace).match(keys, now)
+            return self._tree(namespace).match(keys, now, hit)
         except IndexRefusal as exc:
             self._count(exc)
             raise

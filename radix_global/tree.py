@@ -192,9 +192,10 @@ class RadixTree:
         return len(nodes)
 
     # ---- queries --------------------------------------------------------------------------
-    def match(self, keys: Sequence[PageKey], now: float) -> MatchResult:
+    def match(self, keys: Sequence[PageKey], now: float, hit: bool = True) -> MatchResult:
         """Per (holder, dp_rank), the longest leading run of ``keys`` held, by tier class.
-        Counts one decayed hit on every tree node the query walks through."""
+        Counts one decayed hit on every tree node the query walks through, unless ``hit`` is
+        False (a planner's lookup, which is no request: it must not make a prefix look hot)."""
         if now > self.clock:
             self.clock = now
         if type(keys) is not list:
@@ -215,7 +216,9 @@ class RadixTree:
             if not path or path[-1][0] is not child.locset:  # equal sets change no run
                 path.append((child.locset, i))
             # one decayed hit (the rule of radix_global/hotness.py, inline: the router's hot path)
-            if now > child.stamp:
+            if not hit:
+                pass
+            elif now > child.stamp:
                 child.hits = child.hits * exp((child.stamp - now) * k) + 1.0
                 child.stamp = now
             else:

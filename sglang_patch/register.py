@@ -21,7 +21,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import httpx
@@ -30,7 +30,7 @@ from radix_global import kv_size
 from radix_global.namespaces import model_version, namespace_for
 from radix_global.registration import WorkerInfo, encode_worker_info
 
-__all__ = ["TOKEN_ENV", "Registrar", "RegistrationRefused", "kv_bytes_per_token",
+__all__ = ["TOKEN_ENV", "Registrar", "RegistrationRefused", "first_answer", "kv_bytes_per_token",
            "model_version", "namespace_for", "router_urls"]
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,20 @@ def router_urls(value: str) -> list[str]:
     if not urls:
         raise ValueError(f"no router URL in {value!r}")
     return urls
+
+
+def first_answer(urls: Sequence[str], call: Callable[[str], httpx.Response]) -> httpx.Response:
+    """``call(url)`` on each of ``urls`` in turn until one connects (the worker's backends ask
+    the routers it registered with); the last transport error when none does."""
+    error: httpx.TransportError | None = None
+    for url in urls:
+        try:
+            return call(url)
+        except httpx.TransportError as exc:
+            error = exc
+    if error is None:
+        raise ValueError("no router URL")
+    raise error
 
 
 class Registrar:

@@ -69,6 +69,9 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if storage_config.pp_size > 1:
             shard += f"/pp{storage_config.pp_rank}of{storage_config.pp_size}"
         self._suffix = shard
+        # a load is timed on rank 0 for its shard: the router prices the whole token's KV
+        self._shards = (storage_config.tp_size if "/tp" in shard else 1) * \
+            (storage_config.pp_size if "/pp" in shard else 1)
         self.pool: PagePool | None = None
         self._stop = threading.Event()
         self._resync: threading.Thread | None = None
@@ -185,8 +188,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         loaded = pool.get_many([PageIO(k, c) for k, c in zip(stored, chunks, strict=True)])
         if self._loads is not None and loaded and loaded[0]:  # timed from memory only
             pages = sum(loaded)
-            self._loads.add(int(page_key_of(keys[0])), pages, pages * self._page_bytes,
-                            time.perf_counter() - started)
+            self._loads.add(int(page_key_of(keys[0])), pages,
+                            pages * self._page_bytes * self._shards, time.perf_counter() - started)
         for i, ok in enumerate(loaded):
             if not ok and self.disk is not None:
                 ok, damaged = self.disk.read_into(stored[i], chunks[i])
@@ -389,11 +392,11 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         self._stop.set()
         if self._resync is not None:
             self._resync.join(timeout=5.0)
-        if self._publisher is not None:
-            self._publisher.close()
+        if self._copies is not None:  # before the publisher: a copy publishes
+            self._copies.close()
         if self._loads is not None:
             self._loads.close()
-        if self._copies is not None:
-            self._copies.close()
+        if self._publisher is not None:
+            self._publisher.close()
         if self.pool is not None:
             self.pool.close()

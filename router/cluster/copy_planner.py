@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, NamedTuple
 
-from radix_global.ops import HotPrefix
+from radix_global.ops import HolderMatch, HotPrefix
 from radix_global.options import opt
 from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
@@ -134,7 +134,7 @@ class CopyPlanner:
         return orders, outcomes
 
 
-def holders_of_run(matched: Mapping[tuple[HolderId, int], object], pages: int
+def holders_of_run(matched: Mapping[tuple[HolderId, int], HolderMatch], pages: int
                    ) -> list[HolderId]:
-    """The holders whose pool run in a match (``MatchResult.matched``) covers ``pages``."""
-    return [h for (h, _), hit in matched.items() if getattr(hit, "pool", 0) >= pages]
+    """The holders whose run (any tier) in a match (``MatchResult.matched``) covers ``pages``."""
+    return [h for (h, _), hit in matched.items() if hit.pool >= pages]

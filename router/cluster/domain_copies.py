@@ -16,15 +16,16 @@ import contextlib
 import logging
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter
 
+from radix_global.index import GlobalIndex
 from radix_global.keys import page_digests
 from radix_global.pool_ids import is_segment
-from radix_global.types import Namespace, PageKey, PoolId, WorkerId
+from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.cluster.copy_planner import (
-    Copy,
     CopyConfig,
     CopyOrder,
     CopyOutcome,
@@ -75,28 +76,31 @@ class DomainCopies:
     def run_once(self) -> list[CopyOrder]:
         """One round (on the event loop: the embedded index is owned by it)."""
         now = self.clock()
-        view = self.index.direct_view
+        view = self.index.view
+        if not isinstance(view, GlobalIndex):  # a remote index: copies are off (start says so)
+            return []
         targets = [Target(WorkerId(e.info.worker_id), PoolId(e.info.pool_id),
                           self.places.domain_of(WorkerId(e.info.worker_id)) or "")
                    for e in self.registry.all()
                    if e.info.pool_id and is_segment(e.info.pool_id) and not e.draining]
+        namespaces = set(self.registry.models().values())
+
+        def holders(ns: Namespace, keys: tuple[PageKey, ...]) -> list[HolderId]:
+            # no hit: the round must not keep the prefixes it looks at hot
+            return holders_of_run(view.match(ns, keys, now, hit=False).matched, len(keys))
+
+        self.planner.forget_gone(
+            lambda c: c.namespace in namespaces and c.target in holders(c.namespace, c.keys), now)
+        pools = {e.info.pool_id for e in self.registry.all()}
+        for pool in [p for p in self._waiting if p not in pools]:  # its worker left
+            del self._waiting[pool]
         done: list[CopyOrder] = []
-        for namespace in sorted(set(self.registry.models().values())):
+        for namespace in sorted(namespaces):
             ns = Namespace(namespace)
-
-            def holders(keys: tuple[PageKey, ...], ns: Namespace = ns) -> list[Any]:
-                return holders_of_run(view.match(ns, keys, now).matched, len(keys))
-
-            def holds(copy: Copy, ns: Namespace = ns) -> bool:
-                return copy.namespace != ns or copy.target in holders(copy.keys)
-
-            def known(keys: tuple[PageKey, ...], ns: Namespace = ns) -> bool:
-                return self._tokens(ns, keys) is not None
-
-            self.planner.forget_gone(holds, now)
             hot = self.index.hot_prefixes(ns, self.top_k, now)
-            orders, outcomes = self.planner.plan(ns, now, hot, holders, self.places.domain_of,
-                                                 targets, known)
+            orders, outcomes = self.planner.plan(
+                ns, now, hot, partial(holders, ns), self.places.domain_of, targets,
+                partial(self._known, ns))
             for order in orders:
                 remembered = self._tokens(ns, order.keys)
                 if remembered is None:
@@ -110,6 +114,9 @@ class DomainCopies:
             for outcome, n in outcomes.items():
                 self._count(outcome, n)
         return done
+
+    def _known(self, namespace: Namespace, keys: tuple[PageKey, ...]) -> bool:
+        return self._tokens(namespace, keys) is not None
 
     def _tokens(self, namespace: Namespace, keys: tuple[PageKey, ...]
                 ) -> tuple[list[int], int, str | None] | None:

@@ -122,8 +122,7 @@ class Topology:
             fit.observe(nbytes, seconds)
             self._bottlenecks.clear()
             return
-        edge = self._graph.edges[min(pairwise(nodes),
-                                     key=lambda e: self._graph.edges[e]["bandwidth"])]
+        edge = self._graph.edges[self._slowest(nodes)]
         edge["fit"].observe(nbytes, seconds)
         measured = edge["fit"].estimate()
         if measured is not None:
@@ -161,11 +160,20 @@ class Topology:
             if measured is not None:
                 found = (measured.bandwidth_Bps, measured.overhead_s)
         else:
-            edge = min((self._graph.edges[e] for e in pairwise(nodes)),
-                       key=lambda d: d["bandwidth"])
+            edge = self._graph.edges[self._slowest(nodes)]
             found = (edge["bandwidth"], edge["overhead"])
         self._bottlenecks[key] = found
         return found
+
+    def _slowest(self, nodes: list[Hashable]) -> tuple[Hashable, Hashable]:
+        """The path's bottleneck link; among equal ones the nearest the path's middle: links
+        configured alike (a NIC and an uplink at one figure) put the samples of a transfer
+        between racks on an uplink, not on the sender's own NIC, which its transfers within
+        the rack cross too."""
+        edges = list(pairwise(nodes))
+        middle = (len(edges) - 1) / 2
+        return min(enumerate(edges), key=lambda ie: (self._graph.edges[ie[1]]["bandwidth"],
+                                                      abs(ie[0] - middle)))[1]
 
     def _node(self, holder: HolderId) -> Hashable:
         node = self._placement.get(holder)

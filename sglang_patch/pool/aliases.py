@@ -24,7 +24,7 @@ import httpx
 
 from radix_global.keys import storage_page_key
 from radix_global.types import PageKey
-from sglang_patch.register import router_urls
+from sglang_patch.register import first_answer, router_urls
 
 log = logging.getLogger(__name__)
 
@@ -48,13 +48,8 @@ def http_fetch(router_url: str, namespace: str, token: str | None, timeout_s: fl
     urls = [u + "/admin/pool-aliases" for u in router_urls(router_url)]
 
     def fetch(head: str) -> Any:
-        for i, url in enumerate(urls):
-            try:
-                resp = client.get(url, params={"namespace": namespace, "head": head})
-                break
-            except httpx.TransportError:
-                if i == len(urls) - 1:
-                    raise
+        resp = first_answer(urls, lambda url: client.get(
+            url, params={"namespace": namespace, "head": head}))
         if resp.status_code in (404, 405):
             raise AliasUnavailable(f"{router_url} has no /admin/pool-aliases")
         resp.raise_for_status()

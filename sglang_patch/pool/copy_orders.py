@@ -1,11 +1,13 @@
 """Copy orders from the router: this worker's pool backend asks for them and carries them out
 (``docs/interfaces.md``, "Where hosts are", "Copies across fault domains").
 
-A thread asks ``GET /admin/pool-copies?pool_id=P`` every ``interval_s`` at the first of the
-routers that answers, and hands each order of this backend's namespace to ``handle`` (which
-copies the pages into this worker's own segment and publishes them). A router that cannot be
-reached, or refuses, costs that round only (logged once per kind); an order that is not an
-object with a namespace and a list of 64-hex-digit keys is dropped and logged.
+A thread asks ``GET /admin/pool-copies?pool_id=P`` every ``interval_s`` at every router the
+worker registered with (when several share a view, only the leader plans copies, and it need
+not be the first), and hands each order of this backend's namespace to ``handle`` (which copies
+the pages into this worker's own segment and publishes them). A router that cannot be reached,
+or refuses, costs that round its orders only (logged once per kind); an order that is not an
+object with a namespace and a list of 64-hex-digit keys is dropped and logged; an order whose
+handling fails is logged and the next one goes on. Nothing raises into SGLang.
 """
 
 from __future__ import annotations
@@ -28,21 +30,29 @@ MAX_KEYS_PER_ORDER = 65_536
 
 def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: float = 2.0,
                transport: httpx.BaseTransport | None = None) -> Fetch:
-    """``GET /admin/pool-copies`` at the first of the routers in ``router_url`` that answers."""
+    """``GET /admin/pool-copies`` at every router in ``router_url``: their orders together;
+    raises only when none answered."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
     urls = [u + "/admin/pool-copies" for u in router_urls(router_url)]
 
     def fetch() -> list[Any]:
-        for i, url in enumerate(urls):
+        orders: list[Any] = []
+        failure: Exception | None = None
+        answered = 0
+        for url in urls:
             try:
                 resp = client.get(url, params={"pool_id": pool_id})
                 resp.raise_for_status()
-                return list(resp.json().get("orders") or [])
-            except httpx.TransportError:
-                if i == len(urls) - 1:
-                    raise
-        return []
+                body = resp.json()
+                got = body.get("orders") if isinstance(body, dict) else None
+                orders += got if isinstance(got, list) else []
+                answered += 1
+            except (httpx.HTTPError, ValueError) as exc:
+                failure = exc
+        if failure is not None and not answered:
+            raise failure
+        return orders
 
     return fetch
 
@@ -76,20 +86,24 @@ class CopyOrders:
         """One round: the pages copied."""
         try:
             orders = self._fetch()
-        except (httpx.HTTPError, ValueError, OSError) as exc:
+        except Exception as exc:  # whatever the router or the network did: this round only
             self.failed += 1
             if self.failed == 1 or self.failed % 100 == 0:
                 log.warning("copy orders not fetched (%d so far): %r", self.failed, exc)
             return 0
         copied = 0
-        for order in orders:
+        for order in orders if isinstance(orders, list) else []:
             keys = valid_keys(order, self.namespace)
             if keys is None:
                 if not (isinstance(order, dict) and order.get("namespace") != self.namespace):
                     self.malformed += 1
                     log.warning("copy order dropped: not {namespace, keys: [64 hex digits]}")
                 continue
-            copied += self._handle(keys)
+            try:
+                copied += self._handle(keys)
+            except Exception:  # the store or a bug: this order only
+                self.failed += 1
+                log.exception("copy order of %d pages failed", len(keys))
         self.copied += copied
         return copied
 

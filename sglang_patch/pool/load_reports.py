@@ -19,7 +19,7 @@ from collections.abc import Callable
 import httpx
 
 from radix_global.pool_loads import MAX_LOADS_PER_REPORT, PoolLoad, PoolLoadReport, encode_report
-from sglang_patch.register import router_urls
+from sglang_patch.register import first_answer, router_urls
 
 log = logging.getLogger(__name__)
 Send = Callable[[bytes], None]  # one encoded report to the router; raises when it failed
@@ -35,13 +35,7 @@ def http_send(router_url: str, token: str | None, timeout_s: float = 2.0,
     urls = [u + "/admin/pool-loads" for u in router_urls(router_url)]
 
     def send(body: bytes) -> None:
-        for i, url in enumerate(urls):
-            try:
-                client.post(url, content=body).raise_for_status()
-                return
-            except httpx.TransportError:
-                if i == len(urls) - 1:
-                    raise
+        first_answer(urls, lambda url: client.post(url, content=body)).raise_for_status()
 
     return send
 

@@ -280,34 +280,39 @@ class MooncakePagePool(PagePool):
     def copy_here(self, keys: Sequence[str], tags: Sequence[int],
                   timeout_s: float = COPY_TIMEOUT_S) -> list[bool]:
         """Copy each existing object ``keys[i]`` into this client's own segment
-        (``create_copy_task``; docs/interfaces.md, "Where hosts are"), waiting up
-        to ``timeout_s`` for the tasks; True where the copy is made. A copied page is
-        remembered as written (``tags[i]``), so the resync tells the index when it is gone."""
-        with self._lock:
-            if self._closed:
-                return [False] * len(keys)
-            tasks = []
-            for key in keys:
+        (``create_copy_task``; docs/interfaces.md, "Where hosts are"), waiting up to
+        ``timeout_s`` plus 50 ms a key for the tasks; True where the copy is made. The lock is
+        taken call by call (SGLang's reads and writes go on meanwhile). The copies of the
+        leading run are remembered as written (``tags[i]``), so the resync tells the index
+        when they are gone; a copy past a gap is not published, so it is not remembered."""
+        tasks: list[Any] = []
+        for key in keys:
+            with self._lock:
+                if self._closed:
+                    return [False] * len(keys)
                 task, rc = self._store.create_copy_task(key, [self._segment])
-                tasks.append(task if rc == 0 else None)
+            tasks.append(task if rc == 0 else None)
         done: list[bool | None] = [None if t is not None else False for t in tasks]
-        deadline = time.monotonic() + timeout_s
+        deadline = time.monotonic() + timeout_s + 0.05 * len(keys)
         while any(d is None for d in done) and time.monotonic() < deadline:
             time.sleep(0.05)
-            with self._lock:
-                for i, task in enumerate(tasks):
-                    if done[i] is None:
-                        response, rc = self._store.query_task(task)
-                        status = str(response.status) if rc == 0 and response is not None else ""
-                        if status.endswith("SUCCESS"):
-                            done[i] = True
-                        elif rc != 0 or status.endswith(("FAILED", "FAILURE", "ERROR")):
-                            done[i] = False
+            for i, task in enumerate(tasks):
+                if done[i] is not None:
+                    continue
+                with self._lock:
+                    if self._closed:
+                        return [False] * len(keys)
+                    response, rc = self._store.query_task(task)
+                status = str(response.status) if rc == 0 and response is not None else ""
+                if status.endswith("SUCCESS"):
+                    done[i] = True
+                elif rc != 0 or status.endswith(("FAILED", "FAILURE", "ERROR")):
+                    done[i] = False
         ok = [bool(d) for d in done]
+        run = next((i for i, copied in enumerate(ok) if not copied), len(ok))
         with self._lock:
-            for key, tag, copied in zip(keys, tags, ok, strict=True):
-                if copied:
-                    self._probes.written(key, tag)
+            for key, tag in zip(keys[:run], tags[:run], strict=True):
+                self._probes.written(key, tag)
             self._counts["copies"] += sum(ok)
         return ok
 

@@ -189,6 +189,20 @@ def test_hot_prefixes_prefers_the_hot_shared_prefix() -> None:
     assert t.hot_prefixes(top_k=5, now=1e6) == []  # cold after a long idle time
 
 
+def test_a_lookup_without_a_hit_answers_the_same_and_heats_nothing() -> None:
+    t = RadixTree(Decay(half_life_s=60.0))
+    t.store(A_GPU, None, keys(1, 2, 10, 11))
+    t.match(keys(1, 2), now=0.0)
+    before = t.hot_prefixes(top_k=1, now=1.0)
+    assert t.match(keys(1, 2, 10), now=1.0, hit=False) == t.match(keys(1, 2, 10), now=1.0)
+    t2 = RadixTree(Decay(half_life_s=60.0))
+    t2.store(A_GPU, None, keys(1, 2, 10, 11))
+    t2.match(keys(1, 2), now=0.0)
+    for _ in range(5):
+        t2.match(keys(1, 2, 10), now=1.0, hit=False)
+    assert t2.hot_prefixes(top_k=1, now=1.0) == before
+
+
 def test_hot_prefixes_skips_a_node_whose_child_carries_its_hits() -> None:
     t = RadixTree()
     t.store(A_GPU, None, keys(1, 2))

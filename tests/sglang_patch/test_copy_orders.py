@@ -24,6 +24,47 @@ def test_only_well_formed_orders_of_this_namespace_are_carried_out() -> None:
     assert valid_keys({"namespace": "m@1", "keys": [KEY]}, "m@1") == [KEY]
 
 
+def test_a_failing_order_or_a_strange_answer_costs_only_itself() -> None:
+    calls: list[list[str]] = []
+
+    def handle(keys: list[str]) -> int:
+        calls.append(keys)
+        if len(calls) == 1:
+            raise RuntimeError("the store broke")
+        return len(keys)
+
+    orders = [{"namespace": "m@1", "keys": [KEY]}, {"namespace": "m@1", "keys": [KEY, KEY]}]
+    poller = CopyOrders("m@1", lambda: orders, handle, interval_s=3600)
+    assert poller.poll() == 2 and poller.failed == 1  # the second order still ran
+    poller.close()
+
+    def not_an_object(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=["nonsense"])
+
+    fetch = http_fetch("http://r:1", "p", None, transport=httpx.MockTransport(not_an_object))
+    assert fetch() == []
+
+
+def test_every_router_is_asked_and_only_all_failing_is_a_failure() -> None:
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.host == "r1":
+            raise httpx.ConnectError("down")
+        return httpx.Response(200, json={"orders": [{"namespace": "m@1", "keys": [KEY]}]})
+
+    fetch = http_fetch("http://r1:1,http://r2:1,http://r3:1", "p", None,
+                       transport=httpx.MockTransport(handler))
+    assert len(fetch()) == 2  # r2's and r3's: the leader need not be the first
+
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("down")
+
+    poller = CopyOrders("m@1", http_fetch("http://r1:1,http://r2:1", "p", None,
+                                          transport=httpx.MockTransport(down)),
+                        lambda keys: 1, interval_s=3600)
+    assert poller.poll() == 0 and poller.failed == 1
+    poller.close()
+
+
 def test_a_lost_router_costs_the_round_only_and_the_fetch_asks_by_pool_id() -> None:
     def down() -> list[object]:
         raise httpx.ConnectError("no router")

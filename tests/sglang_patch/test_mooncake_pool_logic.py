@@ -162,14 +162,17 @@ def test_the_resync_probes_pages_in_demand_before_the_round_robin() -> None:
 
 
 def test_copy_here_copies_onto_this_clients_segment_and_remembers_the_copies() -> None:
-    """docs/interfaces.md, "Where hosts are": one copy task per page, onto this
-    client's own segment, waited for; a page the store does not have is not copied; the copies
-    are probed by the resync like the pages this client wrote."""
-    store = FakeStore({"k1": b"x", "k2": b"y"})
+    """docs/interfaces.md, "Where hosts are": one copy task per page, onto this client's own
+    segment, waited for; a page the store does not have is not copied; the copies of the
+    leading run (what the backend publishes) are probed by the resync like the pages this
+    client wrote, a copy past the gap is not."""
+    store = FakeStore({"k1": b"x", "k2": b"y", "k3": b"z"})
     p = pool(store)
-    assert p.copy_here(["k1", "gone", "k2"], [1, 2, 3]) == [True, False, True]
-    assert store.copies == [("k1", ["10.0.0.2:15000"]), ("k2", ["10.0.0.2:15000"])]
-    del store.objects["k2"]  # evicted: the resync reports the copy gone (spread over rounds)
-    assert [tag for _ in range(8) for tag in p.vanished(limit=10)] == [3]
+    assert p.copy_here(["k1", "k2", "gone", "k3"], [1, 2, 3, 4]) == [True, True, False, True]
+    assert store.copies == [(k, ["10.0.0.2:15000"]) for k in ("k1", "k2", "k3")]
+    del store.objects["k2"], store.objects["k3"]  # evicted: only k2 was published, and is told
+    assert [tag for _ in range(8) for tag in p.vanished(limit=10)] == [2]
     store.pending_polls = 10**9  # never done: taken as failed after the timeout
-    assert p.copy_here(["k1"], [1], timeout_s=0.2) == [False]
+    assert p.copy_here(["k1"], [1], timeout_s=0.1) == [False]
+    p.close()
+    assert p.copy_here(["k1"], [1]) == [False]  # closed: nothing is asked of the store

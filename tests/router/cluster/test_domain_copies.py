@@ -42,8 +42,9 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
         for i in range(3):  # the prefix is reused through the pool: hot, and remembered
             r = c.post("/generate", json={"model": "tiny", "input_ids": PREFIX + [60 + i] * 5})
             assert r.status_code == 200, r.text
-        deadline, orders = time.monotonic() + 5, []
-        while copies and not orders and time.monotonic() < deadline:
+        # the control asks as long (a round every 0.2 s when on), and must get nothing
+        deadline, orders = time.monotonic() + (5 if copies else 1.5), []
+        while not orders and time.monotonic() < deadline:
             orders = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
             time.sleep(0.1)
         time.sleep(0.5)  # more rounds: the order is on its way, not made again
@@ -59,4 +60,8 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
     want = [d.hex() for d in page_digests(PREFIX, PS)]
     assert orders == [{"namespace": ns, "keys": want}]
     assert stats["pages"] == 8 and stats["waiting"] == 0
+    # the rounds' own lookups count no hit: with no request, the prefix only cools down
+    before = router.state.index.hot_prefixes(ns, 1, time.monotonic())[0].hit_rate
+    time.sleep(1.0)  # five more rounds
+    assert router.state.index.hot_prefixes(ns, 1, time.monotonic())[0].hit_rate < before
     assert 'radix_global_copy_orders_total{outcome="ordered"} 1.0' in metrics
