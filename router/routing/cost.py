@@ -203,8 +203,9 @@ class CostModel:
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
         if worker.worker_id in self._installed:
             bandwidth = min(bandwidth, self._load_Bps.get(worker.worker_id, bandwidth))
-        return self.config.transfer_overhead_s + self._path_overhead_s(pool, worker.worker_id) \
-            + nbytes / bandwidth
+        path = self._on_path(pool, worker.worker_id)
+        overhead = path[1] if path is not None else 0.0  # measured per transfer on the path
+        return self.config.transfer_overhead_s + overhead + nbytes / bandwidth
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
                       own_pool: PoolId | None = None) -> float:
@@ -212,12 +213,9 @@ class CostModel:
         disk tier's measured read bandwidth), else, for a segment of a shared store on another
         host than the worker's own segment (``own_pool``), the remote bandwidth, else the
         default (``docs/interfaces.md``, "Mooncake Store as the L3 pool")."""
-        topo = self.topology
-        if topo is not None and topo.knows(pool) and topo.knows(worker):
-            try:
-                return topo.bandwidth_Bps(pool, worker)
-            except TopologyError:
-                pass
+        path = self._on_path(pool, worker)
+        if path is not None:
+            return path[0]
         reported = self._holder_Bps.get(pool)
         if reported is not None:
             return reported
@@ -226,16 +224,16 @@ class CostModel:
             return self.config.remote_segment_bandwidth_Bps
         return self.config.default_bandwidth_Bps
 
-    def _path_overhead_s(self, pool: PoolId, worker: WorkerId) -> float:
-        """The per-transfer cost measured on the path (0 where the topology does not place
-        both, or has not measured it)."""
+    def _on_path(self, pool: PoolId, worker: WorkerId) -> tuple[float, float] | None:
+        """(bandwidth, per-transfer overhead) of the topology's path from ``pool`` to
+        ``worker``; None where it does not place both or has no path."""
         topo = self.topology
-        if topo is not None and topo.knows(pool) and topo.knows(worker):
-            try:
-                return topo.overhead_s(pool, worker)
-            except TopologyError:
-                pass
-        return 0.0
+        if topo is None or not (topo.knows(pool) and topo.knows(worker)):
+            return None
+        try:
+            return topo.bandwidth_Bps(pool, worker), topo.overhead_s(pool, worker)
+        except TopologyError:
+            return None
 
     def set_holder_bandwidth(self, holder: PoolId, bandwidth_Bps: float) -> None:
         """``holder`` reads at ``bandwidth_Bps`` (``WorkerInfo.pool_disk_read_Bps``)."""

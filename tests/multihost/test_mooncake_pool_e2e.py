@@ -28,6 +28,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine_answers import greedy, storage
 
 from radix_global import kv_size
 from radix_global.keys import page_digests
@@ -42,15 +43,6 @@ FILL_ROUNDS = 6  # bounded: each writes 2.5x the store
 REPO = Path(__file__).resolve().parents[2]
 
 
-def greedy(model_dir: str, ids: list[int]) -> list[int]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        return hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                           pad_token_id=0)[0, len(ids):].tolist()
-
 
 def index_stats(c: HostCluster, router_url: str) -> dict:
     return dict(c.request("GET", router_url + "/admin/stats", admin=True).json()["index"])
@@ -59,9 +51,6 @@ def index_stats(c: HostCluster, router_url: str) -> dict:
 def stored(c: HostCluster, router_url: str) -> int:
     return int(index_stats(c, router_url)["pages_stored"])
 
-
-def storage(answer: dict) -> int:
-    return int((answer["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
 
 
 @pytest.mark.parametrize("pool", ["mooncake", "shm"])

@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine_answers import greedy, storage
 
 from radix_global.keys import page_digests
 from radix_global.trace import synthetic_word
@@ -31,18 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.sglang, pytest.mark.slow]
 PAGE = 16
 
 
-def greedy(model_dir: str, ids: list[int]) -> list[int]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        return hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                           pad_token_id=0)[0, len(ids):].tolist()
-
-
-def storage(answer: dict) -> int:
-    return int((answer["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
 
 
 def test_the_disk_under_a_mooncake_segment_survives_a_full_restart(

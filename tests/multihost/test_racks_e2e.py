@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 import pytest
+from engine_answers import greedy, storage
 
 from radix_global.trace import synthetic_word
 from radix_global_tools.cluster.host_cluster import HostCluster, HostProc
@@ -34,18 +35,6 @@ UPLINK_MBIT = 50  # 6.25 MB/s
 RACKS = {"a": "r1", "b": "r1", "c": "r2"}
 
 
-def greedy(model_dir: str, ids: list[int]) -> list[int]:
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        return hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                           pad_token_id=0)[0, len(ids):].tolist()
-
-
-def storage(answer: dict) -> int:
-    return int((answer["meta_info"].get("cached_tokens_details") or {}).get("storage") or 0)
 
 
 @pytest.mark.parametrize("places", ["as_racked", "swapped"])
