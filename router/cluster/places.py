@@ -66,8 +66,8 @@ class Places:
         self._places: dict[str, str] = {}  # host node -> its place ("" : the root)
 
     def joined(self, info: WorkerInfo) -> None:
-        """Place ``info``'s worker (and its pool) on its host, in its place (again: what a
-        re-registration no longer names leaves; measured links stay)."""
+        """Place ``info``'s worker (and its pool) on its host, in its place; called again for a
+        changed record, what it no longer names leaves."""
         worker = WorkerId(info.worker_id)
         labels = check_place(info.place) if info.place else []
         address = urlsplit(info.url).hostname or info.url
@@ -135,6 +135,6 @@ class Places:
         self._places[node] = "/".join(labels)
         for depth in range(len(labels), 0, -1):
             domain = "/".join(labels[:depth])
-            up = domain_node(labels[:depth - 1]) if depth > 1 else ROOT
+            up = domain_node(labels[:depth - 1])  # [] : the root
             topo.add_link(domain_node(labels[:depth]), up,
                           self.config.links.get(domain, self.config.uplink_Bps))
