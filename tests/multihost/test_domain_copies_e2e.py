@@ -60,7 +60,9 @@ def test_a_hot_prompt_survives_its_racks_failure_through_its_copy(
         try:
             master = c.start_mooncake_master("m")
             router = c.start_router("r", options=[
-                "--profile-max-tokens", "0", "--heartbeat-timeout-s", "4",
+                # 10 s: c's start-up starves a's heartbeats on 2 cores (a 4 s timeout removed a
+                # in one CI run, and its segment's pages with it, before any copy was planned)
+                "--profile-max-tokens", "0", "--heartbeat-timeout-s", "10",
                 "--health-check-interval-s", "0.5", "--copies-interval-s", "1",
                 "--copies-min-hit-rate-per-s", "0.001", "--copies-max-pages", str(budget)])
 
@@ -103,7 +105,7 @@ def test_a_hot_prompt_survives_its_racks_failure_through_its_copy(
                 assert time.monotonic() < deadline, c.workers(router)
                 time.sleep(0.3)
             # Mooncake's master forgets a's replicas after its client TTL (10 s): before, a read
-            # may pick the dead one
+            # may pick the dead one (the router's removal takes about as long)
             time.sleep(max(0.0, failed + 15.0 - time.monotonic()))
             got = {}
             for k, ids in after.items():
