@@ -53,6 +53,7 @@ class DomainCopies:
         self._waiting: dict[str, collections.deque[dict[str, Any]]] = {}
         self._metric: Counter | None = None
         self._task: asyncio.Task[None] | None = None
+        self.held = 0  # copies whose target held their whole run at the last round
         self.leads: Callable[[], bool] = lambda: True
 
     @property
@@ -71,7 +72,8 @@ class DomainCopies:
 
     def stats(self) -> dict[str, Any]:
         return {"waiting": sum(len(q) for q in self._waiting.values()),
-                "pages": self.planner.pages(), "outcomes": dict(self.outcomes)}
+                "pages": self.planner.pages(), "held": self.held,
+                "outcomes": dict(self.outcomes)}
 
     def run_once(self) -> list[CopyOrder]:
         """One round (on the event loop: the embedded index is owned by it)."""
@@ -89,8 +91,10 @@ class DomainCopies:
             # no hit: the round must not keep the prefixes it looks at hot
             return holders_of_run(view.match(ns, keys, now, hit=False).matched, len(keys))
 
-        self.planner.forget_gone(
-            lambda c: c.namespace in namespaces and c.target in holders(c.namespace, c.keys), now)
+        made = {key: c.namespace in namespaces and c.target in holders(c.namespace, c.keys)
+                for key, c in self.planner.copies.items()}
+        self.held = sum(made.values())
+        self.planner.forget_gone(lambda c: made[(c.namespace, c.keys[-1], c.target)], now)
         pools = {e.info.pool_id for e in self.registry.all()}
         for pool in [p for p in self._waiting if p not in pools]:  # its worker left
             del self._waiting[pool]

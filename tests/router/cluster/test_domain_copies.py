@@ -60,6 +60,14 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
     want = [d.hex() for d in page_digests(PREFIX, PS)]
     assert orders == [{"namespace": ns, "keys": want}]
     assert stats["pages"] == 8 and stats["waiting"] == 0
+    assert stats["held"] == 0  # the peer made no copy: nothing in b's segment
+    # the copy made (b's backend publishes it as any store): the next rounds see it held
+    router.state.index.index.apply(StorePages(ns, Location(PoolId(SEG["b"]), 0, Tier.POOL),
+                                              None, page_keys(PREFIX, PS)))
+    deadline = time.monotonic() + 5
+    while router.state.copies.stats()["held"] != 1:
+        assert time.monotonic() < deadline, router.state.copies.stats()
+        time.sleep(0.1)
     # the rounds' own lookups count no hit: with no request, the prefix only cools down
     before = router.state.index.hot_prefixes(ns, 1, time.monotonic())[0].hit_rate
     time.sleep(1.0)  # five more rounds
