@@ -198,13 +198,13 @@ class CostModel:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
-        bandwidth = self.bandwidth_Bps(pool, worker.worker_id, worker.pool_id)
+        # the path's overhead is what its transfers measured besides their bytes
+        bandwidth, overhead = self._on_path(pool, worker.worker_id) or (
+            self._unplaced_Bps(pool, worker.pool_id), 0.0)
         # A measured load is weighed only against a measured prefill: against the prior curve
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
         if worker.worker_id in self._installed:
             bandwidth = min(bandwidth, self._load_Bps.get(worker.worker_id, bandwidth))
-        path = self._on_path(pool, worker.worker_id)
-        overhead = path[1] if path is not None else 0.0  # measured per transfer on the path
         return self.config.transfer_overhead_s + overhead + nbytes / bandwidth
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
@@ -214,8 +214,9 @@ class CostModel:
         host than the worker's own segment (``own_pool``), the remote bandwidth, else the
         default (``docs/interfaces.md``, "Mooncake Store as the L3 pool")."""
         path = self._on_path(pool, worker)
-        if path is not None:
-            return path[0]
+        return path[0] if path is not None else self._unplaced_Bps(pool, own_pool)
+
+    def _unplaced_Bps(self, pool: PoolId, own_pool: PoolId | None) -> float:
         reported = self._holder_Bps.get(pool)
         if reported is not None:
             return reported
@@ -231,7 +232,7 @@ class CostModel:
         if topo is None or not (topo.knows(pool) and topo.knows(worker)):
             return None
         try:
-            return topo.bandwidth_Bps(pool, worker), topo.overhead_s(pool, worker)
+            return topo.link(pool, worker)
         except TopologyError:
             return None
 

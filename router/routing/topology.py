@@ -102,12 +102,12 @@ class Topology:
 
     def bandwidth_Bps(self, src: HolderId, dst: HolderId) -> float:
         """Bottleneck bandwidth from ``src`` to ``dst`` in bytes per second."""
-        return self._bottleneck(src, dst)[0]
+        return self.link(src, dst)[0]
 
     def overhead_s(self, src: HolderId, dst: HolderId) -> float:
         """What one transfer from ``src`` to ``dst`` costs besides its bytes, as measured on
         its bottleneck (0 until measured)."""
-        return self._bottleneck(src, dst)[1]
+        return self.link(src, dst)[1]
 
     def observe_transfer(self, src: HolderId, dst: HolderId, nbytes: int, seconds: float) -> None:
         """A measured transfer, a sample of the bottleneck link (or of the node's memory path).
@@ -145,9 +145,10 @@ class Topology:
             "placed": {h: str(n) for h, n in self._placement.items()},
         }
 
-    def _bottleneck(self, src: HolderId, dst: HolderId) -> tuple[float, float]:
-        # (bandwidth, overhead): asked for every fetch the conductor prices, so kept until a
-        # link or a measurement changes
+    def link(self, src: HolderId, dst: HolderId) -> tuple[float, float]:
+        """(bandwidth, per-transfer overhead) of the bottleneck from ``src`` to ``dst``."""
+        # asked for every fetch the conductor prices, so kept until a link or a measurement
+        # changes
         key = (self._node(src), self._node(dst))
         cached = self._bottlenecks.get(key)
         if cached is not None:
