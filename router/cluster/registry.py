@@ -87,7 +87,7 @@ class WorkerEntry:
             "pool_disk_id": i.pool_disk_id, "pool_disk_read_Bps": i.pool_disk_read_Bps,
             "pool_fetch_min_tokens": i.pool_fetch_min_tokens, "pool_load_Bps": i.pool_load_Bps,
             "pool_prefetch_budget_tokens": i.pool_prefetch_budget_tokens,
-            "kv_events_endpoint": i.kv_events_endpoint,
+            "kv_events_endpoint": i.kv_events_endpoint, "place": i.place,
             "source": str(self.source), "draining": self.draining, "last_seen": self.last_seen,
             "routed": self.routed, "failures": self.failures,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,
