@@ -51,7 +51,8 @@ from radix_global_tools.simulate.instances import (
     local_location,
 )
 from radix_global_tools.simulate.records import RequestRecord
-from radix_global_tools.simulate.shared_tiers import POOL_ID, SharedTiers
+from radix_global_tools.simulate.segments import DomainEvent, DomainRounds, FaultDomains, Segments
+from radix_global_tools.simulate.shared_tiers import SharedTiers
 from radix_global_tools.simulate.timed_policy import TimedPolicy
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
@@ -71,7 +72,7 @@ MODEL = "llama3-70b"  # the admission ledger's label
 
 # At equal times a completion is handled before an arrival, so the arrival sees its pages; a
 # batch starts after the arrivals of its instant, so requests sent together are batched together.
-_DONE, _JOIN, _ARRIVAL, _START = 0, 1, 2, 3
+_DONE, _JOIN, _ARRIVAL, _START, _ROUND = 0, 1, 2, 3, 4
 
 
 class _Service(NamedTuple):
@@ -118,6 +119,8 @@ class ClusterSpec:
     pool_tokens: int | None = None  # the pool's size (None: instances x the calibration's)
     prefill_batch: int = 1  # the most requests an instance prefills together
     disk_tokens: int = 0  # a disk tier under the pool (with_pool only; the profile's [disk])
+    # with_pool only: the pool as per-instance segments in fault domains (segments.py)
+    fault_domains: FaultDomains | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -140,11 +143,18 @@ class Simulation:
             for i in range(spec.instances)
         ]
         self._by_id = {inst.worker_id: inst for inst in self.instances}
-        self.shared: SharedTiers | None = None
+        self.shared: SharedTiers | Segments | None = None
+        self.rounds: DomainRounds | None = None
         if spec.with_pool:
             pool_tokens = spec.pool_tokens if spec.pool_tokens is not None \
                 else spec.instances * cal.pool_tokens_per_instance
-            self.shared = SharedTiers(NAMESPACE, cal, pool_tokens, spec.disk_tokens)
+            if spec.fault_domains is not None:
+                workers = [inst.worker_id for inst in self.instances]
+                self.shared = Segments(NAMESPACE, cal, workers, pool_tokens // spec.instances)
+                self.rounds = DomainRounds(spec.fault_domains, workers, self.shared, self.index,
+                                           NAMESPACE)
+            else:
+                self.shared = SharedTiers(NAMESPACE, cal, pool_tokens, spec.disk_tokens)
             self.shared.price_on(cost)
         prof = cal.decode
         self.pd = spec.decode_instances > 0
@@ -169,15 +179,16 @@ class Simulation:
         self.rejections_would_meet: list[bool] = []
 
     def _worker_states(self, now: float) -> list[WorkerState]:
-        pool_id = POOL_ID if self.shared is not None else None
-        disk_id = self.shared.disk_id if self.shared is not None else None
+        shared, dead = self.shared, self.rounds.dead if self.rounds is not None else set()
+        disk_id = shared.disk_id if shared is not None else None
         role = Role.PREFILL if self.pd else Role.MIXED
         states = [
             WorkerState(
-                worker_id=inst.worker_id, namespace=NAMESPACE, pool_id=pool_id, role=role,
+                worker_id=inst.worker_id, namespace=NAMESPACE, role=role,
+                pool_id=shared.pool_of(inst.worker_id) if shared is not None else None,
                 pool_disk_id=disk_id, running=inst.running(now), waiting=inst.waiting(),
             )
-            for inst in self.instances
+            for inst in self.instances if inst.worker_id not in dead
         ]
         if self.pd:
             for wid, dec in self.decoders.items():
@@ -197,6 +208,10 @@ class Simulation:
         heap: list[tuple[float, int, int, Any]] = []
         for seq, req in enumerate(requests):
             heap.append((req.arrival_s, _ARRIVAL, seq, req))
+        if self.rounds is not None:
+            last = max((r.arrival_s for r in requests), default=0.0)
+            heap += [(t, _ROUND, -1 - i, event)
+                     for i, (t, event) in enumerate(self.rounds.times(last))]
         heapq.heapify(heap)
         seq = len(requests)
         while heap:
@@ -215,6 +230,8 @@ class Simulation:
                 if next_start is not None:
                     seq += 1
                     heapq.heappush(heap, (next_start, _START, seq, payload))
+            elif kind == _ROUND:
+                self._round(payload, now)
             elif kind == _JOIN:
                 target, rid, context, steps = payload
                 if not self.pd:
@@ -229,6 +246,18 @@ class Simulation:
             self._decoded(dec.drain())
         self.records = [r._replace(tbt_s=self.tbt.get(r.request_id)) for r in self.records]
         return self.records
+
+    def _round(self, event: DomainEvent, now: float) -> None:
+        """A copy round, or a fault domain failing or coming back (fault_domains only)."""
+        assert self.rounds is not None
+        if event is DomainEvent.FAIL:
+            self.rounds.fail()
+        elif event is DomainEvent.BACK:
+            for worker in self.rounds.back():  # a restarted engine: its own cache is empty
+                inst = self._by_id[worker]
+                inst.cache = PageCache(NAMESPACE, inst.cache.location, inst.cache.capacity_pages)
+        else:
+            self._apply(self.rounds.copy_round(now))
 
     def _decoded(self, done: Sequence[Decoded]) -> None:
         for d in done:
@@ -333,10 +362,12 @@ class Simulation:
                   ) -> tuple[float, WorkerId, str, int, int] | None:
         """The prefill ended: publish its pages; return when and where it joins a decode batch
         (with its context and decode steps), if the cluster has a decode side."""
-        ops = flight.instance.cache.insert(flight.keys)
-        if self.shared is not None:
-            ops += self.shared.store(flight.keys)
-        self._apply(ops)
+        writer = flight.instance.worker_id
+        if self.rounds is None or writer not in self.rounds.dead:  # else: lost with its host
+            ops = flight.instance.cache.insert(flight.keys)
+            if self.shared is not None:
+                ops += self.shared.store(flight.keys, writer)
+            self._apply(ops)
         req, rid = flight.req, flight.req.request_id
         self.driver.prefill_done(rid, now, prefill_s=flight.prefill_s)
         self.records.append(flight.record)

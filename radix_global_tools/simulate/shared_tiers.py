@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from radix_global.ops import IndexOp
 from radix_global.pool_ids import disk_holder
-from radix_global.types import Location, Namespace, PageKey, PoolId, Tier
+from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration, SimConfigError
 from radix_global_tools.simulate.instances import PageCache
 from router.routing.cost import CostModel
@@ -42,6 +42,9 @@ class SharedTiers:
     def disk_id(self) -> PoolId | None:
         return DISK_ID if self.disk is not None else None
 
+    def pool_of(self, worker: WorkerId) -> PoolId:
+        return POOL_ID
+
     def price_on(self, cost: CostModel) -> None:
         """Tell the router's cost model what a disk fetch costs, as a worker's registration
         does (``WorkerInfo.pool_disk_read_Bps``)."""
@@ -62,8 +65,9 @@ class SharedTiers:
         tokens = fetched * self.cal.page_tokens
         return fetched, self.cal.disk_fetch_s(tokens) if from_disk else self.cal.fetch_s(tokens)
 
-    def store(self, keys: Sequence[PageKey]) -> list[IndexOp]:
-        """A computed prompt's pages, written through to the pool and the disk."""
+    def store(self, keys: Sequence[PageKey], writer: WorkerId) -> list[IndexOp]:
+        """A computed prompt's pages, written through to the pool and the disk (one pool: the
+        writer does not matter)."""
         ops = self.pool.insert(keys)
         if self.disk is not None:
             ops += self.disk.insert(keys)

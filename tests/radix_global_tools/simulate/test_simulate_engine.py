@@ -9,9 +9,9 @@ import pytest
 
 from radix_global.types import PageKey
 from radix_global_tools.simulate.config import Calibration
-from radix_global_tools.simulate.engine import NAMESPACE, POOL_ID, ClusterSpec, Simulation
+from radix_global_tools.simulate.engine import NAMESPACE, ClusterSpec, Simulation
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, make_cost, make_policy, run_one
-from radix_global_tools.simulate.shared_tiers import DISK_ID
+from radix_global_tools.simulate.shared_tiers import DISK_ID, POOL_ID
 from radix_global_tools.simulate.workload import SimRequest, full_page_keys, read_trace, scale_load
 from router.routing.policies import get_policy
 

@@ -1,0 +1,192 @@
+"""A pool of per-instance segments in fault domains: the Mooncake Store as the product uses it
+(``docs/interfaces.md``, "Mooncake Store as the L3 pool", "Where hosts are").
+
+Each instance's client contributes a segment of ``segment_tokens`` and writes the prompts it
+computes there; every instance reads every segment (a fetch reads the leading run of the one
+segment the router chose, at the fabric's bandwidth). A segment dies with its instance: a
+failed fault domain takes its segments' pages with it. The router's copy rounds
+(:class:`router.cluster.copy_planner.CopyPlanner`, the production planner over the simulated
+index) order hot prefixes into segments of other domains; a copy lands when the round orders
+it (the copy's own transfer is not simulated: it runs beside the engines, as ``copy_here`` does).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum
+
+from radix_global.index import GlobalIndex
+from radix_global.ops import IndexOp
+from radix_global.pool_ids import segment_pool_id
+from radix_global.types import HolderId, Location, Namespace, PageKey, PoolId, Tier, WorkerId
+from radix_global_tools.simulate.config import Calibration
+from radix_global_tools.simulate.instances import PageCache
+from router.cluster.copy_planner import (
+    CopyConfig,
+    CopyOutcome,
+    CopyPlanner,
+    Target,
+    holders_of_run,
+)
+from router.routing.cost import CostModel
+
+STORE = "mooncake-sim"
+
+
+@dataclass(frozen=True)
+class FaultDomains:
+    """Where the simulated instances are and what happens to them: instance ``i`` in
+    ``domains[i]``, copies as the router's ``copies`` options (``interval_s`` 0: off), and
+    ``fail`` failing at ``fail_at_s`` (None: nothing fails) and coming back, empty, at
+    ``back_at_s`` (None: never)."""
+
+    domains: tuple[str, ...]
+    copies: CopyConfig = field(default_factory=CopyConfig)
+    fail: str | None = None
+    fail_at_s: float = 0.0
+    back_at_s: float | None = None
+
+
+class DomainEvent(Enum):
+    """In the order they happen at one instant."""
+
+    FAIL = "fail"
+    BACK = "back"
+    COPY_ROUND = "copy_round"
+
+
+def segment_of(worker: WorkerId) -> PoolId:
+    return segment_pool_id(STORE, worker)
+
+
+class Segments:
+    """The segments of ``workers``, ``segment_tokens`` each; the same calls as
+    :class:`~radix_global_tools.simulate.shared_tiers.SharedTiers`, the writer named."""
+
+    def __init__(self, namespace: Namespace, cal: Calibration, workers: Sequence[WorkerId],
+                 segment_tokens: int) -> None:
+        self.cal, self.namespace = cal, namespace
+        self.segment_pages = max(1, segment_tokens // cal.page_tokens)
+        self.caches: dict[PoolId, PageCache] = {}
+        for w in workers:
+            self.add(w)
+
+    def add(self, worker: WorkerId) -> None:
+        """``worker``'s segment, empty (at the start, or when its host comes back)."""
+        seg = segment_of(worker)
+        self.caches[seg] = PageCache(self.namespace, Location(seg, 0, Tier.POOL),
+                                     self.segment_pages)
+
+    def pool_of(self, worker: WorkerId) -> PoolId | None:
+        seg = segment_of(worker)
+        return seg if seg in self.caches else None
+
+    @property
+    def disk_id(self) -> PoolId | None:
+        return None
+
+    def price_on(self, cost: CostModel) -> None:
+        """Every segment is read at the fabric's bandwidth: the cost model's default."""
+
+    def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
+              holder: PoolId | None, touch: bool) -> tuple[int, float]:
+        """As :meth:`SharedTiers.fetch`, from the segment ``holder`` (gone or None: nothing)."""
+        cache = self.caches.get(holder) if holder is not None else None
+        if cache is None:
+            return 0, 0.0
+        held = cache.prefix_pages(keys)
+        if touch:
+            cache.touch(keys[:held])
+        fetched = max(0, min(held, wanted_pages) - local_pages)
+        return fetched, self.cal.fetch_s(fetched * self.cal.page_tokens)
+
+    def store(self, keys: Sequence[PageKey], writer: WorkerId) -> list[IndexOp]:
+        """A computed prompt's pages, into its writer's segment."""
+        cache = self.caches.get(segment_of(writer))
+        return cache.insert(keys) if cache is not None else []
+
+    def copy(self, keys: Sequence[PageKey], target: PoolId) -> list[IndexOp]:
+        cache = self.caches.get(target)
+        return cache.insert(keys) if cache is not None else []
+
+    def drop(self, worker: WorkerId) -> PoolId | None:
+        """The segment of a failed instance is gone; its id (the index drops its holder)."""
+        seg = segment_of(worker)
+        return seg if self.caches.pop(seg, None) is not None else None
+
+    def pages(self) -> Mapping[PoolId, int]:
+        return {seg: len(cache) for seg, cache in self.caches.items()}
+
+
+class DomainRounds:
+    """The router's copy rounds and the failure, as timed events on the simulated clock: what
+    :class:`router.cluster.domain_copies.DomainCopies` does each round, over the simulated index
+    and segments (the router remembers every prompt's tokens here)."""
+
+    def __init__(self, spec: FaultDomains, workers: Sequence[WorkerId], segments: Segments,
+                 index: GlobalIndex, namespace: Namespace, top_k: int = 16) -> None:
+        if len(spec.domains) != len(workers):
+            raise ValueError(f"{len(workers)} instances, {len(spec.domains)} domains")
+        self.spec, self.segments, self.index = spec, segments, index
+        self.namespace, self.top_k = namespace, top_k
+        self.domain = dict(zip(workers, spec.domains, strict=True))
+        self.planner = CopyPlanner(spec.copies)
+        self.outcomes: Counter[CopyOutcome] = Counter()
+        self.dead: set[WorkerId] = set()
+
+    def times(self, until_s: float) -> list[tuple[float, DomainEvent]]:
+        """Every event up to ``until_s``, by time."""
+        spec, out = self.spec, []
+        if spec.fail is not None:
+            out.append((spec.fail_at_s, DomainEvent.FAIL))
+            if spec.back_at_s is not None:
+                out.append((spec.back_at_s, DomainEvent.BACK))
+        step = spec.copies.interval_s
+        if step > 0:
+            out += [(k * step, DomainEvent.COPY_ROUND)
+                    for k in range(1, int(until_s / step) + 1)]
+        order = list(DomainEvent)
+        return sorted(out, key=lambda e: (e[0], order.index(e[1])))
+
+    def domain_of(self, holder: HolderId) -> str | None:
+        worker = WorkerId(holder.split("@", 1)[1] if "@" in holder else holder)
+        return self.domain.get(worker)
+
+    def copy_round(self, now: float) -> list[IndexOp]:
+        ns = self.namespace
+
+        def holders(keys: tuple[PageKey, ...]) -> list[HolderId]:
+            return holders_of_run(self.index.match(ns, keys, now, hit=False).matched, len(keys))
+
+        self.planner.forget_gone(lambda c: c.target in holders(c.keys), now)
+        targets = [Target(w, segment_of(w), d) for w, d in self.domain.items()
+                   if w not in self.dead]
+        orders, outcomes = self.planner.plan(
+            ns, now, self.index.hot_prefixes(ns, self.top_k, now), holders,
+            self.domain_of, targets, lambda keys: True)
+        self.outcomes.update(outcomes)
+        ops: list[IndexOp] = []
+        for order in orders:
+            ops += self.segments.copy(order.keys, order.target.pool_id)
+        return ops
+
+    def fail(self) -> set[WorkerId]:
+        """The failing domain's instances die: their local caches and segments leave the
+        index (the router removes the workers), their segments' pages are gone."""
+        gone = {w for w, d in self.domain.items() if d == self.spec.fail} - self.dead
+        for worker in gone:
+            self.index.remove_holder(worker)
+            if (seg := self.segments.drop(worker)) is not None:
+                self.index.remove_holder(seg)
+        self.dead |= gone
+        return gone
+
+    def back(self) -> set[WorkerId]:
+        """The failed domain's instances are back, their caches and segments empty: the copy
+        rounds that follow order the hot prefixes into them again (the rebalancing)."""
+        back, self.dead = set(self.dead), set()
+        for worker in back:
+            self.segments.add(worker)
+        return back
