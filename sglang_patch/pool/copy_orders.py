@@ -30,8 +30,8 @@ MAX_KEYS_PER_ORDER = 65_536
 
 def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: float = 2.0,
                transport: httpx.BaseTransport | None = None) -> Fetch:
-    """``GET /admin/pool-copies`` at every router in ``router_url``: their orders together;
-    raises only when none answered."""
+    """``GET /admin/pool-copies`` at every router in ``router_url``: their orders together (a
+    404, the worker not registered there, answers none); raises only when none answered."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
     urls = [u + "/admin/pool-copies" for u in router_urls(router_url)]
@@ -43,6 +43,9 @@ def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: floa
         for url in urls:
             try:
                 resp = client.get(url, params={"pool_id": pool_id})
+                if resp.status_code == 404:  # not registered there yet (or again): no orders
+                    answered += 1
+                    continue
                 resp.raise_for_status()
                 body = resp.json()
                 got = body.get("orders") if isinstance(body, dict) else None

@@ -83,3 +83,14 @@ def test_a_lost_router_costs_the_round_only_and_the_fetch_asks_by_pool_id() -> N
     assert fetch() == [{"namespace": "m@1", "keys": [KEY]}]
     assert seen[0].url.params["pool_id"] == "mooncake-m@h:1"
     assert seen[0].headers["authorization"] == "Bearer tok"
+
+
+def test_a_router_that_does_not_know_the_worker_yet_has_no_orders_and_is_no_failure() -> None:
+    """The backend polls from its start, before the wrapper registers (and again after a router
+    restart): the router's 404 for an unknown pool is an empty answer, not a warning."""
+    fetch = http_fetch("http://r:1", "p", None, transport=httpx.MockTransport(
+        lambda request: httpx.Response(404, json={"error": "no registered worker"})))
+    assert fetch() == []
+    poller = CopyOrders("m@1", fetch, lambda keys: len(keys), interval_s=3600)
+    assert poller.poll() == 0 and poller.failed == 0
+    poller.close()
