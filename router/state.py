@@ -22,6 +22,7 @@ from router.cluster.domain_copies import DomainCopies
 from router.cluster.health import HealthMonitor
 from router.cluster.index_link import ClusterIndex, open_index
 from router.cluster.load_reports import LoadReports
+from router.cluster.lost_hosts import LostHosts
 from router.cluster.places import Places
 from router.cluster.profiling import Profiler
 from router.cluster.registry import Source, WorkerEntry, WorkerRegistry
@@ -101,6 +102,7 @@ class RouterState:
         self.routing = PolicyDriver(
             policy, CostModel(config.cost, self.places.topology), self.index.view,
             decode=DecodeSelector(config.decode), slo=slo, gate=gate)
+        self.lost_hosts = LostHosts()
         self.registry = WorkerRegistry(on_added=self._worker_added,
                                        on_removed=self._worker_removed)
         self.loads = LoadReports(self.places)
@@ -197,6 +199,7 @@ class RouterState:
         self.prewarm(entry)
         self.routing.cost.share_compute(entry.worker_id, entry.info.compute_domain)
         self.places.joined(entry.info)
+        self.lost_hosts.joined(entry.info)
         if entry.info.pool_disk_id and entry.info.pool_disk_read_Bps:  # a disk tier's speed
             self.routing.cost.set_holder_bandwidth(PoolId(entry.info.pool_disk_id),
                                                    entry.info.pool_disk_read_Bps)
@@ -232,6 +235,7 @@ class RouterState:
         """A worker removed as dead: its host may be gone without closing a connection, so the
         requests it carries would wait for the read timeout; they end now (retried elsewhere
         when nothing was answered yet). Not while another entry serves the same URL."""
+        self.lost_hosts.dead(entry.info, [e.info for e in self.registry.all()])
         if any(e.info.url == entry.info.url for e in self.registry.all()):
             return
         writes = self.view.writes

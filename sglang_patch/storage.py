@@ -118,7 +118,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if copies_url and self._first_rank and not self._suffix \
                 and hasattr(self.pool, "copy_here"):
             self._copies = CopyOrders(self.namespace, copy_fetch(
-                str(copies_url), self.pool.pool_id, token), self.copy_in)
+                str(copies_url), self.pool.pool_id, token), self.copy_in,
+                on_lost=getattr(self.pool, "told_lost", None))
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
             self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy

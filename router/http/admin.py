@@ -242,7 +242,8 @@ def admin_routes(state: RouterState) -> list[Route]:
         pool_id = request.query_params.get("pool_id", "")
         if not any(e.info.pool_id == pool_id for e in state.registry.all()):
             return error_response(404, f"no registered worker has pool {pool_id!r}")
-        return JSONResponse({"orders": state.copies.take(pool_id)})
+        return JSONResponse({"orders": state.copies.take(pool_id),
+                             "lost_hosts": state.lost_hosts.hosts()})
 
     async def stats_ep(request: Request) -> Response:
         return JSONResponse(stats(state))

@@ -8,6 +8,10 @@ the pages into this worker's own segment and publishes them). A router that cann
 or refuses, costs that round its orders only (logged once per kind); an order that is not an
 object with a namespace and a list of 64-hex-digit keys is dropped and logged; an order whose
 handling fails is logged and the next one goes on. Nothing raises into SGLang.
+
+The same answer names the hosts whose segment died with its worker (``lost_hosts``; "Reads
+around a lost host"): handed to ``on_lost`` each round, so the pool stops reading the replicas
+the store still lists there.
 """
 
 from __future__ import annotations
@@ -16,14 +20,24 @@ import logging
 import re
 import threading
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import httpx
 
 from sglang_patch.register import router_urls
 
 log = logging.getLogger(__name__)
-Fetch = Callable[[], list[Any]]  # one round's orders from the router; raises when it failed
+MAX_LOST_HOSTS = 1024
+
+
+class Answer(NamedTuple):
+    """One round's answer of the routers: the orders, and the hosts they know lost."""
+
+    orders: list[Any]
+    lost_hosts: list[str]
+
+
+Fetch = Callable[[], Answer]  # one round's answer from the routers; raises when it failed
 _KEY = re.compile(r"[0-9a-f]{64}")
 MAX_KEYS_PER_ORDER = 65_536
 
@@ -36,8 +50,9 @@ def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: floa
     client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
     urls = [u + "/admin/pool-copies" for u in router_urls(router_url)]
 
-    def fetch() -> list[Any]:
+    def fetch() -> Answer:
         orders: list[Any] = []
+        lost: set[str] = set()
         failure: Exception | None = None
         answered = 0
         for url in urls:
@@ -50,12 +65,15 @@ def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: floa
                 body = resp.json()
                 got = body.get("orders") if isinstance(body, dict) else None
                 orders += got if isinstance(got, list) else []
+                hosts = body.get("lost_hosts") if isinstance(body, dict) else None
+                if isinstance(hosts, list) and len(hosts) <= MAX_LOST_HOSTS:
+                    lost.update(h for h in hosts if isinstance(h, str) and 0 < len(h) <= 255)
                 answered += 1
             except (httpx.HTTPError, ValueError) as exc:
                 failure = exc
         if failure is not None and not answered:
             raise failure
-        return orders
+        return Answer(orders, sorted(lost))
 
     return fetch
 
@@ -74,10 +92,12 @@ def valid_keys(order: Any, namespace: str) -> list[str] | None:
 
 class CopyOrders:
     def __init__(self, namespace: str, fetch: Fetch, handle: Callable[[list[str]], int],
-                 interval_s: float = 2.0) -> None:
+                 interval_s: float = 2.0,
+                 on_lost: Callable[[list[str]], None] | None = None) -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be > 0")
         self.namespace, self._fetch, self._handle = namespace, fetch, handle
+        self._on_lost = on_lost
         self.interval_s = interval_s
         self.failed = self.malformed = self.copied = 0
         self._stop = threading.Event()
@@ -88,14 +108,16 @@ class CopyOrders:
     def poll(self) -> int:
         """One round: the pages copied."""
         try:
-            orders = self._fetch()
+            answer = self._fetch()
         except Exception as exc:  # whatever the router or the network did: this round only
             self.failed += 1
             if self.failed == 1 or self.failed % 100 == 0:
                 log.warning("copy orders not fetched (%d so far): %r", self.failed, exc)
             return 0
+        if self._on_lost is not None:
+            self._on_lost(answer.lost_hosts)
         copied = 0
-        for order in orders if isinstance(orders, list) else []:
+        for order in answer.orders:
             keys = valid_keys(order, self.namespace)
             if keys is None:
                 if not (isinstance(order, dict) and order.get("namespace") != self.namespace):

@@ -79,6 +79,7 @@ from sglang_patch.pool.base import (
     PutResult,
     as_bytes,
 )
+from sglang_patch.pool.lost_hosts import LostHosts
 from sglang_patch.pool.mooncake_calls import (
     BATCH_BUFFERS,
     ZERO_COPY_MIN_CHUNK,
@@ -173,7 +174,8 @@ class MooncakePagePool(PagePool):
         self._lock = threading.Lock()
         self._counts = {"copies": 0, "stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
                         "vanished": 0, "put_failures": 0, "batch_calls": 0,
-                        "zero_copy_calls": 0}
+                        "zero_copy_calls": 0, "lost_skips": 0}
+        self._lost = LostHosts(self._segment)
         self._closed = False
 
     # --- PagePool ---------------------------------------------------------------------------------
@@ -242,6 +244,9 @@ class MooncakePagePool(PagePool):
                 if self._closed:
                     self._counts["misses"] += len(batch)
                     continue
+                batch = self._readable(batch)
+                if not batch:
+                    continue
                 self._counts["batch_calls"] += 1
                 keys = [d.key for d in batch]
                 if batch[0].direct:
@@ -258,7 +263,45 @@ class MooncakePagePool(PagePool):
                         results[d.at] = self._hit(d.key)
                     else:
                         self._counts["misses"] += 1
+                failed = [d.key for d, n in zip(batch, got, strict=True) if n < 0]
+                if failed:
+                    for endpoints in self._replicas(failed).values():
+                        self._lost.failed(endpoints)
         return results
+
+    def told_lost(self, hosts: list[str]) -> None:
+        """The routers' lost hosts (:meth:`LostHosts.told`)."""
+        with self._lock:
+            self._lost.told(hosts)
+
+    def lost_hosts(self) -> list[str]:
+        """The hosts whose replicas this reader skips now ("Reads around a lost host")."""
+        with self._lock:
+            return self._lost.hosts()
+
+    def _replicas(self, keys: list[str]) -> dict[str, list[str]]:
+        """Where the master says each key's memory replicas are (transfer endpoints); under
+        the lock. A failing call says nothing."""
+        try:
+            descs = self._store.batch_get_replica_desc(keys)
+        except Exception:  # whatever the master did: no knowledge, no harm
+            log.exception("batch_get_replica_desc failed")
+            return {}
+        return {key: [str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint)
+                      for r in replicas if r.is_memory_replica()]
+                for key, replicas in descs.items()}
+
+    def _readable(self, batch: list[CallPage]) -> list[CallPage]:
+        """``batch`` up to its first page whose replicas all sit on lost hosts (under the
+        lock); the rest are misses."""
+        if not self._lost.known():
+            return batch
+        where = self._replicas([d.key for d in batch])
+        cut = next((i for i, d in enumerate(batch)
+                    if self._lost.unreadable(where.get(d.key, []))), len(batch))
+        self._counts["misses"] += len(batch) - cut
+        self._counts["lost_skips"] += len(batch) - cut
+        return batch[:cut]
 
     def vanished(self, limit: int) -> list[int]:
         """Tags of the pages this client wrote that the store no longer holds (evicted or
@@ -319,6 +362,10 @@ class MooncakePagePool(PagePool):
     def exists(self, key: str) -> bool:
         with self._lock:
             found = not self._closed and bool(self._store.is_exist(key) == 1)
+            if found and self._lost.known() and self._lost.unreadable(
+                    self._replicas([key]).get(key, [])):
+                self._counts["lost_skips"] += 1
+                found = False
             if found:
                 self._probes.read(key)
             return found

@@ -101,6 +101,11 @@ def test_a_hot_prompt_survives_its_racks_failure_through_its_copy(
             while {w["worker_id"] for w in c.workers(router)} != {"w-c"}:
                 assert time.monotonic() < deadline, c.workers(router)
                 time.sleep(0.3)
+            # removed as dead: the router tells c's backend that a's host is lost
+            (pool,) = [w["pool_id"] for w in c.workers(router)]
+            told = c.request("GET", router.url + "/admin/pool-copies", admin=True,
+                             params={"pool_id": pool}).json()["lost_hosts"]
+            assert told == [hosts["a"].address], told
             # Mooncake's master forgets a's replicas after its client TTL (10 s): before, a read
             # may pick the dead one (the router's removal takes about as long)
             time.sleep(max(0.0, failed + 15.0 - time.monotonic()))

@@ -20,6 +20,12 @@ class FakeStore:
         self.copies: list[tuple[str, list[str]]] = []  # (key, target segments) copied
         self.pending_polls = 1  # query_task answers PENDING this many times per task
         self._tasks: dict[tuple[int, int], int] = {}
+        # where each object's replica sits (a transfer endpoint; default: this client's), and
+        # the hosts that are gone: a get of an object whose replica is there fails, slowly
+        self.where: dict[str, str] = {}
+        self.dead_hosts: set[str] = set()
+        self.replica_calls = 0
+        self.dead_reads = 0
 
     def setup(self, *args: object) -> int:
         return 0
@@ -53,6 +59,19 @@ class FakeStore:
         self._tasks[task] = left - 1
         status = "TaskStatus.PENDING" if left > 0 else "TaskStatus.SUCCESS"
         return type("QueryTaskResponse", (), {"status": status})(), 0
+
+    def batch_get_replica_desc(self, keys: list[str]) -> dict[str, list[object]]:
+        """Mooncake's descriptors, as far as the pool reads them: memory replicas' endpoints."""
+        self.replica_calls += 1
+
+        def desc(endpoint: str) -> object:
+            buffer = type("Buffer", (), {"transport_endpoint": endpoint})()
+            memory = type("Memory", (), {"buffer_descriptor": buffer})()
+            return type("Replica", (), {"is_memory_replica": lambda self: True,
+                                        "get_memory_descriptor": lambda self: memory})()
+
+        return {k: [desc(self.where.get(k, "10.0.0.2:16000"))] for k in keys
+                if k in self.objects}
 
     def is_exist(self, key: str) -> int:
         return int(key in self.objects)
@@ -96,6 +115,9 @@ class FakeStore:
         data = self.objects.get(key)
         if data is None:
             return -704  # object not found
+        if self.where.get(key, "").rsplit(":", 1)[0] in self.dead_hosts:
+            self.dead_reads += 1  # the real one stalls seconds on the connect first
+            return -800  # TRANSFER_FAIL
         if len(data) != sum(sizes):
             return -600
         at = 0

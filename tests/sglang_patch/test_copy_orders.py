@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import httpx
 
-from sglang_patch.pool.copy_orders import CopyOrders, http_fetch, valid_keys
+from sglang_patch.pool.copy_orders import Answer, CopyOrders, http_fetch, valid_keys
 
 KEY = "ab" * 32
 
@@ -16,7 +16,7 @@ def test_only_well_formed_orders_of_this_namespace_are_carried_out() -> None:
     orders = [{"namespace": "m@1", "keys": [KEY, KEY]}, {"namespace": "other@1", "keys": [KEY]},
               {"namespace": "m@1", "keys": ["AB" * 32]}, {"namespace": "m@1", "keys": []},
               "nonsense", {"namespace": "m@1"}]
-    poller = CopyOrders("m@1", lambda: orders, lambda keys: handled.append(keys) or len(keys),
+    poller = CopyOrders("m@1", lambda: Answer(orders, []), lambda keys: handled.append(keys) or len(keys),
                         interval_s=3600)
     assert poller.poll() == 2 and handled == [[KEY, KEY]]
     assert poller.malformed == 4 and poller.copied == 2
@@ -34,7 +34,7 @@ def test_a_failing_order_or_a_strange_answer_costs_only_itself() -> None:
         return len(keys)
 
     orders = [{"namespace": "m@1", "keys": [KEY]}, {"namespace": "m@1", "keys": [KEY, KEY]}]
-    poller = CopyOrders("m@1", lambda: orders, handle, interval_s=3600)
+    poller = CopyOrders("m@1", lambda: Answer(orders, []), handle, interval_s=3600)
     assert poller.poll() == 2 and poller.failed == 1  # the second order still ran
     poller.close()
 
@@ -42,7 +42,7 @@ def test_a_failing_order_or_a_strange_answer_costs_only_itself() -> None:
         return httpx.Response(200, json=["nonsense"])
 
     fetch = http_fetch("http://r:1", "p", None, transport=httpx.MockTransport(not_an_object))
-    assert fetch() == []
+    assert fetch() == Answer([], [])
 
 
 def test_every_router_is_asked_and_only_all_failing_is_a_failure() -> None:
@@ -53,7 +53,7 @@ def test_every_router_is_asked_and_only_all_failing_is_a_failure() -> None:
 
     fetch = http_fetch("http://r1:1,http://r2:1,http://r3:1", "p", None,
                        transport=httpx.MockTransport(handler))
-    assert len(fetch()) == 2  # r2's and r3's: the leader need not be the first
+    assert len(fetch().orders) == 2  # r2's and r3's: the leader need not be the first
 
     def down(request: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("down")
@@ -66,7 +66,7 @@ def test_every_router_is_asked_and_only_all_failing_is_a_failure() -> None:
 
 
 def test_a_lost_router_costs_the_round_only_and_the_fetch_asks_by_pool_id() -> None:
-    def down() -> list[object]:
+    def down() -> Answer:
         raise httpx.ConnectError("no router")
 
     poller = CopyOrders("m@1", down, lambda keys: 1, interval_s=3600)
@@ -80,7 +80,7 @@ def test_a_lost_router_costs_the_round_only_and_the_fetch_asks_by_pool_id() -> N
 
     fetch = http_fetch("http://r:1", "mooncake-m@h:1", "tok",
                        transport=httpx.MockTransport(handler))
-    assert fetch() == [{"namespace": "m@1", "keys": [KEY]}]
+    assert fetch().orders == [{"namespace": "m@1", "keys": [KEY]}]
     assert seen[0].url.params["pool_id"] == "mooncake-m@h:1"
     assert seen[0].headers["authorization"] == "Bearer tok"
 
@@ -90,7 +90,24 @@ def test_a_router_that_does_not_know_the_worker_yet_has_no_orders_and_is_no_fail
     restart): the router's 404 for an unknown pool is an empty answer, not a warning."""
     fetch = http_fetch("http://r:1", "p", None, transport=httpx.MockTransport(
         lambda request: httpx.Response(404, json={"error": "no registered worker"})))
-    assert fetch() == []
+    assert fetch() == Answer([], [])
     poller = CopyOrders("m@1", fetch, lambda keys: len(keys), interval_s=3600)
     assert poller.poll() == 0 and poller.failed == 0
     poller.close()
+
+
+def test_the_routers_lost_hosts_reach_the_pool_every_round() -> None:
+    """Each router's ``lost_hosts``, together; a bad list is ignored, not fatal."""
+    answers = {"r1": {"orders": [], "lost_hosts": ["10.0.0.3"]},
+               "r2": {"orders": [], "lost_hosts": ["10.0.0.4", 7]},
+               "r3": {"orders": [], "lost_hosts": "10.0.0.9"}}
+    fetch = http_fetch("http://r1:1,http://r2:1,http://r3:1", "p", None,
+                       transport=httpx.MockTransport(
+                           lambda request: httpx.Response(200, json=answers[request.url.host])))
+    told: list[list[str]] = []
+    poller = CopyOrders("m@1", fetch, lambda keys: 1, interval_s=3600, on_lost=told.append)
+    poller.poll()
+    answers["r1"]["lost_hosts"] = []
+    poller.poll()
+    poller.close()
+    assert told == [["10.0.0.3", "10.0.0.4"], ["10.0.0.4"]]

@@ -1,0 +1,64 @@
+"""Hosts a Mooncake reader takes as lost, for a while (``docs/interfaces.md``, "Mooncake Store
+as the L3 pool", "Reads around a lost host"). Pure: the clock is passed in.
+
+A host whose client died keeps its replicas listed by the master for minutes, and each read of
+one stalls the reader for the connect to an unreachable host. A reader that failed on a key
+takes the hosts of that key's replicas (its own excepted) as lost for ``hold_s``, and the
+routers tell it the hosts of the segments that died with their worker (:meth:`told`); a key
+whose replicas all sit on lost hosts is not read.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable
+
+log = logging.getLogger(__name__)
+HOLD_S = 60.0
+
+
+def host_of(endpoint: str) -> str:
+    """``10.0.0.2:16410`` -> ``10.0.0.2`` (``[::1]:1`` -> ``[::1]``)."""
+    return endpoint.rsplit(":", 1)[0] if ":" in endpoint else endpoint
+
+
+class LostHosts:
+    def __init__(self, own_endpoint: str, hold_s: float = HOLD_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.own = host_of(own_endpoint)
+        self.hold_s, self.clock = hold_s, clock
+        self._until: dict[str, float] = {}
+        self._told: set[str] = set()  # the routers' list, as of their last answer
+
+    def known(self) -> bool:
+        """Whether any host is taken as lost now (the readers check keys only then)."""
+        now = self.clock()
+        self._until = {h: t for h, t in self._until.items() if t > now}
+        return bool(self._until or self._told)
+
+    def hosts(self) -> list[str]:
+        return sorted(set(self._until) | self._told) if self.known() else []
+
+    def told(self, hosts: Iterable[str]) -> None:
+        """The routers' hosts whose segment died with its worker (``GET /admin/pool-copies``),
+        replacing what they said before."""
+        told = set(hosts) - {self.own}
+        for host in told - self._told:
+            log.warning("the router says host %s is lost: its replicas are skipped", host)
+        self._told = told
+
+    def failed(self, endpoints: Iterable[str]) -> None:
+        """A read of a key whose replicas sit at ``endpoints`` failed: their hosts are lost."""
+        until = self.clock() + self.hold_s
+        for host in {host_of(e) for e in endpoints} - {self.own}:
+            if host not in self._until:
+                log.warning("Mooncake reads from host %s fail: its replicas are skipped for "
+                            "%.0f s", host, self.hold_s)
+            self._until[host] = until
+
+    def unreadable(self, endpoints: Iterable[str]) -> bool:
+        """Whether every replica of a key (at ``endpoints``) sits on a lost host; a key with no
+        replica listed is left to the read (it is a miss anyway)."""
+        hosts = {host_of(e) for e in endpoints}
+        return bool(hosts) and hosts <= set(self._until) | self._told
