@@ -96,6 +96,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # The fault domains its host sits in, widest first ("zone-a/rack-3"): the router builds
     # its topology from them (docs/interfaces.md, "Where hosts are"). None: under the root.
     place: str | None = None
+    # The bytes its pool holds (a Mooncake segment: the one its client contributes): the router
+    # bounds copies of hot prefixes by a share of its segments' capacity. None: not known.
+    pool_capacity_bytes: int | None = None
 
     def __post_init__(self) -> None:
         _check_text(self)
@@ -138,6 +141,9 @@ class WorkerInfo(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                 f"kv_bytes_per_token must be >= 1 or absent, got {self.kv_bytes_per_token}")
         if self.place is not None:
             check_place(self.place)
+        if self.pool_capacity_bytes is not None and self.pool_capacity_bytes < 1:
+            raise RegistrationError(
+                f"pool_capacity_bytes must be >= 1 or absent, got {self.pool_capacity_bytes}")
         for name, ranks in (("kv_events_endpoint", self.dp_size),
                             ("kv_events_replay_endpoint", self.dp_size),
                             ("pool_events_endpoint", 1)):

@@ -169,6 +169,8 @@ def worker_info(plan: LaunchPlan, server: dict[str, Any], namespace: str) -> Wor
         pool_prefetch_budget_tokens=(prefetch_budget_tokens(server, kv_bytes)
                                      if plan.backend_config else 0),
         place=plan.flags.place,
+        pool_capacity_bytes=(int(plan.flags.pool_capacity_gb * (1 << 30))
+                             if plan.backend_config else None),
         **_disk_fields(plan),
     )
 

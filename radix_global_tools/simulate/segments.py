@@ -165,7 +165,8 @@ class DomainRounds:
                    if w not in self.dead]
         orders, outcomes = self.planner.plan(
             ns, now, self.index.hot_prefixes(ns, self.top_k, now), holders,
-            self.domain_of, targets, lambda keys: True)
+            self.domain_of, targets, lambda keys: True,
+            self.segments.segment_pages * len(self.segments.caches))
         self.outcomes.update(outcomes)
         ops: list[IndexOp] = []
         for order in orders:

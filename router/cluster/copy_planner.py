@@ -5,7 +5,8 @@ passed in.
 A hot prefix whose whole run sits in Mooncake segments of fewer than ``domains`` fault domains
 gets a copy on a worker of a domain that does not hold it: the worker, among those whose pool is
 a segment of the same store, with the fewest copy pages ordered so far. Orders stay within
-``max_pages`` pages of copies not yet seen gone.
+``max_pages`` pages of copies not yet seen gone, and within ``max_share`` of the segments'
+capacity.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class CopyConfig:
     min_pages: Annotated[int, opt("... and at least this long", ge=1)] = 2
     max_pages: Annotated[int, opt(
         "pages of copies ordered and not yet seen gone, at most", ge=0)] = 65_536
+    max_share: Annotated[float, opt(
+        "... and at most this share of the segments' registered capacity", ge=0, le=1)] = 0.25
 
 
 class CopyOutcome(StrEnum):
@@ -77,6 +80,14 @@ class CopyPlanner:
     def pages(self) -> int:
         return sum(len(c.keys) for c in self.copies.values())
 
+    def limit(self, capacity_pages: int | None) -> int:
+        """The budget in pages: ``max_pages``, and ``max_share`` of ``capacity_pages`` (the
+        segments' registered capacity; None: not known)."""
+        cfg = self.config
+        if capacity_pages is None:
+            return cfg.max_pages
+        return min(cfg.max_pages, int(cfg.max_share * capacity_pages))
+
     def forget_gone(self, holds: Callable[[Copy], bool], now: float,
                     grace_s: float = 60.0) -> None:
         """Stop counting the copies older than ``grace_s`` whose target does not hold their run
@@ -87,11 +98,13 @@ class CopyPlanner:
     def plan(self, namespace: Namespace, now: float, hot: Sequence[HotPrefix],
              holders_of: Callable[[tuple[PageKey, ...]], Sequence[HolderId]],
              domain_of: Callable[[HolderId], str | None], targets: Sequence[Target],
-             remembered: Callable[[tuple[PageKey, ...]], bool]
+             remembered: Callable[[tuple[PageKey, ...]], bool],
+             capacity_pages: int | None = None
              ) -> tuple[list[CopyOrder], Counter[CopyOutcome]]:
         """The orders for ``namespace`` now. ``holders_of(keys)``: the holders of the whole run;
         ``domain_of``: a holder's fault domain (None: not placed); ``remembered(keys)``: whether
-        the prefix's token ids are known (an order names storage keys)."""
+        the prefix's token ids are known (an order names storage keys); ``capacity_pages``: the
+        segments' capacity (:meth:`limit`)."""
         cfg, outcomes = self.config, Counter[CopyOutcome]()
         orders: list[CopyOrder] = []
         load: Counter[WorkerId] = Counter()
@@ -99,7 +112,7 @@ class CopyPlanner:
             for t in targets:
                 if t.pool_id == c.target:
                     load[t.worker_id] += len(c.keys)
-        budget = cfg.max_pages - self.pages()
+        budget = self.limit(capacity_pages) - self.pages()
         for prefix in hot:
             if prefix.hit_rate < cfg.min_hit_rate or prefix.pages < cfg.min_pages:
                 continue

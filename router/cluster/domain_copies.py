@@ -15,7 +15,7 @@ import collections
 import contextlib
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from functools import partial
 from typing import Any
 
@@ -24,6 +24,7 @@ from prometheus_client import CollectorRegistry, Counter
 from radix_global.index import GlobalIndex
 from radix_global.keys import page_digests
 from radix_global.pool_ids import is_segment
+from radix_global.registration import WorkerInfo
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.cluster.copy_planner import (
     CopyConfig,
@@ -54,6 +55,7 @@ class DomainCopies:
         self._metric: Counter | None = None
         self._task: asyncio.Task[None] | None = None
         self.held = 0  # copies whose target held their whole run at the last round
+        self.capacity_pages: int | None = None  # the segments' registered, at the last round
         self.leads: Callable[[], bool] = lambda: True
 
     @property
@@ -73,6 +75,8 @@ class DomainCopies:
     def stats(self) -> dict[str, Any]:
         return {"waiting": sum(len(q) for q in self._waiting.values()),
                 "pages": self.planner.pages(), "held": self.held,
+                "budget_pages": self.planner.limit(self.capacity_pages),
+                "capacity_pages": self.capacity_pages,
                 "outcomes": dict(self.outcomes)}
 
     def run_once(self) -> list[CopyOrder]:
@@ -81,10 +85,13 @@ class DomainCopies:
         view = self.index.view
         if not isinstance(view, GlobalIndex):  # a remote index: copies are off (start says so)
             return []
+        segment_workers = [e.info for e in self.registry.all()
+                           if e.info.pool_id and is_segment(e.info.pool_id)]
         targets = [Target(WorkerId(e.info.worker_id), PoolId(e.info.pool_id),
                           self.places.domain_of(WorkerId(e.info.worker_id)) or "")
                    for e in self.registry.all()
                    if e.info.pool_id and is_segment(e.info.pool_id) and not e.draining]
+        self.capacity_pages = capacity_pages(segment_workers)
         namespaces = set(self.registry.models().values())
 
         def holders(ns: Namespace, keys: tuple[PageKey, ...]) -> list[HolderId]:
@@ -104,7 +111,7 @@ class DomainCopies:
             hot = self.index.hot_prefixes(ns, self.top_k, now)
             orders, outcomes = self.planner.plan(
                 ns, now, hot, partial(holders, ns), self.places.domain_of, targets,
-                partial(self._known, ns))
+                partial(self._known, ns), self.capacity_pages)
             for order in orders:
                 remembered = self._tokens(ns, order.keys)
                 if remembered is None:
@@ -159,3 +166,11 @@ class DomainCopies:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+
+
+def capacity_pages(workers: Iterable[WorkerInfo]) -> int | None:
+    """The pages the segments of ``workers`` hold, from what they registered
+    (``pool_capacity_bytes`` over a page's KV bytes); None when none of them says."""
+    known = [w.pool_capacity_bytes // (w.kv_bytes_per_token * w.page_size) for w in workers
+             if w.pool_capacity_bytes and w.kv_bytes_per_token]
+    return sum(known) if known else None

@@ -88,6 +88,7 @@ class WorkerEntry:
             "pool_fetch_min_tokens": i.pool_fetch_min_tokens, "pool_load_Bps": i.pool_load_Bps,
             "pool_prefetch_budget_tokens": i.pool_prefetch_budget_tokens,
             "kv_events_endpoint": i.kv_events_endpoint, "place": i.place,
+            "pool_capacity_bytes": i.pool_capacity_bytes,
             "source": str(self.source), "draining": self.draining, "last_seen": self.last_seen,
             "routed": self.routed, "failures": self.failures,
             "hit_rate": (self.cached_tokens / self.prompt_tokens) if self.prompt_tokens else None,

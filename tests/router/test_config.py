@@ -240,6 +240,7 @@ OLD_FLAGS: list[tuple[str, list[str], str, Any]] = [
     ("--copies-min-hit-rate-per-s", ["1"], "copies.min_hit_rate", 1.0),
     ("--copies-min-pages", ["8"], "copies.min_pages", 8),
     ("--copies-max-pages", ["10"], "copies.max_pages", 10),
+    ("--copies-max-share", ["0.1"], "copies.max_share", 0.1),
     ("--engine-load-stale-polls", ["5"], "engine_load.stale_polls", 5),
 ]
 

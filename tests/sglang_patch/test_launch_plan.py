@@ -382,3 +382,14 @@ def test_a_place_is_registered_and_a_bad_one_refused_before_the_engine_starts():
     with pytest.raises(LaunchError, match="radix-global-place must be 1 to 4"):
         build_plan([*BASE, "--radix-global", "http://r:1", "--radix-global-place", "rack 3"],
                    ports=(1, 2, 3))
+
+
+def test_registered_pool_capacity_is_the_pool_flags():
+    from sglang_patch.launch_server import worker_info
+
+    server = {"page_size": 16, "served_model_name": "m"}
+    plan = build_plan([*BASE, "--radix-global-pool-capacity-gb", "0.5"], ports=(1, 2, 3))
+    info = worker_info(plan, server, "m@1")
+    assert info.pool_capacity_bytes == 1 << 29
+    with pytest.raises(RegistrationError, match="pool_capacity_bytes"):
+        msgspec.structs.replace(info, pool_capacity_bytes=0)

@@ -18,9 +18,11 @@ def hot(n: int, pages: int = 4, rate: float = 1.0) -> HotPrefix:
 
 
 def plan(planner: CopyPlanner, prefixes: list[HotPrefix], held: dict[int, list[HolderId]],
-         now: float = 0.0, targets: list[Target] = TARGETS, known: bool = True):
+         now: float = 0.0, targets: list[Target] = TARGETS, known: bool = True,
+         capacity_pages: int | None = None):
     return planner.plan(NS, now, prefixes, lambda keys: held.get(int(keys[-1]) // 100, []),
-                        lambda h: DOMAIN.get(PoolId(h)), targets, lambda keys: known)
+                        lambda h: DOMAIN.get(PoolId(h)), targets, lambda keys: known,
+                        capacity_pages)
 
 
 def test_a_prefix_in_one_rack_gets_a_copy_in_another_and_only_once() -> None:
@@ -69,3 +71,15 @@ def test_copies_gone_after_the_grace_period_free_the_budget() -> None:
     assert planner.pages() == 0 and planner.copies == {}
     orders, _ = plan(planner, [hot(2)], {2: [SEG["a"]]}, now=100.0)
     assert len(orders) == 1 and isinstance(next(iter(planner.copies.values())), Copy)
+
+
+def test_the_budget_is_also_a_share_of_the_segments_capacity() -> None:
+    planner = CopyPlanner(CopyConfig(interval_s=1, max_pages=100, max_share=0.25))
+    assert planner.limit(None) == 100  # capacity not known: the page bound alone
+    assert planner.limit(1000) == 100 and planner.limit(20) == 5
+    held = {1: [SEG["a"]], 2: [SEG["a"]]}
+    orders, outcomes = plan(planner, [hot(1), hot(2)], held, capacity_pages=32)  # 8 pages
+    assert len(orders) == 2 and outcomes == {CopyOutcome.ORDERED: 2}
+    planner = CopyPlanner(CopyConfig(interval_s=1, max_pages=100, max_share=0.25))
+    orders, outcomes = plan(planner, [hot(1), hot(2)], held, capacity_pages=28)  # 7 pages
+    assert len(orders) == 1 and outcomes[CopyOutcome.OVER_BUDGET] == 1

@@ -33,7 +33,8 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
             r = c.post("/admin/workers", json={
                 "worker_id": f"w{h}", "model": "tiny",
                 "url": peers[h][1].url.replace("127.0.0.1", HOST[h]),
-                "namespace": "tiny@1", "page_size": PS, "pool_id": SEG[h], "place": rack})
+                "namespace": "tiny@1", "page_size": PS, "pool_id": SEG[h], "place": rack,
+                "kv_bytes_per_token": 100, "pool_capacity_bytes": 100 * PS * 64})  # 64 pages
             assert r.status_code == 201, r.text
         router.wait_workers(2)
         ns = Namespace("tiny@1")
@@ -49,7 +50,9 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
             time.sleep(0.1)
         time.sleep(0.5)  # more rounds: the order is on its way, not made again
         later = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
-        mine = c.get("/admin/pool-copies", params={"pool_id": SEG["a"]}).json()["orders"]
+        mine_answer = c.get("/admin/pool-copies", params={"pool_id": SEG["a"]}).json()
+        mine = mine_answer["orders"]
+        assert mine_answer["lost_hosts"] == []  # nobody died
         stats = c.get("/admin/stats").json()["copies"]
         assert c.get("/admin/pool-copies", params={"pool_id": "x"}).status_code == 404
         metrics = c.get("/metrics").text
@@ -60,6 +63,7 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
     want = [d.hex() for d in page_digests(PREFIX, PS)]
     assert orders == [{"namespace": ns, "keys": want}]
     assert stats["pages"] == 8 and stats["waiting"] == 0
+    assert stats["capacity_pages"] == 128 and stats["budget_pages"] == 32  # a quarter of it
     assert stats["held"] == 0  # the peer made no copy: nothing in b's segment
     # the copy made (b's backend publishes it as any store): the next rounds see it held
     router.state.index.index.apply(StorePages(ns, Location(PoolId(SEG["b"]), 0, Tier.POOL),
@@ -73,3 +77,17 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
     time.sleep(1.0)  # five more rounds
     assert router.state.index.hot_prefixes(ns, 1, time.monotonic())[0].hit_rate < before
     assert 'radix_global_copy_orders_total{outcome="ordered"} 1.0' in metrics
+
+
+def test_the_segments_capacity_is_what_their_workers_registered() -> None:
+    from radix_global.registration import WorkerInfo
+    from router.cluster.domain_copies import capacity_pages
+
+    def info(wid: str, capacity: int | None, kv: int | None = 100) -> WorkerInfo:
+        return WorkerInfo(worker_id=wid, url="http://h:1", model="m", namespace="m@1",
+                          page_size=PS, pool_id=SEG["a"], kv_bytes_per_token=kv,
+                          pool_capacity_bytes=capacity)
+
+    assert capacity_pages([]) is None
+    assert capacity_pages([info("w1", None), info("w2", 4000, kv=None)]) is None
+    assert capacity_pages([info("w1", 4000), info("w2", 8000), info("w3", None)]) == 30
