@@ -28,7 +28,7 @@ from router.cluster.copy_planner import (
     CopyOutcome,
     CopyPlanner,
     Target,
-    holders_of_run,
+    run_holders,
 )
 from router.routing.cost import CostModel
 
@@ -156,10 +156,7 @@ class DomainRounds:
 
     def copy_round(self, now: float) -> list[IndexOp]:
         ns = self.namespace
-
-        def holders(keys: tuple[PageKey, ...]) -> list[HolderId]:
-            return holders_of_run(self.index.match(ns, keys, now, hit=False).matched, len(keys))
-
+        holders = run_holders(self.index, ns, now)
         self.planner.forget_gone(lambda c: c.target in holders(c.keys), now)
         targets = [Target(w, segment_of(w), d) for w, d in self.domain.items()
                    if w not in self.dead]

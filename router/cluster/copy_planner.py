@@ -12,12 +12,13 @@ capacity.
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, NamedTuple
 
-from radix_global.ops import HolderMatch, HotPrefix
+from radix_global.index import GlobalIndex
+from radix_global.ops import HotPrefix
 from radix_global.options import opt
 from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
@@ -147,7 +148,14 @@ class CopyPlanner:
         return orders, outcomes
 
 
-def holders_of_run(matched: Mapping[tuple[HolderId, int], HolderMatch], pages: int
-                   ) -> list[HolderId]:
-    """The holders whose run (any tier) in a match (``MatchResult.matched``) covers ``pages``."""
-    return [h for (h, _), hit in matched.items() if hit.pool >= pages]
+def run_holders(index: GlobalIndex, namespace: Namespace, now: float
+                ) -> Callable[[tuple[PageKey, ...]], list[HolderId]]:
+    """``holders_of(keys)`` for :meth:`CopyPlanner.plan`: the holders whose run (any tier) in
+    ``index`` covers the whole prefix. The lookups count no hit: a round must not keep the
+    prefixes it looks at hot."""
+
+    def holders_of(keys: tuple[PageKey, ...]) -> list[HolderId]:
+        matched = index.match(namespace, keys, now, hit=False).matched
+        return [h for (h, _), hit in matched.items() if hit.pool >= len(keys)]
+
+    return holders_of

@@ -25,14 +25,14 @@ from radix_global.index import GlobalIndex
 from radix_global.keys import page_digests
 from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
-from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
+from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.copy_planner import (
     CopyConfig,
     CopyOrder,
     CopyOutcome,
     CopyPlanner,
     Target,
-    holders_of_run,
+    run_holders,
 )
 from router.cluster.index_link import ClusterIndex
 from router.cluster.places import Places
@@ -94,11 +94,8 @@ class DomainCopies:
         self.capacity_pages = capacity_pages(segment_workers)
         namespaces = set(self.registry.models().values())
 
-        def holders(ns: Namespace, keys: tuple[PageKey, ...]) -> list[HolderId]:
-            # no hit: the round must not keep the prefixes it looks at hot
-            return holders_of_run(view.match(ns, keys, now, hit=False).matched, len(keys))
-
-        made = {key: c.namespace in namespaces and c.target in holders(c.namespace, c.keys)
+        made = {key: c.namespace in namespaces
+                and c.target in run_holders(view, c.namespace, now)(c.keys)
                 for key, c in self.planner.copies.items()}
         self.held = sum(made.values())
         self.planner.forget_gone(lambda c: made[(c.namespace, c.keys[-1], c.target)], now)
@@ -110,7 +107,7 @@ class DomainCopies:
             ns = Namespace(namespace)
             hot = self.index.hot_prefixes(ns, self.top_k, now)
             orders, outcomes = self.planner.plan(
-                ns, now, hot, partial(holders, ns), self.places.domain_of, targets,
+                ns, now, hot, run_holders(view, ns, now), self.places.domain_of, targets,
                 partial(self._known, ns), self.capacity_pages)
             for order in orders:
                 remembered = self._tokens(ns, order.keys)

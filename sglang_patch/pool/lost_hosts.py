@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 log = logging.getLogger(__name__)
 HOLD_S = 60.0
+SEEN_S = 10.0  # a host read from within this long is not probed again
 
 
 def host_of(endpoint: str) -> str:
@@ -30,6 +31,7 @@ class LostHosts:
         self.hold_s, self.clock = hold_s, clock
         self._until: dict[str, float] = {}
         self._told: set[str] = set()  # the routers' list, as of their last answer
+        self._seen: dict[str, float] = {}  # host -> when a read from it last worked
 
     def known(self) -> bool:
         """Whether any host is taken as lost now (the readers check keys only then)."""
@@ -56,6 +58,31 @@ class LostHosts:
                 log.warning("Mooncake reads from host %s fail: its replicas are skipped for "
                             "%.0f s", host, self.hold_s)
             self._until[host] = until
+
+    def seen(self, endpoints: Iterable[str]) -> None:
+        """A read of a key whose replicas sit at ``endpoints`` worked: their hosts answer."""
+        now = self.clock()
+        for host in {host_of(e) for e in endpoints}:
+            self._seen[host] = now
+
+    def plan(self, keys: Sequence[str], where: Mapping[str, Sequence[str]]
+             ) -> tuple[int, list[int]]:
+        """How to read ``keys`` (``where``: each key's replica endpoints; a key not in it is
+        left to the read): ``(cut, probes)``, read ``keys[:cut]`` only (``keys[cut]`` is the
+        first whose replicas all sit on lost hosts), and first, each alone, the ``probes``: the
+        first key of each host no read worked from within ``SEEN_S`` (ours excepted), so a
+        host that died unnoticed costs one stalled read, not one per key of the batch."""
+        self.known()
+        cut = next((i for i, k in enumerate(keys) if self.unreadable(where.get(k, ()))),
+                   len(keys))
+        now, probed, probes = self.clock(), {self.own, *self._until, *self._told}, []
+        for i, key in enumerate(keys[:cut]):
+            hosts = {host_of(e) for e in where.get(key, ())}
+            fresh = {h for h in hosts - probed if now - self._seen.get(h, -SEEN_S) >= SEEN_S}
+            if fresh:
+                probes.append(i)
+                probed |= hosts
+        return cut, probes
 
     def unreadable(self, endpoints: Iterable[str]) -> bool:
         """Whether every replica of a key (at ``endpoints``) sits on a lost host; a key with no

@@ -97,6 +97,7 @@ STAGING_BYTES = 16 << 20  # packed pages' slots (at least one page)
 DEFAULT_PROBE_SPREAD = 4
 DEFAULT_SEGMENT_BYTES = 256 << 20
 MIN_SEGMENT_BYTES = 16 << 20  # Mooncake refuses smaller segments (setup fails with -600)
+OBJECT_NOT_FOUND = -704  # Mooncake's error for a key it does not have
 COPY_TIMEOUT_S = 10.0  # a copy task not done by then is taken as failed
 log = logging.getLogger(__name__)
 _MISS = PutResult(False, False, ())
@@ -244,30 +245,42 @@ class MooncakePagePool(PagePool):
                 if self._closed:
                     self._counts["misses"] += len(batch)
                     continue
-                batch = self._readable(batch)
-                if not batch:
-                    continue
-                self._counts["batch_calls"] += 1
-                keys = [d.key for d in batch]
-                if batch[0].direct:
-                    self._counts["zero_copy_calls"] += 1
-                    ptrs, sizes = self._buffers(batch)
-                    got = self._store.batch_get_into_multi_buffers(keys, ptrs, sizes, False)
-                else:
-                    got = self._store.batch_get_into(keys, self._slots(batch),
-                                                     [d.size + CHECKSUM_BYTES for d in batch])
-                for j, (d, n) in enumerate(zip(batch, got, strict=True)):
-                    # bytes read, or a negative error (a missing key, a dead client's segment,
-                    # an object of another size)
-                    if n == d.size + CHECKSUM_BYTES and self._verified(j, d):
-                        results[d.at] = self._hit(d.key)
-                    else:
-                        self._counts["misses"] += 1
-                failed = [d.key for d, n in zip(batch, got, strict=True) if n < 0]
-                if failed:
-                    for endpoints in self._replicas(failed).values():
-                        self._lost.failed(endpoints)
+                where = self._replicas([d.key for d in batch])
+                cut, probes = self._lost.plan([d.key for d in batch], where)
+                for j in probes:  # hosts not read from lately: one key alone first
+                    self._read([batch[j]], results, where)
+                cut, _ = self._lost.plan([d.key for d in batch], where)  # what they taught
+                rest = [d for j, d in enumerate(batch[:cut]) if j not in probes]
+                skipped = len([j for j in range(cut, len(batch)) if j not in probes])
+                self._counts["misses"] += skipped
+                self._counts["lost_skips"] += skipped
+                if rest:
+                    self._read(rest, results, where)
         return results
+
+    def _read(self, batch: list[CallPage], results: list[bool],
+              where: dict[str, list[str]]) -> None:
+        """One batch call (under the lock): the pages read into ``results``, and whether their
+        replicas' hosts answered (``where``) into the lost hosts."""
+        self._counts["batch_calls"] += 1
+        keys = [d.key for d in batch]
+        if batch[0].direct:
+            self._counts["zero_copy_calls"] += 1
+            ptrs, sizes = self._buffers(batch)
+            got = self._store.batch_get_into_multi_buffers(keys, ptrs, sizes, False)
+        else:
+            got = self._store.batch_get_into(keys, self._slots(batch),
+                                             [d.size + CHECKSUM_BYTES for d in batch])
+        for j, (d, n) in enumerate(zip(batch, got, strict=True)):
+            # bytes read, or a negative error (a missing key, a dead client's segment, an
+            # object of another size)
+            if n == d.size + CHECKSUM_BYTES and self._verified(j, d):
+                results[d.at] = self._hit(d.key)
+                self._lost.seen(where.get(d.key, ()))
+            else:
+                self._counts["misses"] += 1
+                if n < 0 and n != OBJECT_NOT_FOUND:  # gone in between is no host's fault
+                    self._lost.failed(where.get(d.key, ()))
 
     def told_lost(self, hosts: list[str]) -> None:
         """The routers' lost hosts (:meth:`LostHosts.told`)."""
@@ -290,18 +303,6 @@ class MooncakePagePool(PagePool):
         return {key: [str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint)
                       for r in replicas if r.is_memory_replica()]
                 for key, replicas in descs.items()}
-
-    def _readable(self, batch: list[CallPage]) -> list[CallPage]:
-        """``batch`` up to its first page whose replicas all sit on lost hosts (under the
-        lock); the rest are misses."""
-        if not self._lost.known():
-            return batch
-        where = self._replicas([d.key for d in batch])
-        cut = next((i for i, d in enumerate(batch)
-                    if self._lost.unreadable(where.get(d.key, []))), len(batch))
-        self._counts["misses"] += len(batch) - cut
-        self._counts["lost_skips"] += len(batch) - cut
-        return batch[:cut]
 
     def vanished(self, limit: int) -> list[int]:
         """Tags of the pages this client wrote that the store no longer holds (evicted or

@@ -83,7 +83,9 @@ def read(pool: MooncakePagePool, n: int) -> None:
                       "exists": [pool.exists(key(i)) for i in range(n)],
                       "checksum_failures": pool.stats().checksum_failures,
                       "batch_calls": pool._counts["batch_calls"],
-                      "zero_copy_calls": pool._counts["zero_copy_calls"]}), flush=True)
+                      "zero_copy_calls": pool._counts["zero_copy_calls"],
+                      "lost_skips": pool._counts["lost_skips"],
+                      "lost_hosts": pool.lost_hosts()}), flush=True)
 
 
 def fill(pool: MooncakePagePool, n: int) -> None:

@@ -16,8 +16,8 @@ def test_only_well_formed_orders_of_this_namespace_are_carried_out() -> None:
     orders = [{"namespace": "m@1", "keys": [KEY, KEY]}, {"namespace": "other@1", "keys": [KEY]},
               {"namespace": "m@1", "keys": ["AB" * 32]}, {"namespace": "m@1", "keys": []},
               "nonsense", {"namespace": "m@1"}]
-    poller = CopyOrders("m@1", lambda: Answer(orders, []), lambda keys: handled.append(keys) or len(keys),
-                        interval_s=3600)
+    poller = CopyOrders("m@1", lambda: Answer(orders, []),
+                        lambda keys: handled.append(keys) or len(keys), interval_s=3600)
     assert poller.poll() == 2 and handled == [[KEY, KEY]]
     assert poller.malformed == 4 and poller.copied == 2
     poller.close()

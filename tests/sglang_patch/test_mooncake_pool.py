@@ -86,6 +86,11 @@ def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: P
             assert checked["exists"][0] is False and checked["exists"][-1] is False, checked
 
             hosts.fail("a")  # the writer's host: its segment and pages are gone
+            # the master still lists a's pages: the reader's first read of a stalls (the
+            # connect to a dead host), then it skips every page there, not one stall per page
+            after = _read(hosts, master)
+            assert after["lost_hosts"] == [hosts["a"].address], after
+            assert after["lost_skips"] >= N - 1 and not any(after["got"]), after
             deadline = time.monotonic() + 40
             while True:
                 after = _read(hosts, master)

@@ -39,9 +39,10 @@ def run(p: MooncakePagePool, keys: list[str]) -> list[bool]:
 
 @pytest.mark.parametrize("dead", [True, False])
 def test_after_one_failed_batch_the_lost_hosts_pages_are_not_read_again(dead: bool) -> None:
-    """Pages k0..k7, k2..k7 on host 10.0.0.3. That host dies: the first batch fails on k2 (a
-    slow failure in the real store); after it, exists() says no and a read stops before k2,
-    so no read reaches the dead host again. The control: a live host, every page read."""
+    """Pages k0..k7, k2..k7 on host 10.0.0.3. That host dies: the first batch reads k2 alone
+    first (a host not read from lately), which fails (slowly, in the real store); the rest of
+    the batch stops before k2, and after it exists() says no and no read reaches the dead host
+    again. The control: a live host, every page read."""
     store = FakeStore()
     p = keyed_pool(store)
     keys = [f"k{i}" for i in range(8)]
@@ -54,13 +55,12 @@ def test_after_one_failed_batch_the_lost_hosts_pages_are_not_read_again(dead: bo
     first = run(p, keys)
     assert first == ([True, True] + [False] * 6 if dead else [True] * 8)
     assert p.lost_hosts() == (["10.0.0.3"] if dead else [])
-    reads_before = store.dead_reads
+    # the unseen host was probed with one key alone: one stalled read, not six
+    assert store.dead_reads == (1 if dead else 0)
     assert run(p, keys) == first
     assert [p.exists(k) for k in keys] == first
-    assert store.dead_reads == reads_before  # not one more read of the lost host
-    assert p._counts["lost_skips"] == (6 + 6 if dead else 0)
-    if not dead:  # no lost host known: no extra call to the master
-        assert store.replica_calls == 0
+    assert store.dead_reads == (1 if dead else 0)  # not one more read of the lost host
+    assert p._counts["lost_skips"] == (5 + 6 + 6 if dead else 0)
 
 
 def test_a_host_the_router_says_is_lost_is_not_read_even_once() -> None:
@@ -80,3 +80,20 @@ def test_a_host_the_router_says_is_lost_is_not_read_even_once() -> None:
     store.dead_hosts.clear()  # it came back
     p.told_lost([])
     assert run(p, keys) == [True] * 4
+
+
+def test_the_plan_probes_one_key_per_unseen_host_and_cuts_at_the_first_lost_one() -> None:
+    now = [100.0]
+    lost = LostHosts("10.0.0.2:1", clock=lambda: now[0])
+    where = {"a": ["10.0.0.2:9"], "b": ["10.0.0.3:9"], "c": ["10.0.0.3:9"],
+             "d": ["10.0.0.4:9", "10.0.0.3:9"], "e": ["10.0.0.5:9"]}
+    keys = list("abcde")
+    assert lost.plan(keys, where) == (5, [1, 3, 4])  # ours never; 3 first at b; 4 first at d
+    lost.seen(["10.0.0.3:9"])
+    assert lost.plan(keys, where) == (5, [3, 4])
+    now[0] += 11  # seen too long ago: probed again
+    lost.failed(["10.0.0.4:9"])
+    assert lost.plan(keys, where) == (5, [1, 4])  # d has a live replica left: not cut
+    lost.failed(["10.0.0.5:9"])
+    assert lost.plan(keys, where) == (4, [1])
+    assert lost.plan(["x"], {}) == (1, [])  # nothing known: read as it comes
