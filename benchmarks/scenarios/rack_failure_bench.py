@@ -268,6 +268,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--simulate-only", action="store_true",
                     help="only the simulator's prediction (no engines, no root)")
     ap.add_argument("--out", default="benchmarks/results/rack_failure.json")
+    ap.add_argument("--logs", default=None,
+                    help="keep the processes' logs in this folder (default: removed)")
     args = ap.parse_args(argv)
     budgets = [int(b) for b in args.budgets.split(",")]
     if any(not 0 <= b < len(RACKS) for b in budgets) or args.repeats < 1 or args.rate <= 0:
@@ -281,9 +283,10 @@ def main(argv: list[str] | None = None) -> int:
 
             args.model_dir = str(cached_model())
         with tempfile.TemporaryDirectory(prefix="rack-failure-") as tmp:
+            logs = Path(args.logs or tmp)
             for r, seed in enumerate(seeds):
                 for b in rotated(budgets, r):
-                    run = run_budget(b, args, Path(tmp), seed)
+                    run = run_budget(b, args, logs, seed)
                     print(json.dumps({k: run[k] for k in (
                         "budget", "removed_s", "copies", "warm", "after")}), flush=True)
                     runs.append(run)

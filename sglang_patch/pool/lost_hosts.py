@@ -44,20 +44,25 @@ class LostHosts:
 
     def told(self, hosts: Iterable[str]) -> None:
         """The routers' hosts whose segment died with its worker (``GET /admin/pool-copies``),
-        replacing what they said before."""
+        replacing what they said before. Safe from another thread without the pool's lock (a
+        new set is assigned), so a read that stalls does not hold the word back."""
         told = set(hosts) - {self.own}
         for host in told - self._told:
             log.warning("the router says host %s is lost: its replicas are skipped", host)
         self._told = told
 
     def failed(self, endpoints: Iterable[str]) -> None:
-        """A read of a key whose replicas sit at ``endpoints`` failed: their hosts are lost."""
-        until = self.clock() + self.hold_s
-        for host in {host_of(e) for e in endpoints} - {self.own}:
-            if host not in self._until:
-                log.warning("Mooncake reads from host %s fail: its replicas are skipped for "
-                            "%.0f s", host, self.hold_s)
-            self._until[host] = until
+        """A read of a key whose replicas sit at ``endpoints`` failed. Its host is lost when
+        the key has one replica elsewhere; with several the read cannot say which one failed:
+        none is blamed (a host already lost explains it, or the routers will say)."""
+        hosts = {host_of(e) for e in endpoints} - {self.own}
+        if len(hosts) != 1 or hosts & (set(self._until) | self._told):
+            return
+        (host,) = hosts
+        if host not in self._until:
+            log.warning("Mooncake reads from host %s fail: its replicas are skipped for %.0f s",
+                        host, self.hold_s)
+        self._until[host] = self.clock() + self.hold_s
 
     def seen(self, endpoints: Iterable[str]) -> None:
         """A read of a key whose replicas sit at ``endpoints`` worked: their hosts answer."""

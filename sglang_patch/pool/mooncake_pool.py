@@ -283,9 +283,8 @@ class MooncakePagePool(PagePool):
                     self._lost.failed(where.get(d.key, ()))
 
     def told_lost(self, hosts: list[str]) -> None:
-        """The routers' lost hosts (:meth:`LostHosts.told`)."""
-        with self._lock:
-            self._lost.told(hosts)
+        """The routers' lost hosts (:meth:`LostHosts.told`; not behind a stalled read)."""
+        self._lost.told(hosts)
 
     def lost_hosts(self) -> list[str]:
         """The hosts whose replicas this reader skips now ("Reads around a lost host")."""

@@ -18,7 +18,11 @@ def test_a_failed_read_loses_the_replicas_hosts_but_ours_and_only_for_a_while() 
     now = [0.0]
     lost = LostHosts("10.0.0.2:15000", hold_s=60, clock=lambda: now[0])
     assert not lost.known() and host_of("[::1]:7") == "[::1]"
-    lost.failed(["10.0.0.3:16000", "10.0.0.2:16000"])
+    lost.failed(["10.0.0.3:16000", "10.0.0.4:16000"])  # two replicas: which one failed?
+    assert lost.hosts() == []
+    lost.failed(["10.0.0.3:16000", "10.0.0.2:16000"])  # ours and one other: that one
+    assert lost.hosts() == ["10.0.0.3"]
+    lost.failed(["10.0.0.3:16000", "10.0.0.4:16000"])  # explained by the lost one
     assert lost.hosts() == ["10.0.0.3"]
     assert lost.unreadable(["10.0.0.3:17000"])
     assert not lost.unreadable(["10.0.0.3:17000", "10.0.0.4:1"])  # a live replica is left
