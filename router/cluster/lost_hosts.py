@@ -1,6 +1,6 @@
 """Hosts whose Mooncake segment died with its worker, told to the pool backends so they do not
 read the replicas the store still lists there (``docs/interfaces.md``, "Mooncake Store as the
-L3 pool", "Reads around a lost host"). Pure: the clock is passed in.
+L3 pool": reads around a lost host). Pure: the clock is passed in.
 
 A host is lost when a worker whose pool is a segment there is removed as dead (no heartbeat,
 failed health checks) and no other registered worker has a segment on it; for ``hold_s``, or

@@ -1,5 +1,5 @@
 """Hosts a Mooncake reader takes as lost, for a while (``docs/interfaces.md``, "Mooncake Store
-as the L3 pool", "Reads around a lost host"). Pure: the clock is passed in.
+as the L3 pool": reads around a lost host). Pure: the clock is passed in.
 
 A host whose client died keeps its replicas listed by the master for minutes, and each read of
 one stalls the reader for the connect to an unreachable host. A reader that failed on a key

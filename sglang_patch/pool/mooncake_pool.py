@@ -287,7 +287,7 @@ class MooncakePagePool(PagePool):
         self._lost.told(hosts)
 
     def lost_hosts(self) -> list[str]:
-        """The hosts whose replicas this reader skips now ("Reads around a lost host")."""
+        """The hosts whose replicas this reader skips now (reads around a lost host)."""
         with self._lock:
             return self._lost.hosts()
 
