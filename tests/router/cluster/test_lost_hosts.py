@@ -1,5 +1,6 @@
 """router/cluster/lost_hosts.py: the hosts whose Mooncake segment died with its worker, as the
-router tells the pool backends (docs/interfaces.md, "Mooncake Store as the L3 pool": reads around a lost host)."""
+router tells the pool backends (docs/interfaces.md, "Mooncake Store as the L3 pool": reads
+around a lost host)."""
 
 from __future__ import annotations
 
