@@ -227,6 +227,7 @@ class RouterState:
         self.index.worker_removed(entry)
         self.routing.worker_removed(entry.worker_id)
         self.places.left(entry.worker_id)
+        self.lost_hosts.left(entry.info, [e.info for e in self.registry.all()])
         self.view.worker_removed(entry.worker_id)
         log.info("worker %s left; its index entries were dropped", entry.info.worker_id)
         self.refresh_gauges()
@@ -235,7 +236,6 @@ class RouterState:
         """A worker removed as dead: its host may be gone without closing a connection, so the
         requests it carries would wait for the read timeout; they end now (retried elsewhere
         when nothing was answered yet). Not while another entry serves the same URL."""
-        self.lost_hosts.dead(entry.info, [e.info for e in self.registry.all()])
         if any(e.info.url == entry.info.url for e in self.registry.all()):
             return
         writes = self.view.writes

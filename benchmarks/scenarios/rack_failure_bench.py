@@ -14,7 +14,8 @@ copies: ``--copies-domains k+1`` (0: copies off, the default).
 Workload (fixed by the seed): an agent platform's traffic, ``PROMPTS`` platform prompts (tool
 schemas and instructions, ``PROMPT_TOKENS`` token ids each) with Zipf popularity; each request is
 one of them plus a user message of its own and asks for one token, so its latency is its TTFT.
-Phases, every request open-loop (Poisson) at ``--rate`` per second:
+Phases, every request open-loop (Poisson) at ``--rate`` per second, from 8 client threads (a
+request waits for a free one while 8 are outstanding; its TTFT counts from its send):
 
 - ``warm``: ``--warm`` requests; the copy rounds run (every second) and then get up to 30 s to
   settle (copies ordered and held);
@@ -71,7 +72,7 @@ SETTLE_S = 30.0
 HEARTBEAT_S = 4.0  # the router's --heartbeat-timeout-s: how long it takes to remove a failed worker
 SIM_GAP_S = 5.0  # simulated: from the last warm arrival to the failure
 LOCAL_TOKENS = 2 * 16384  # an engine's device KV pool (HostCluster's) and its host tier of 2x
-SEGMENT_TOKENS = int(0.25e9) // 6144  # its 0.25 GB segment of the tiny model's KV
+SEGMENT_TOKENS = int(0.25 * (1 << 30)) // 6144  # its 0.25 GiB segment of the tiny model's KV
 
 
 def requests(n: int, seed: int, first: int) -> list[tuple[float, int, list[int]]]:

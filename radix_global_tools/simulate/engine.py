@@ -210,8 +210,8 @@ class Simulation:
             heap.append((req.arrival_s, _ARRIVAL, seq, req))
         if self.rounds is not None:
             last = max((r.arrival_s for r in requests), default=0.0)
-            heap += [(t, _ROUND, -1 - i, event)
-                     for i, (t, event) in enumerate(self.rounds.times(last))]
+            events = self.rounds.times(last)  # in order: at one instant too (seq breaks ties)
+            heap += [(t, _ROUND, i - len(events), event) for i, (t, event) in enumerate(events)]
         heapq.heapify(heap)
         seq = len(requests)
         while heap:

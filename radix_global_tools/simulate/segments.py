@@ -8,6 +8,8 @@ failed fault domain takes its segments' pages with it. The router's copy rounds
 (:class:`router.cluster.copy_planner.CopyPlanner`, the production planner over the simulated
 index) order hot prefixes into segments of other domains; a copy lands when the round orders
 it (the copy's own transfer is not simulated: it runs beside the engines, as ``copy_here`` does).
+A failed instance gets no new request; what it had queued still completes (counted as served)
+but stores nothing.
 """
 
 from __future__ import annotations

@@ -2,9 +2,11 @@
 read the replicas the store still lists there (``docs/interfaces.md``, "Mooncake Store as the
 L3 pool": reads around a lost host). Pure: the clock is passed in.
 
-A host is lost when a worker whose pool is a segment there is removed as dead (no heartbeat,
-failed health checks) and no other registered worker has a segment on it; for ``hold_s``, or
-until a worker with a segment there registers.
+A host is lost when a worker whose pool is a segment there leaves the router (no heartbeat,
+failed health checks or connects, or deregistered: a segment that closed cleanly has no
+replicas left to skip) and no other registered worker has a segment on it; for ``hold_s``, or
+until a worker with a segment there registers (a changed registration leaves and joins at
+once).
 """
 
 from __future__ import annotations
@@ -23,8 +25,8 @@ class LostHosts:
         self.hold_s, self.clock = hold_s, clock
         self._until: dict[str, float] = {}
 
-    def dead(self, info: WorkerInfo, others: Iterable[WorkerInfo]) -> None:
-        """``info``'s worker was removed as dead; ``others``: the workers still registered."""
+    def left(self, info: WorkerInfo, others: Iterable[WorkerInfo]) -> None:
+        """``info``'s worker left; ``others``: the workers still registered."""
         host = segment_host(info.pool_id) if info.pool_id else None
         if host is None or any(segment_host(o.pool_id) == host for o in others if o.pool_id):
             return

@@ -115,7 +115,10 @@ class CopyOrders:
                 log.warning("copy orders not fetched (%d so far): %r", self.failed, exc)
             return 0
         if self._on_lost is not None:
-            self._on_lost(answer.lost_hosts)
+            try:
+                self._on_lost(answer.lost_hosts)
+            except Exception:  # a bug there must not stop the orders
+                log.exception("lost hosts not applied")
         copied = 0
         for order in answer.orders:
             keys = valid_keys(order, self.namespace)

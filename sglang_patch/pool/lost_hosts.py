@@ -65,28 +65,33 @@ class LostHosts:
         self._until[host] = self.clock() + self.hold_s
 
     def seen(self, endpoints: Iterable[str]) -> None:
-        """A read of a key whose replicas sit at ``endpoints`` worked: their hosts answer."""
-        now = self.clock()
-        for host in {host_of(e) for e in endpoints}:
-            self._seen[host] = now
+        """A read of a key whose replicas sit at ``endpoints`` worked: its host answers (with
+        several replicas the read cannot say which one answered: none is taken)."""
+        hosts = {host_of(e) for e in endpoints}
+        if len(hosts) == 1:
+            self._seen[hosts.pop()] = self.clock()
 
     def plan(self, keys: Sequence[str], where: Mapping[str, Sequence[str]]
              ) -> tuple[int, list[int]]:
         """How to read ``keys`` (``where``: each key's replica endpoints; a key not in it is
         left to the read): ``(cut, probes)``, read ``keys[:cut]`` only (``keys[cut]`` is the
         first whose replicas all sit on lost hosts), and first, each alone, the ``probes``: the
-        first key of each host no read worked from within ``SEEN_S`` (ours excepted), so a
-        host that died unnoticed costs one stalled read, not one per key of the batch."""
+        first key held on that host alone of each host no read worked from within ``SEEN_S``
+        (ours excepted), so a host that died unnoticed costs one stalled read, not one per key
+        of the batch (its keys that also have a replica elsewhere are not probed: Mooncake
+        picks the replica it reads)."""
         self.known()
         cut = next((i for i, k in enumerate(keys) if self.unreadable(where.get(k, ()))),
                    len(keys))
         now, probed, probes = self.clock(), {self.own, *self._until, *self._told}, []
         for i, key in enumerate(keys[:cut]):
             hosts = {host_of(e) for e in where.get(key, ())}
-            fresh = {h for h in hosts - probed if now - self._seen.get(h, -SEEN_S) >= SEEN_S}
-            if fresh:
+            if len(hosts) != 1 or hosts <= probed:  # a probe must say which host answered
+                continue
+            (host,) = hosts
+            if now - self._seen.get(host, -SEEN_S) >= SEEN_S:
                 probes.append(i)
-                probed |= hosts
+            probed.add(host)
         return cut, probes
 
     def unreadable(self, endpoints: Iterable[str]) -> bool:

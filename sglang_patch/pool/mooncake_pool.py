@@ -29,8 +29,10 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
   wrote.
 - ``stats().pages`` is ``-1`` (unknown); ``evictions`` counts the pages ``vanished`` found
   gone.
-- A dead client's pages vanish after Mooncake's ``client_ttl`` (about 10 s). Until then
-  ``exists`` says yes and ``get_into`` misses.
+- A dead client's pages may stay listed by the master for minutes (measured: 2.5 minutes after
+  its client expired), and a read of one stalls until the transport gives up: reads skip the
+  replicas on hosts known lost (``sglang_patch/pool/lost_hosts.py``; docs/interfaces.md,
+  "Mooncake Store as the L3 pool": reads around a lost host).
 - Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes the pages this
   client wrote, in the order of :class:`~sglang_patch.pool.probe_queue.ProbeQueue` (pages in
   demand first: read, found or written again through this client since their last probe; then
@@ -175,7 +177,8 @@ class MooncakePagePool(PagePool):
         self._lock = threading.Lock()
         self._counts = {"copies": 0, "stores": 0, "hits": 0, "misses": 0, "checksum_failures": 0,
                         "vanished": 0, "put_failures": 0, "batch_calls": 0,
-                        "zero_copy_calls": 0, "lost_skips": 0}
+                        "zero_copy_calls": 0, "lost_skips": 0,
+                        "replica_lookup_failures": 0}
         self._lost = LostHosts(self._segment)
         self._closed = False
 
@@ -295,13 +298,15 @@ class MooncakePagePool(PagePool):
         """Where the master says each key's memory replicas are (transfer endpoints); under
         the lock. A failing call says nothing."""
         try:
-            descs = self._store.batch_get_replica_desc(keys)
-        except Exception:  # whatever the master did: no knowledge, no harm
-            log.exception("batch_get_replica_desc failed")
+            return {key: [str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint)
+                          for r in replicas if r.is_memory_replica()]
+                    for key, replicas in self._store.batch_get_replica_desc(keys).items()}
+        except Exception as exc:  # whatever the master did: no knowledge, no harm
+            self._counts["replica_lookup_failures"] += 1
+            if self._counts["replica_lookup_failures"] % 1000 == 1:
+                log.warning("batch_get_replica_desc failed (%d so far): %r",
+                            self._counts["replica_lookup_failures"], exc)
             return {}
-        return {key: [str(r.get_memory_descriptor().buffer_descriptor.transport_endpoint)
-                      for r in replicas if r.is_memory_replica()]
-                for key, replicas in descs.items()}
 
     def vanished(self, limit: int) -> list[int]:
         """Tags of the pages this client wrote that the store no longer holds (evicted or

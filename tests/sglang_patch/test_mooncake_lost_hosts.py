@@ -92,12 +92,24 @@ def test_the_plan_probes_one_key_per_unseen_host_and_cuts_at_the_first_lost_one(
     where = {"a": ["10.0.0.2:9"], "b": ["10.0.0.3:9"], "c": ["10.0.0.3:9"],
              "d": ["10.0.0.4:9", "10.0.0.3:9"], "e": ["10.0.0.5:9"]}
     keys = list("abcde")
-    assert lost.plan(keys, where) == (5, [1, 3, 4])  # ours never; 3 first at b; 4 first at d
+    assert lost.plan(keys, where) == (5, [1, 4])  # ours never; 3 first at b; d is on two
     lost.seen(["10.0.0.3:9"])
-    assert lost.plan(keys, where) == (5, [3, 4])
+    assert lost.plan(keys, where) == (5, [4])
     now[0] += 11  # seen too long ago: probed again
     lost.failed(["10.0.0.4:9"])
     assert lost.plan(keys, where) == (5, [1, 4])  # d has a live replica left: not cut
     lost.failed(["10.0.0.5:9"])
     assert lost.plan(keys, where) == (4, [1])
     assert lost.plan(["x"], {}) == (1, [])  # nothing known: read as it comes
+
+
+def test_a_key_with_several_replicas_neither_probes_nor_vouches_for_a_host() -> None:
+    """Mooncake picks the replica it reads: a read of a key on two hosts says nothing about
+    either, so it is no probe and marks neither as answering."""
+    lost = LostHosts("10.0.0.2:1", clock=lambda: 0.0)
+    where = {"a": ["10.0.0.3:9", "10.0.0.4:9"], "b": ["10.0.0.4:9"]}
+    assert lost.plan(["a", "b"], where) == (2, [1])
+    lost.seen(where["a"])
+    assert lost.plan(["a", "b"], where) == (2, [1])
+    lost.seen(where["b"])
+    assert lost.plan(["a", "b"], where) == (2, [])

@@ -91,3 +91,30 @@ def test_the_segments_capacity_is_what_their_workers_registered() -> None:
     assert capacity_pages([]) is None
     assert capacity_pages([info("w1", None), info("w2", 4000, kv=None)]) is None
     assert capacity_pages([info("w1", 4000), info("w2", 8000), info("w3", None)]) == 30
+
+
+def test_a_segment_worker_that_leaves_puts_its_host_on_the_lost_list(upstreams, router_factory
+                                                                      ) -> None:
+    """The copy-orders answer lists the host of a segment whose worker left (docs/interfaces.md,
+    "Mooncake Store as the L3 pool": reads around a lost host) until a worker registers there
+    again."""
+    peers = {h: upstreams() for h in "ab"}
+    router = router_factory(workers=(), policy="conductor")
+    with router.client() as c:
+        def register(h: str) -> None:
+            r = c.post("/admin/workers", json={
+                "worker_id": f"w{h}", "model": "tiny", "namespace": "tiny@1", "page_size": PS,
+                "url": peers[h][1].url.replace("127.0.0.1", HOST[h]), "pool_id": SEG[h]})
+            assert r.status_code == 201, r.text
+
+        def lost() -> list[str]:
+            return c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["lost_hosts"]
+
+        register("a")
+        register("b")
+        router.wait_workers(2)
+        assert lost() == []
+        assert c.delete("/admin/workers/wa").status_code == 200
+        assert lost() == [HOST["a"]]
+        register("a")
+        assert lost() == []

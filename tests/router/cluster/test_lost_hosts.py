@@ -21,18 +21,18 @@ B = info("wb", "mooncake-m-1@10.0.0.3:30000")
 def test_a_dead_workers_segment_host_is_lost_for_a_while_or_until_it_rejoins() -> None:
     now = [0.0]
     lost = LostHosts(hold_s=60, clock=lambda: now[0])
-    lost.dead(A, [B])
+    lost.left(A, [B])
     assert lost.hosts() == ["10.0.0.2"]
     now[0] = 61.0
     assert lost.hosts() == []
-    lost.dead(A, [B])
+    lost.left(A, [B])
     lost.joined(info("wa", "mooncake-m-1@10.0.0.2:30000"))  # restarted: its segment is new
     assert lost.hosts() == []
 
 
 def test_no_host_is_lost_while_another_segment_lives_there_or_without_a_segment() -> None:
     lost = LostHosts()
-    lost.dead(A, [A2, B])
-    lost.dead(info("wc", "shm-c-1"), [B])
-    lost.dead(info("wd", None), [])
+    lost.left(A, [A2, B])
+    lost.left(info("wc", "shm-c-1"), [B])
+    lost.left(info("wd", None), [])
     assert lost.hosts() == []
