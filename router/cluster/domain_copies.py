@@ -85,13 +85,11 @@ class DomainCopies:
         view = self.index.view
         if not isinstance(view, GlobalIndex):  # a remote index: copies are off (start says so)
             return []
-        segment_workers = [e.info for e in self.registry.all()
-                           if e.info.pool_id and is_segment(e.info.pool_id)]
-        targets = [Target(WorkerId(e.info.worker_id), PoolId(e.info.pool_id),
+        segments = [e for e in self.registry.all() if e.info.pool_id and is_segment(e.info.pool_id)]
+        targets = [Target(WorkerId(e.info.worker_id), PoolId(e.info.pool_id or ""),
                           self.places.domain_of(WorkerId(e.info.worker_id)) or "")
-                   for e in self.registry.all()
-                   if e.info.pool_id and is_segment(e.info.pool_id) and not e.draining]
-        self.capacity_pages = capacity_pages(segment_workers)
+                   for e in segments if not e.draining]
+        self.capacity_pages = capacity_pages(e.info for e in segments)
         namespaces = set(self.registry.models().values())
 
         made = {key: c.namespace in namespaces
