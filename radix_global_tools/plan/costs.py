@@ -1,5 +1,5 @@
-"""Cost weights of a plan: per instance, per GiB of pool and of disk, per Gbit/s of fabric, per
-hour.
+"""Cost weights of a plan: per instance, per GiB of host cache, pool and disk, per Gbit/s of
+fabric, per hour.
 
 Read from a TOML file with one ``[cost]`` table (``default_costs.toml`` holds the defaults and
 says what each weight means); a key the file leaves out keeps its default, an unknown key or a
@@ -27,13 +27,17 @@ class CostWeights:
     prefill_instance: float = 16.0
     decode_instance: float = 16.0
     pool_gib: float = 0.005
+    host_gib: float = 0.005
     disk_gib: float = 0.0002
     bandwidth_gbit: float = 0.002
 
-    def of(self, s: Sizing, kv_bytes_per_token: int) -> float:
-        """The hourly cost of cluster ``s``."""
+    def of(self, s: Sizing, kv_bytes_per_token: int, host_tokens: int) -> float:
+        """The hourly cost of cluster ``s`` (``host_tokens``: each prefill instance's cache
+        where ``s`` leaves it to the profile)."""
         instances = s.prefill + s.decode
+        host = s.host_tokens if s.host_tokens is not None else host_tokens
         return (self.prefill_instance * s.prefill + self.decode_instance * s.decode
+                + self.host_gib * s.prefill * host * kv_bytes_per_token / GIB
                 + self.pool_gib * s.pool_tokens * kv_bytes_per_token / GIB
                 + self.disk_gib * s.disk_tokens * kv_bytes_per_token / GIB
                 + self.bandwidth_gbit * s.bandwidth_Bps * 8 / 1e9 * instances)

@@ -60,6 +60,16 @@ def _gbits(text: str) -> tuple[float, ...]:
     return tuple(_positive(x) for x in text.split(",") if x.strip())
 
 
+def _counts(text: str) -> tuple[int, ...]:
+    try:
+        out = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"not whole numbers: {text!r}") from exc
+    if not out or min(out) < 0 or max(out) > 8:
+        raise argparse.ArgumentTypeError(f"want counts from 0 to 8, e.g. 0,1,2: {text!r}")
+    return out
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="radix-global plan", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -79,6 +89,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--load", type=_positive, default=1.0, help="arrival-rate multiplier")
     p.add_argument("--bandwidths", type=_gbits,
                    help="fabric Gbit/s per instance to try (default: the profile's and a tenth)")
+    p.add_argument("--copies", type=_counts, default=(),
+                   help="extra copies of hot prefixes to try, e.g. 0,1,2: the pool as "
+                        "per-instance segments with sender congestion and the router's copy "
+                        "rounds (default: a striped pool, no sender bottleneck, no copies)")
     p.add_argument("--kv-bytes-per-token", type=int, help="what if: KV bytes per token")
     p.add_argument("--prefill-speedup", type=_positive, help="what if: prefill this much faster")
     p.add_argument("--page-tokens", type=int,
@@ -133,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
                   console=console, transient=True) as bar:
         task = bar.add_task("simulating", total=None)
         planner = Planner(trace, cal, targets, costs, args.mode == "colocated",
-                          lambda msg: bar.update(task, description=msg))
+                          lambda msg: bar.update(task, description=msg), copies=args.copies)
         try:
             cands = planner.plan(bws, curve)
         except PlanError as exc:
@@ -157,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
                         "cost": c.cost, "chosen": c.chosen} for c in cands],
     }, indent=1))
     s = best.outcome.sizing
-    console.print(f"plan: {s.prefill} prefill + {s.decode} decode instances, pool "
-                  f"{s.pool_tokens:,} tokens, disk {s.disk_tokens:,} tokens, "
+    copies = f" with {s.copies} extra copies of hot prefixes" if s.copies else ""
+    console.print(f"plan: {s.prefill} prefill + {s.decode} decode instances, host cache "
+                  f"{s.host_tokens:,} tokens each, pool {s.pool_tokens:,} tokens{copies}, "
+                  f"disk {s.disk_tokens:,} tokens, "
                   f"{s.bandwidth_Bps * 8 / 1e9:g} Gbit/s; "
                   f"{best.outcome.both_share:.3f} meet both; {best.cost:,.2f} per hour "
                   f"({planner.simulations} simulations, {wall:.0f} s)")

@@ -46,8 +46,11 @@ def plan_tables(best: Candidate, cal: Calibration, targets: Targets, colocated: 
         "cache": {
             # decode KV memory: what running requests decode in
             "device_bytes": decoding * cal.decode.kv_tokens_per_instance * kv,
-            "host_bytes": s.prefill * cal.local_tokens_per_instance * kv,
+            # the prefill instances' own caches (device + host tier), as planned
+            "host_bytes": s.prefill * (s.host_tokens or cal.local_tokens_per_instance) * kv,
             "pool_bytes": s.pool_tokens * kv,
+            # extra copies of hot prefixes kept in the pool's segments (--copies only)
+            **({"pool_copies": s.copies} if s.copies is not None else {}),
             "disk_bytes": s.disk_tokens * kv,  # the disk tier under the pool (0: none)
         },
         "fabric": {"bandwidth_bytes_per_s": s.bandwidth_Bps},

@@ -16,7 +16,9 @@ CURVE_POINTS = (1e6, 3e6, 1e7, 3e7, 5e7, 1e8)  # tokens
 
 def tradeoff_table(cands: Sequence[Candidate], kv_bytes_per_token: int, colocated: bool) -> Table:
     t = Table(title="Clusters meeting both SLOs for the accepted share (cheapest first)")
-    for col in ("", "fabric Gbit/s", "pool GiB", "disk GiB", "hit rate", "prefill",
+    copies = any(c.outcome.sizing.copies is not None for c in cands)
+    for col in ("", "fabric Gbit/s", "pool GiB", *(("copies",) if copies else ()), "disk GiB",
+                "host GiB / inst.", "hit rate", "prefill",
                 "decode" if not colocated else "decode (co-located)", "met both",
                 "p99 TTFT s", "p99 TBT ms", "cost / h"):
         t.add_column(col, justify="right")
@@ -24,7 +26,9 @@ def tradeoff_table(cands: Sequence[Candidate], kv_bytes_per_token: int, colocate
         o, s = c.outcome, c.outcome.sizing
         t.add_row("plan" if c.chosen else "", f"{s.bandwidth_Bps * 8 / 1e9:g}",
                   f"{s.pool_tokens * kv_bytes_per_token / GIB:,.1f}",
-                  f"{s.disk_tokens * kv_bytes_per_token / GIB:,.1f}", f"{o.hit_rate:.3f}",
+                  *((str(s.copies),) if copies else ()),
+                  f"{s.disk_tokens * kv_bytes_per_token / GIB:,.1f}",
+                  f"{(s.host_tokens or 0) * kv_bytes_per_token / GIB:,.2f}", f"{o.hit_rate:.3f}",
                   str(s.prefill), str(s.decode) if not colocated else "-",
                   f"{o.both_share:.3f}", f"{o.p99_ttft_s:.2f}", f"{o.p99_tbt_s * 1000:.1f}",
                   f"{c.cost:,.2f}")
@@ -62,18 +66,21 @@ def plot(path: Path, curve: CapacityCurve, cands: Sequence[Candidate], kv_bytes_
     if best is not None and best.outcome.sizing.pool_tokens:
         left.axvline(best.outcome.sizing.pool_tokens, color="red", linestyle="--", label="plan")
         left.legend()
-    for bw in sorted({c.outcome.sizing.bandwidth_Bps for c in cands}):
-        mine = sorted((c for c in cands if c.outcome.sizing.bandwidth_Bps == bw),
+    for bw, copies in sorted({(c.outcome.sizing.bandwidth_Bps, c.outcome.sizing.copies or 0)
+                              for c in cands}):
+        mine = sorted((c for c in cands if c.outcome.sizing.bandwidth_Bps == bw
+                       and (c.outcome.sizing.copies or 0) == copies),
                       key=lambda c: c.outcome.sizing.pool_tokens)
         right.plot([c.outcome.sizing.pool_tokens * kv_bytes_per_token / GIB for c in mine],
-                   [c.cost for c in mine], marker="o", label=f"{bw * 8 / 1e9:g} Gbit/s")
+                   [c.cost for c in mine], marker="o",
+                   label=f"{bw * 8 / 1e9:g} Gbit/s" + (f", {copies} copies" if copies else ""))
         for c in mine:
             s = c.outcome.sizing
             right.annotate(f"{s.prefill}P" + (f"+{s.decode}D" if s.decode else ""),
                            (s.pool_tokens * kv_bytes_per_token / GIB, c.cost), fontsize=8)
     right.set_xlabel("pool (GiB)")
     right.set_ylabel("cost per hour")
-    right.set_title("Cheapest cluster per pool size and fabric")
+    right.set_title("Cheapest cluster per pool size and fabric (and copies)")
     right.legend()
     fig.suptitle(title)
     fig.tight_layout()

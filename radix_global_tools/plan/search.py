@@ -16,8 +16,15 @@ Pool sizes tried: none, and the capacities where the trace's LRU reuse curve
 (``capacity_curve.py``) reaches 50/80/90/95/100% of its unbounded reuse; for each prefill count
 found, the smallest pool that still keeps it is bisected between two tried sizes. With a disk
 tier in the hardware profile (its ``[disk]`` table), each pool short of the largest is tried
-again with a disk under it holding the whole reuse (the largest size): a small memory pool
-backed by cheap, slower disk against a large memory pool.
+again with a disk under it holding the whole reuse (the largest size), then the disk is bisected
+down while the same prefill count holds: a small memory pool backed by cheap, slower disk against
+a large memory pool.
+
+Each candidate found then gets the smallest host cache per prefill instance (bisected down from
+the profile's, never below its device KV) that still meets the targets. With ``copies`` (the
+extra copies of hot prefixes to try), a pool is per-instance segments with sender congestion and
+the router's copy rounds (``docs/interfaces.md``, "The capacity plan file and the decode model"),
+and every fabric is searched at each copy count: more bandwidth against more copies.
 """
 
 from __future__ import annotations
@@ -33,11 +40,14 @@ from radix_global_tools.simulate.config import Calibration
 from radix_global_tools.simulate.experiments import FIG5_SETUPS, run_one
 from radix_global_tools.simulate.metrics import oracle_reuse
 from radix_global_tools.simulate.records import RequestRecord
+from radix_global_tools.simulate.segments import FaultDomains
 from radix_global_tools.simulate.workload import SimRequest
+from router.cluster.copy_planner import CopyConfig
 from router.routing.dispatch_gate import DispatchConfig
 
 POOL_FRACTIONS = (0.5, 0.8, 0.9, 0.95, 1.0)
 MAX_INSTANCES = 512
+COPY_ROUND_S = 10.0  # simulated seconds between the router's copy rounds (with copies)
 
 
 class PlanError(ValueError):
@@ -72,14 +82,19 @@ class Planner:
     def __init__(self, trace: Sequence[SimRequest], cal: Calibration, targets: Targets,
                  costs: CostWeights, colocated: bool,
                  progress: Callable[[str], None] = lambda _: None,
-                 prefill_batch: int = DispatchConfig().depth) -> None:
+                 prefill_batch: int = DispatchConfig().depth,
+                 copies: Sequence[int] = ()) -> None:
+        if any(c < 0 for c in copies):
+            raise PlanError(f"copies must be >= 0, got {list(copies)}")
         self.trace, self.cal, self.targets = trace, cal, targets
+        # None: the striped pool (no sender bottleneck, no copies); else segments and copies
+        self.copies: tuple[int | None, ...] = tuple(sorted(set(copies))) or (None,)
         self.costs, self.colocated, self.progress = costs, colocated, progress
         # Our router's dispatch gate sends an engine at most its depth of requests awaiting a
         # first token; the engine prefills those that wait together as one batch.
         self.prefill_batch = prefill_batch
         self._memo: dict[tuple[Sizing, bool], Outcome] = {}
-        self.skipped: dict[float, str] = {}  # fabric -> why no cluster met the targets there
+        self.skipped: dict[str, str] = {}  # fabric (and copies) -> why no cluster met there
 
     @property
     def simulations(self) -> int:
@@ -87,26 +102,31 @@ class Planner:
 
     def evaluate(self, s: Sizing, decode_side: bool = True) -> Outcome:
         """One simulation of ``s`` (memoised); ``decode_side`` False: TTFT only, no decode."""
+        host = self.cal.local_tokens_per_instance if s.host_tokens is None else s.host_tokens
+        s = s._replace(host_tokens=host)
+        if s.copies is not None and not s.pool_tokens:
+            s = s._replace(copies=0)  # no pool, nothing to copy: one simulation for every count
         key = (s, decode_side)
         if key in self._memo:
             return self._memo[key]
         cal = replace(self.cal, bandwidth_bytes_per_s=s.bandwidth_Bps)
         setup = FIG5_SETUPS["global_cache_aware" if s.pool_tokens else "local_cache_aware"]
-        _, sim = run_one(cal, self.trace, s.prefill, setup, cal.local_tokens_per_instance,
+        _, sim = run_one(cal, self.trace, s.prefill, setup, host,
                          pool_tokens=s.pool_tokens or None, disk_tokens=s.disk_tokens,
                          decode_instances=s.decode if decode_side else 0,
                          colocated=decode_side and self.colocated,
-                         prefill_batch=self.prefill_batch)
+                         prefill_batch=self.prefill_batch, fault_domains=_segments(s))
         out = outcome(s, sim.records, self.targets)
         self._memo[key] = out
         disk = f", disk {s.disk_tokens:,}" if s.disk_tokens else ""
+        copies = f", {s.copies} copies" if s.copies else ""
         self.progress(f"{s.prefill} prefill, {s.decode} decode, pool {s.pool_tokens:,}{disk} "
-                      f"tokens, {s.bandwidth_Bps * 8 / 1e9:g} Gbit/s: TTFT {out.ttft_share:.3f}, "
-                      f"TBT {out.tbt_share:.3f}")
+                      f"tokens{copies}, host {s.host_tokens:,}, {s.bandwidth_Bps * 8 / 1e9:g} "
+                      f"Gbit/s: TTFT {out.ttft_share:.3f}, TBT {out.tbt_share:.3f}")
         return out
 
     def cost(self, s: Sizing) -> float:
-        return self.costs.of(s, self.cal.kv_bytes_per_token)
+        return self.costs.of(s, self.cal.kv_bytes_per_token, self.cal.local_tokens_per_instance)
 
     def _smallest(self, lo: int, share: Callable[[int], float], what: str) -> int:
         """The smallest n >= lo whose ``share(n)`` reaches the accepted share: doubling to an
@@ -128,12 +148,12 @@ class Planner:
                 lo = mid + 1
         return hi
 
-    def _prefill_share(self, pool: int, bw: float, disk: int = 0) -> Callable[[int], float]:
-        """The share that the prefill count decides: PD, the TTFT share (no decode side);
-        co-located, the share meeting both."""
+    def _prefill_share(self, s: Sizing) -> Callable[[int], float]:
+        """The share that the prefill count decides, the rest as ``s``: PD, the TTFT share (no
+        decode side); co-located, the share meeting both."""
         if self.colocated:
-            return lambda p: self.evaluate(Sizing(p, 0, pool, bw, disk)).both_share
-        return lambda p: self.evaluate(Sizing(p, 0, pool, bw, disk), False).ttft_share
+            return lambda p: self.evaluate(s._replace(prefill=p, decode=0)).both_share
+        return lambda p: self.evaluate(s._replace(prefill=p, decode=0), False).ttft_share
 
     def plan(self, bandwidths: Sequence[float], curve: CapacityCurve) -> list[Candidate]:
         """Every candidate found (cheapest marked ``chosen``), ascending by cost."""
@@ -141,77 +161,113 @@ class Planner:
                              for f in POOL_FRACTIONS)})
         found: list[Outcome] = []
         for bw in bandwidths:
-            self.progress(f"fabric {bw * 8 / 1e9:g} Gbit/s per instance")
-            try:
-                found += self._at_bandwidth(bw, pools)
-            except PlanError as exc:  # another fabric may do
-                self.skipped[bw] = str(exc)
+            for copies in self.copies:
+                where = f"{bw * 8 / 1e9:g} Gbit/s" + (f", {copies} copies" if copies else "")
+                self.progress(f"fabric {where} per instance")
+                try:
+                    found += self._at(Sizing(1, 0, 0, bw, 0, self.cal.local_tokens_per_instance,
+                                             copies), pools)
+                except PlanError as exc:  # another fabric may do
+                    self.skipped[where] = str(exc)
         if not found:
-            raise PlanError("; ".join(f"{bw * 8 / 1e9:g} Gbit/s: {why}"
-                                      for bw, why in self.skipped.items()))
+            raise PlanError("; ".join(f"{where}: {why}" for where, why in self.skipped.items()))
         unique = {o.sizing: o for o in found}  # growing two sizings may meet at one
         ranked = sorted(unique.values(), key=lambda o: (self.cost(o.sizing), o.sizing))
         return [Candidate(o, self.cost(o.sizing), i == 0) for i, o in enumerate(ranked)]
 
-    def _at_bandwidth(self, bw: float, pools: list[int]) -> list[Outcome]:
+    def _at(self, base: Sizing, pools: list[int]) -> list[Outcome]:
+        """The candidates at ``base``'s fabric and copies."""
         prefill: dict[int, int] = {}
         lower = 1
         for pool in reversed(pools):  # a smaller pool never needs fewer instances
             try:
-                prefill[pool] = lower = self._smallest(lower, self._prefill_share(pool, bw),
-                                                       "prefill")
+                prefill[pool] = lower = self._smallest(
+                    lower, self._prefill_share(base._replace(pool_tokens=pool)), "prefill")
             except PlanError:
                 if pool == pools[-1]:
                     raise
                 break  # smaller pools will not do better
         decode = 0
         if not self.colocated:
-            p_full, full = prefill[pools[-1]], pools[-1]
+            full = base._replace(prefill=prefill[pools[-1]], pool_tokens=pools[-1])
             decode = self._smallest(
-                1, lambda d: self.evaluate(Sizing(p_full, d, full, bw)).tbt_share, "decode")
+                1, lambda d: self.evaluate(full._replace(decode=d)).tbt_share, "decode")
+        base = base._replace(decode=decode)
         # every pool size tried (the trade-off: fewer prefill instances against a bigger pool),
         # and for each prefill count the smallest pool that keeps it
-        sizes = {Sizing(p, decode, pool, bw) for pool, p in prefill.items()}
-        sizes |= {Sizing(p, decode, self._smallest_pool(list(prefill), prefill, p, bw), bw)
+        sizes = {base._replace(prefill=p, pool_tokens=pool) for pool, p in prefill.items()}
+        sizes |= {base._replace(prefill=p, pool_tokens=self._smallest_pool(base, prefill, p))
                   for p in set(prefill.values())}
-        sizes |= self._with_disk(pools, prefill, decode, bw)
-        return [self._together(s) for s in sorted(sizes)]
+        sizes |= self._with_disk(base, pools, prefill)
+        return [self._least_host(self._together(s)) for s in sorted(sizes)]
 
-    def _with_disk(self, pools: list[int], prefill: dict[int, int], decode: int,
-                   bw: float) -> set[Sizing]:
-        """Each tried pool short of the largest, with a disk under it that holds the whole
-        reuse (the largest pool size): the prefill count it needs with the disk (checked with
-        the decode side by the caller, where a small pool alone may need one more)."""
-        if self.cal.disk_read_bytes_per_s is None or not pools[-1]:
+    def _with_disk(self, base: Sizing, pools: list[int], prefill: dict[int, int]
+                   ) -> set[Sizing]:
+        """Each tried pool short of the largest, with a disk under it: first one that holds
+        the whole reuse (the largest pool size), for the prefill count it needs with it, then
+        bisected down while that count holds (checked with the decode side by the caller, where
+        a small pool alone may need one more). Not with segments (the simulated disk sits under
+        the striped pool only)."""
+        if self.cal.disk_read_bytes_per_s is None or not pools[-1] or base.copies is not None:
             return set()
         disk, out = pools[-1], set()
         fewest = prefill[disk]  # a memory pool that holds everything: a disk cannot beat it
         for pool in [p for p in pools if 0 < p < disk]:
+            s = base._replace(pool_tokens=pool, disk_tokens=disk)
             try:
-                p = self._smallest(fewest, self._prefill_share(pool, bw, disk), "prefill")
+                s = s._replace(prefill=self._smallest(fewest, self._prefill_share(s), "prefill"))
             except PlanError:
                 continue
-            out.add(Sizing(p, decode, pool, bw, disk))
+            out.add(s._replace(disk_tokens=self._least_disk(s)))
         return out
 
-    def _smallest_pool(self, pools: list[int], prefill: dict[int, int], p: int,
-                       bw: float) -> int:
+    def _least_disk(self, s: Sizing) -> int:
+        """The smallest disk under ``s``'s pool that keeps ``s``'s prefill count."""
+        return self._bisect_down(s.pool_tokens, s.disk_tokens, lambda d: self._prefill_share(
+            s._replace(disk_tokens=d))(s.prefill))
+
+    def _smallest_pool(self, base: Sizing, prefill: dict[int, int], p: int) -> int:
         """Bisect the pool between the largest tried size that needs more than ``p`` prefill
         instances and the smallest that needs ``p``, to a quarter of the smaller."""
-        pools = sorted(pools)
+        pools = sorted(prefill)
         hi = min(pool for pool in pools if prefill[pool] == p)
         below = [pool for pool in pools if pool < hi]
         if not below:
             return hi
-        lo = below[-1]
+        return self._bisect_down(below[-1], hi, lambda pool: self._prefill_share(
+            base._replace(pool_tokens=pool))(p))
+
+    def _bisect_down(self, lo: int, hi: int, share: Callable[[int], float]) -> int:
+        """The smallest size in (``lo``, ``hi``] whose ``share`` still reaches the accepted
+        share, given that ``hi``'s does: bisection in whole pages, to a quarter of ``lo``."""
         page = self.cal.page_tokens
         while hi - lo > max(page, lo // 4):
             mid = (lo + hi) // 2 // page * page
-            if self._prefill_share(mid, bw)(p) >= self.targets.accept:
+            if mid <= lo:
+                break
+            if share(mid) >= self.targets.accept:
                 hi = mid
             else:
                 lo = mid
         return hi
+
+    def _least_host(self, out: Outcome) -> Outcome:
+        """``out`` with the smallest host cache per prefill instance that still meets the
+        targets: from the profile's down; co-located, never below the device's KV (the
+        instance's own cache holds at least what it decodes in); PD, to a page (the profile
+        does not say a prefill instance's device size)."""
+        s, cal = out.sizing, self.cal
+        assert s.host_tokens is not None
+        device = cal.decode.kv_tokens_per_instance if self.colocated else 0
+        floor = min(s.host_tokens, max(cal.page_tokens, device))
+        if floor >= s.host_tokens:
+            return out
+        at_floor = self.evaluate(s._replace(host_tokens=floor))
+        if at_floor.both_share >= self.targets.accept:
+            return at_floor
+        host = self._bisect_down(floor, s.host_tokens, lambda h: self.evaluate(
+            s._replace(host_tokens=h)).both_share)
+        return self.evaluate(s._replace(host_tokens=host))
 
     def _together(self, s: Sizing) -> Outcome:
         """``s`` checked with both sides at once, grown one instance at a time while it misses
@@ -226,6 +282,15 @@ class Planner:
             else:
                 s = s._replace(decode=s.decode + 1)
         raise PlanError(f"{s} and its neighbours miss the targets together")
+
+
+def _segments(s: Sizing) -> FaultDomains | None:
+    """A pool of ``s.copies`` extra copies: one segment per prefill instance, each instance its
+    own fault domain, copy rounds keeping hot prefixes in ``1 + copies`` of them (none: off)."""
+    if s.copies is None or not s.pool_tokens:
+        return None
+    rounds = CopyConfig(interval_s=COPY_ROUND_S if s.copies else 0.0, domains=1 + s.copies)
+    return FaultDomains(tuple(f"instance-{i}" for i in range(s.prefill)), rounds)
 
 
 def outcome(s: Sizing, records: Sequence[RequestRecord], targets: Targets) -> Outcome:

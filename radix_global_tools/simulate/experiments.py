@@ -21,6 +21,7 @@ from radix_global.index import GlobalIndex
 from radix_global_tools.simulate.config import Calibration, SimConfig
 from radix_global_tools.simulate.engine import MODEL, ClusterSpec, Simulation
 from radix_global_tools.simulate.metrics import RunSummary, summarize
+from radix_global_tools.simulate.segments import FaultDomains
 from radix_global_tools.simulate.workload import SimRequest, replicate, scale_load
 from router.routing.admission import SloConfig
 from router.routing.contract import RoutingPolicy
@@ -88,12 +89,13 @@ def run_one(
     colocated: bool = False,
     prefill_batch: int = 1,
     disk_tokens: int = 0,
+    fault_domains: FaultDomains | None = None,
 ) -> tuple[RunSummary, Simulation]:
     """One simulated run of ``setup`` (the spec's other fields: ``ClusterSpec``)."""
     spec = ClusterSpec(instances, cal, local_tokens, setup.with_pool, ttft_slo_s,
                        decode_instances=decode_instances, colocated=colocated,
                        pool_tokens=pool_tokens, prefill_batch=prefill_batch,
-                       disk_tokens=disk_tokens)
+                       disk_tokens=disk_tokens, fault_domains=fault_domains)
     policy = make_policy(setup, cal, local_tokens)
     if ttft_headroom:
         policy = get_policy(setup.policy, slo=SloConfig(ttft_headroom=ttft_headroom),

@@ -3,7 +3,11 @@
 
 Each instance's client contributes a segment of ``segment_tokens`` and writes the prompts it
 computes there; every instance reads every segment (a fetch reads the leading run of the one
-segment the router chose, at the fabric's bandwidth). A segment dies with its instance: a
+segment the router chose, at the fabric's bandwidth). Another instance's segment sends one
+transfer at a time (FIFO on its host's link: a hot prefix held in one segment is a hot spot,
+which copies relieve); an instance's own segment is read without its link. A transfer is booked
+on the sender when the request is dispatched (SGLang prefetches from storage while the request
+waits). A segment dies with its instance: a
 failed fault domain takes its segments' pages with it. The router's copy rounds
 (:class:`router.cluster.copy_planner.CopyPlanner`, the production planner over the simulated
 index) order hot prefixes into segments of other domains; a copy lands when the round orders
@@ -72,6 +76,7 @@ class Segments:
         self.cal, self.namespace = cal, namespace
         self.segment_pages = max(1, segment_tokens // cal.page_tokens)
         self.caches: dict[PoolId, PageCache] = {}
+        self.sending_until: dict[PoolId, float] = {}  # each segment's link, busy until then
         for w in workers:
             self.add(w)
 
@@ -93,16 +98,25 @@ class Segments:
         """Every segment is read at the fabric's bandwidth: the cost model's default."""
 
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
-              holder: PoolId | None, touch: bool) -> tuple[int, float]:
-        """As :meth:`SharedTiers.fetch`, from the segment ``holder`` (gone or None: nothing)."""
+              holder: PoolId | None, touch: bool, now: float = 0.0,
+              reader: WorkerId | None = None) -> tuple[int, float]:
+        """As :meth:`SharedTiers.fetch`, from the segment ``holder`` (gone or None: nothing),
+        waiting for the transfers ``holder`` is still sending to others; ``touch``: this one is
+        booked on it too."""
         cache = self.caches.get(holder) if holder is not None else None
-        if cache is None:
+        if cache is None or holder is None:
             return 0, 0.0
         held = cache.prefix_pages(keys)
         if touch:
             cache.touch(keys[:held])
         fetched = max(0, min(held, wanted_pages) - local_pages)
-        return fetched, self.cal.fetch_s(fetched * self.cal.page_tokens)
+        transfer = self.cal.fetch_s(fetched * self.cal.page_tokens)
+        if transfer <= 0 or (reader is not None and segment_of(reader) == holder):
+            return fetched, transfer
+        done = max(now, self.sending_until.get(holder, 0.0)) + transfer
+        if touch:
+            self.sending_until[holder] = done
+        return fetched, done - now
 
     def store(self, keys: Sequence[PageKey], writer: WorkerId) -> list[IndexOp]:
         """A computed prompt's pages, into its writer's segment."""

@@ -52,10 +52,12 @@ class SharedTiers:
             cost.set_holder_bandwidth(DISK_ID, self.cal.disk_fetch_Bps)
 
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
-              holder: PoolId | None, touch: bool) -> tuple[int, float]:
+              holder: PoolId | None, touch: bool, now: float = 0.0,
+              reader: WorkerId | None = None) -> tuple[int, float]:
         """Pages fetched past the ``local_pages`` an instance holds, up to ``wanted_pages``, from
         ``holder`` (the router's choice; None or the pool: the pool), and the time it takes;
-        ``touch``: the hits are taken now."""
+        ``touch``: the hits are taken now. The pool is striped over every node, so no sender is
+        a bottleneck: ``now`` and ``reader`` do not matter here (they do for segments)."""
         from_disk = holder == DISK_ID and self.disk is not None
         cache = self.disk if from_disk and self.disk is not None else self.pool
         held = cache.prefix_pages(keys)

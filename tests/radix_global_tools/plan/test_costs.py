@@ -30,6 +30,12 @@ def test_bad_files(tmp_path: Path, body: str, match: str) -> None:
 
 
 def test_cost_of_a_cluster() -> None:
-    w = CostWeights(prefill_instance=10, decode_instance=5, pool_gib=1, bandwidth_gbit=0.5)
+    w = CostWeights(prefill_instance=10, decode_instance=5, pool_gib=1, host_gib=2,
+                    bandwidth_gbit=0.5)
     s = Sizing(prefill=2, decode=3, pool_tokens=2**30 // 1024, bandwidth_Bps=1e9 / 8)
-    assert w.of(s, kv_bytes_per_token=1024) == pytest.approx(20 + 15 + 1 + 0.5 * 5)
+    # the host cache: the profile's where the sizing leaves it, else the sizing's
+    gib = 2**30 // 1024
+    assert w.of(s, kv_bytes_per_token=1024, host_tokens=gib // 2) == pytest.approx(
+        20 + 15 + 2 * 2 * 0.5 + 1 + 0.5 * 5)
+    assert w.of(s._replace(host_tokens=gib), kv_bytes_per_token=1024,
+                host_tokens=gib // 2) == pytest.approx(20 + 15 + 2 * 2 * 1 + 1 + 0.5 * 5)

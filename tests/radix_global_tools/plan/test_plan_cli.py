@@ -31,6 +31,17 @@ def test_writes_a_plan_the_router_reads(tmp_path: Path) -> None:
     assert {(t, k) for t in plan for k in plan[t]} == {(t, k) for t in example for k in example[t]}
 
 
+def test_copies_in_the_plan_file(tmp_path: Path) -> None:
+    assert main([SAMPLE, "--ttft-slo", "5", "--tbt-slo", "0.1", "--accept", "0.95",
+                 "--mode", "colocated", "--bandwidths", "700", "--copies", "0,1",
+                 "--out", str(tmp_path), "--tag", "c"]) == 0
+    plan = tomllib.loads((tmp_path / "c.toml").read_text())
+    assert plan["cache"]["pool_copies"] in (0, 1)
+    with pytest.raises(SystemExit) as exc:
+        main([SAMPLE, "--ttft-slo", "5", "--tbt-slo", "0.1", "--copies", "-1"])
+    assert exc.value.code == 2
+
+
 def test_what_if_knobs(tmp_path: Path) -> None:
     args = [SAMPLE, "--ttft-slo", "5", "--tbt-slo", "0.1", "--accept", "0.95",
             "--out", str(tmp_path), "--bandwidths", "700"]

@@ -44,7 +44,8 @@ def test_the_plan_meets_and_a_smaller_cluster_misses(trace, colocated: bool) -> 
     assert half.both_share < TARGETS.accept, half
     if not colocated and s.decode > 1:
         assert planner.evaluate(s._replace(decode=s.decode - 1)).both_share < TARGETS.accept
-    assert planner.simulations < 40  # bounded: no simulation per candidate pool byte
+    # bounded: no simulation per candidate pool byte (the host cache's bisection included)
+    assert planner.simulations < 60
 
 
 def test_a_disk_under_a_small_pool_replaces_memory(trace) -> None:  # type: ignore[no-untyped-def]
@@ -61,6 +62,9 @@ def test_a_disk_under_a_small_pool_replaces_memory(trace) -> None:  # type: igno
     assert s.disk_tokens > 0 and s.pool_tokens < memory.outcome.sizing.pool_tokens
     assert best.cost < memory.cost and best.outcome.both_share >= TARGETS.accept
     assert planner.evaluate(s._replace(disk_tokens=0)).both_share < TARGETS.accept
+    # the disk is bisected down from the whole reuse: smaller than it, never below the pool
+    whole = capacity_curve(trace, CAL.page_tokens).capacity_for(curve.max_hit_rate)
+    assert s.pool_tokens <= s.disk_tokens < whole
     slow = replace(CAL, disk_read_bytes_per_s=1e6)
     assert Planner(trace, slow, TARGETS, CostWeights(), True).plan(
         [bw], curve)[0].outcome.sizing.disk_tokens == 0
@@ -85,3 +89,39 @@ def test_slos_no_cluster_can_meet(trace) -> None:  # type: ignore[no-untyped-def
     with pytest.raises(PlanError, match="do not help"):
         Planner(trace, CAL, tight, CostWeights(), False).plan(
             [CAL.bandwidth_bytes_per_s], capacity_curve(trace, CAL.page_tokens))
+
+
+def test_the_host_cache_is_planned(trace) -> None:  # type: ignore[no-untyped-def]
+    """PD, instances whose own caches could hold 400k tokens each: every candidate gets the
+    smallest host cache that still meets the targets (a quarter step smaller misses), and with
+    a pool the instances need almost none of their own."""
+    cal = replace(CAL, local_tokens_per_instance=400_000)
+    planner = Planner(trace, cal, TARGETS, CostWeights(), False)
+    cands = planner.plan([cal.bandwidth_bytes_per_s], capacity_curve(trace, cal.page_tokens))
+    page = cal.page_tokens
+    for c in cands:
+        s = c.outcome.sizing
+        assert s.host_tokens is not None and s.host_tokens < 400_000, s
+        assert c.outcome.both_share >= TARGETS.accept
+        smaller = s.host_tokens - max(page, s.host_tokens // 4)
+        if smaller >= page:
+            assert planner.evaluate(s._replace(host_tokens=smaller)).both_share < TARGETS.accept
+    assert cands[0].outcome.sizing.host_tokens == page and cands[0].outcome.sizing.pool_tokens
+    no_pool = [c.outcome.sizing for c in cands if not c.outcome.sizing.pool_tokens]
+    assert no_pool and all(s.host_tokens is not None and s.host_tokens > page for s in no_pool)
+
+
+def test_copies_against_bandwidth(trace) -> None:  # type: ignore[no-untyped-def]
+    """With copies to try, every fabric is searched at each count, the pool as segments: each
+    count gives its candidates (no pool: one simulation for all counts), and the plan is the
+    cheapest of them."""
+    bw = CAL.bandwidth_bytes_per_s
+    planner = Planner(trace, CAL, TARGETS, CostWeights(), True, copies=(0, 1))
+    cands = planner.plan([bw, bw / 10], capacity_curve(trace, CAL.page_tokens))
+    counts = {(c.outcome.sizing.bandwidth_Bps, c.outcome.sizing.copies) for c in cands
+              if c.outcome.sizing.pool_tokens}
+    assert counts == {(bw, 0), (bw, 1), (bw / 10, 0), (bw / 10, 1)}
+    assert all(c.outcome.sizing.copies == 0 for c in cands if not c.outcome.sizing.pool_tokens)
+    assert cands[0].chosen and all(c.outcome.both_share >= TARGETS.accept for c in cands)
+    with pytest.raises(PlanError, match="copies"):
+        Planner(trace, CAL, TARGETS, CostWeights(), True, copies=(-1,))

@@ -89,3 +89,22 @@ def test_copies_rebalance_into_a_domain_that_comes_back(back: bool) -> None:
         assert held is not None and held.pool == len(PROMPT)
     else:
         assert s.rounds.outcomes["ordered"] == 1 and held is None
+
+
+def test_a_segment_sends_one_transfer_at_a_time() -> None:
+    """Sender congestion: two fetches from one segment at once, the second waits for the first;
+    a read of the reader's own segment does not use the link; a priced, untaken fetch books
+    nothing."""
+    workers = [WorkerId("p0"), WorkerId("p1"), WorkerId("p2")]
+    segs = Segments(NAMESPACE, CAL, workers, 512 * 64)
+    segs.store(PROMPT, WorkerId("p0"))
+    hot = segment_of(WorkerId("p0"))
+    one = CAL.fetch_s(512 * 8)
+    assert segs.fetch(PROMPT, 0, 8, hot, False, 0.0, WorkerId("p1")) == (8, pytest.approx(one))
+    assert segs.fetch(PROMPT, 0, 8, hot, True, 0.0, WorkerId("p1")) == (8, pytest.approx(one))
+    # the first transfer is still on the link: the second ends one transfer later
+    assert segs.fetch(PROMPT, 0, 8, hot, True, 0.0, WorkerId("p2")) == (8, pytest.approx(2 * one))
+    assert segs.fetch(PROMPT, 0, 8, hot, True, 0.0, WorkerId("p0")) == (8, pytest.approx(one))
+    # after the link is free again, no wait
+    later = 3 * one
+    assert segs.fetch(PROMPT, 0, 8, hot, True, later, WorkerId("p1")) == (8, pytest.approx(one))
