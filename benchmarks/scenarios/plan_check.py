@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> int:
     reqs = sim_requests(point, cal.page_tokens)
     planner = Planner(reqs, cal, targets, CostWeights(), colocated=True)
     best = planner.plan([cal.bandwidth_bytes_per_s], capacity_curve(reqs, cal.page_tokens))[0]
-    plan = best.outcome.sizing
+    # The engines' own caches are pressure.toml's (the profile's), whatever host cache the plan
+    # would buy: the check is of the instance count, predicted at the caches the engines have.
+    plan = best.outcome.sizing._replace(host_tokens=cal.local_tokens_per_instance)
     counts = [plan.prefill, plan.prefill - 1] if plan.prefill > 1 else [plan.prefill]
     predicted = {n: planner.evaluate(plan._replace(prefill=n))._asdict() for n in counts}
     for v in predicted.values():
