@@ -10,7 +10,8 @@
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
   (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed),
   and, once the worker's prefill is profiled, no faster than its engine loads a pool run
-  (``WorkerInfo.pool_load_Bps``).
+  (``WorkerInfo.pool_load_Bps``); from another host's Mooncake segment, after the bytes this
+  router already planned from that segment (:class:`router.routing.sender_backlog.SenderBacklog`).
   Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
   :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
 
@@ -28,12 +29,13 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from radix_global.options import opt
-from radix_global.pool_ids import segment_host
+from radix_global.pool_ids import is_disk_holder, is_segment, segment_host
 from radix_global.types import Namespace, PoolId, WorkerId
 from router.routing.contract import Decision, RouteRequest, Slot, WorkerState
 from router.routing.drag_model import DragModel
 from router.routing.prefill_model import PrefillModel
 from router.routing.queue_model import PendingPrefill, QueueModel
+from router.routing.sender_backlog import SenderBacklog
 from router.routing.topology import Topology, TopologyError
 
 LLAMA3_70B_KV_BYTES_PER_TOKEN = 320 * 1024  # 80 layers x 8 KV heads x 128 dims x 2 (K,V) x 2 B
@@ -91,6 +93,7 @@ class CostModel:
         self.config = config or CostConfig()
         self.topology = topology
         self.queue = QueueModel()
+        self.sending = SenderBacklog()
         self._prior = prefill_prior
         self._prefill: dict[WorkerId, PrefillModel] = {}
         self._measured_only: set[WorkerId] = set()  # not refitted on FIFO-inferred times
@@ -201,11 +204,13 @@ class CostModel:
         # the path's overhead is what its transfers measured besides their bytes
         bandwidth, overhead = self._on_path(pool, worker.worker_id) or (
             self._unplaced_Bps(pool, worker.pool_id), 0.0)
+        # the segment's link sends what was planned from it first (one's own: no link)
+        ahead = self.sending.bytes_on(pool) / bandwidth if pool != worker.pool_id else 0.0
         # A measured load is weighed only against a measured prefill: against the prior curve
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
         if worker.worker_id in self._installed:
             bandwidth = min(bandwidth, self._load_Bps.get(worker.worker_id, bandwidth))
-        return self.config.transfer_overhead_s + overhead + nbytes / bandwidth
+        return self.config.transfer_overhead_s + overhead + ahead + nbytes / bandwidth
 
     def bandwidth_Bps(self, pool: PoolId, worker: WorkerId,
                       own_pool: PoolId | None = None) -> float:
@@ -282,10 +287,16 @@ class CostModel:
                                  decision.predicted_transfer_s, decision.fetch_tokens,
                                  self.queue.queue_s(slot, now), self.queue.outstanding(slot))
         self.queue.add(slot, req.request_id, pending)
+        source = decision.fetch_from
+        if source is not None and is_segment(source) and not is_disk_holder(source):
+            self.sending.book(req.request_id, source,
+                              decision.fetch_tokens * self.kv_bytes_per_token(req.namespace),
+                              decision.worker_id)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen. ``prefill_s``: the measured prefill compute time if the caller has
         it (the simulator does); else, optionally, the FIFO-inferred service time is learned."""
+        self.sending.release(request_id)
         done = self.queue.prefill_done(request_id, now)
         if done is None:
             return
@@ -311,9 +322,11 @@ class CostModel:
 
     def on_finished(self, request_id: str, now: float) -> None:
         self.queue.finished(request_id)
+        self.sending.release(request_id)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         self.queue.forget_worker(worker_id)
+        self.sending.forget_worker(worker_id)
         self._prefill.pop(worker_id, None)
         self._measured_only.discard(worker_id)
         self._load_Bps.pop(worker_id, None)

@@ -229,6 +229,26 @@ def test_a_worker_reads_every_segment_of_its_store_and_nothing_else() -> None:
     assert dec.fetch_from == seg_a and dec.fetch_tokens == 40 * PS
 
 
+def test_readers_spread_over_the_segments_that_hold_a_run() -> None:
+    """A hot run held in two segments (a copy): the second reader's fetch is planned from the
+    copy, the first's bytes being ahead of it on the original's link (docs/interfaces.md,
+    "Where hosts are": a sender's backlog); the negative control (no backlog) sends both to
+    one holder."""
+    seg_a, seg_b = PoolId("mooncake-m-1@10.0.0.2:1"), PoolId("mooncake-m-1@10.0.0.3:1")
+
+    def sources(backlog: bool) -> list[PoolId | None]:
+        d = driver(index_with((seg_a, 0, Tier.POOL, 64), (seg_b, 0, Tier.POOL, 64)),
+                   bandwidth=1e9, routed_ttl_s=0)
+        if not backlog:
+            d.cost.sending.bytes_on = lambda segment: 0.0  # type: ignore[method-assign]
+        readers = [WorkerState(WorkerId(f"r{i}"), NS,
+                               pool_id=PoolId(f"mooncake-m-1@10.0.0.{i}:1")) for i in (4, 5)]
+        return [d.route(request(i), readers, 0.0).fetch_from for i in range(2)]
+
+    assert sorted(map(str, sources(True))) == sorted([seg_a, seg_b])
+    assert len(set(sources(False))) == 1
+
+
 def test_a_segments_disk_tier_is_read_by_its_own_worker_only() -> None:
     """A disk tier under a Mooncake segment (docs/interfaces.md, "The persistent disk tier under
     the pool") is a folder on the segment's host: its holder id looks like a segment of the

@@ -188,6 +188,30 @@ def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
         CostConfig(remote_segment_bandwidth_Bps=0)
 
 
+def test_a_fetch_from_a_segment_waits_for_what_was_planned_from_it() -> None:
+    """docs/interfaces.md, "Where hosts are": a sender's backlog. Bytes planned from a segment
+    are ahead of the next fetch from it, until the first token; the segment's own worker and a
+    pool that is not a segment wait for none."""
+    cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6,
+                                remote_segment_bandwidth_Bps=1e6))
+    seg_a, seg_b = PoolId("mc@10.0.0.1:1"), PoolId("mc@10.0.0.2:1")
+    reader = ws()._replace(pool_id=seg_b)
+    owner = ws()._replace(worker_id=WorkerId("wa"), pool_id=seg_a)
+    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(1.0)
+    req = RouteRequest("r", NS, 3000, [], 16)
+    cost.on_routed(req, Decision("r", "x", True, W, 0, prefix_tokens=2000, fetch_tokens=2000,
+                                 fetch_from=seg_a, predicted_prefill_s=0.1), 0.0)
+    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(3.0)  # 2 s of others' first
+    assert cost.transfer_s(seg_a, owner, 1000) == pytest.approx(1.0)  # its own: no link
+    assert cost.transfer_s(seg_b, reader, 1000) == pytest.approx(1.0)
+    cost.on_prefill_done("r", 2.5)
+    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(1.0)
+    cost.on_routed(req._replace(request_id="s"), Decision(
+        "s", "x", True, W, 0, prefix_tokens=2000, fetch_tokens=2000, fetch_from=PoolId("shm"),
+        predicted_prefill_s=0.1), 3.0)
+    assert len(cost.sending) == 0  # not a segment: no one link to wait for
+
+
 def test_a_workers_measured_load_path_caps_its_transfer_speed() -> None:
     """The engine's load path (``WorkerInfo.pool_load_Bps``) is the bottleneck when it is
     slower than the link, from any pool, once the worker's prefill is profiled; it is
