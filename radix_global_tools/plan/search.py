@@ -115,7 +115,7 @@ class Planner:
                          pool_tokens=s.pool_tokens or None, disk_tokens=s.disk_tokens,
                          decode_instances=s.decode if decode_side else 0,
                          colocated=decode_side and self.colocated,
-                         prefill_batch=self.prefill_batch, fault_domains=_segments(s))
+                         prefill_batch=self.prefill_batch, fault_domains=segmented_pool(s))
         out = outcome(s, sim.records, self.targets)
         self._memo[key] = out
         disk = f", disk {s.disk_tokens:,}" if s.disk_tokens else ""
@@ -284,7 +284,7 @@ class Planner:
         raise PlanError(f"{s} and its neighbours miss the targets together")
 
 
-def _segments(s: Sizing) -> FaultDomains | None:
+def segmented_pool(s: Sizing) -> FaultDomains | None:
     """A pool of ``s.copies`` extra copies: one segment per prefill instance, each instance its
     own fault domain, copy rounds keeping hot prefixes in ``1 + copies`` of them (none: off)."""
     if s.copies is None or not s.pool_tokens:

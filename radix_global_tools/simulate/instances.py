@@ -59,18 +59,21 @@ class PageCache:
             if k in self._pages:
                 self._pages.move_to_end(k)
 
-    def insert(self, keys: Sequence[PageKey]) -> list[IndexOp]:
-        """Hold the chain ``keys`` (a prompt's pages in order); return the index operations:
-        one store of the missing tail and one removal of everything evicted to make room.
-        A chain longer than the capacity keeps only its leading ``capacity_pages`` pages."""
-        keys = keys[: self.capacity_pages]
-        held = self.prefix_pages(keys)
+    def insert(self, keys: Sequence[PageKey], start: int = 0) -> list[IndexOp]:
+        """Hold the chain ``keys`` (a prompt's pages in order) from page ``start`` on (the
+        first ``start`` are held elsewhere: a shared store keeps one copy of a page); return the
+        index operations: one store of the missing tail and one removal of everything evicted
+        to make room. A chain longer than the capacity keeps only its first ``capacity_pages``
+        pages from ``start``."""
+        keys = keys[: start + self.capacity_pages]
+        tail = keys[start:]
+        held = start + self.prefix_pages(tail)
         new = [k for k in keys[held:] if k not in self._pages]
         ops: list[IndexOp] = []
         if new:
             parent = keys[held - 1] if held else None
             ops.append(StorePages(self.namespace, self.location, parent, list(new)))
-        for k in reversed(keys):
+        for k in reversed(tail):
             self._pages[k] = None
             self._pages.move_to_end(k)
         evicted: list[PageKey] = []

@@ -1,13 +1,17 @@
 """A pool of per-instance segments in fault domains: the Mooncake Store as the product uses it
 (``docs/interfaces.md``, "Mooncake Store as the L3 pool", "Where hosts are").
 
-Each instance's client contributes a segment of ``segment_tokens`` and writes the prompts it
-computes there; every instance reads every segment (a fetch reads the leading run of the one
-segment the router chose, at the fabric's bandwidth). Another instance's segment sends one
-transfer at a time (FIFO on its host's link: a hot prefix held in one segment is a hot spot,
-which copies relieve); an instance's own segment is read without its link. A transfer is booked
-on the sender when the request is dispatched (SGLang prefetches from storage while the request
-waits). A segment dies with its instance: a
+Each instance's client contributes a segment of ``segment_tokens`` and writes the pages it
+computes there, past the leading pages the store already holds (one copy of a page, as SGLang's
+write-through after the store's exists check); where its segment has no room for them and
+another has, they go there (Mooncake's preferred segment is a preference), else the segment
+evicts its least recently used pages. Every instance reads every segment: when the
+router plans a fetch, the engine loads every page past its own that the store holds in a row,
+from whichever segments hold them (the router's chosen one first), at the fabric's bandwidth.
+Another instance's segment sends one transfer at a time (FIFO on its host's link: a hot prefix
+held in one segment is a hot spot, which copies relieve); an instance's own segment is read
+without its link. A transfer is booked on its sender when the request is dispatched (SGLang
+prefetches from storage while the request waits). A segment dies with its instance: a
 failed fault domain takes its segments' pages with it. The router's copy rounds
 (:class:`router.cluster.copy_planner.CopyPlanner`, the production planner over the simulated
 index) order hot prefixes into segments of other domains; a copy lands when the round orders
@@ -100,28 +104,60 @@ class Segments:
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
               holder: PoolId | None, touch: bool, now: float = 0.0,
               reader: WorkerId | None = None) -> tuple[int, float]:
-        """As :meth:`SharedTiers.fetch`, from the segment ``holder`` (gone or None: nothing),
-        waiting for the transfers ``holder`` is still sending to others; ``touch``: this one is
-        booked on it too."""
-        cache = self.caches.get(holder) if holder is not None else None
-        if cache is None or holder is None:
+        """As :meth:`SharedTiers.fetch`, when the router planned a fetch from the segment
+        ``holder`` (gone or None: nothing). The engine then loads every page past its own that
+        the store holds in a row (SGLang asks the store which leading pages exist, and Mooncake
+        answers for every segment: ``wanted_pages``, the router's plan from one segment, may
+        be fewer), each page from ``holder`` if it has it, else from the segment that does. The
+        segments send in parallel, each after the transfers it is still sending to others;
+        ``touch``: this one is booked on them too."""
+        chosen = self.caches.get(holder) if holder is not None else None
+        if chosen is None or holder is None:
             return 0, 0.0
-        held = cache.prefix_pages(keys)
+        pages: Counter[PoolId] = Counter()
+        for key in keys[local_pages:]:
+            seg = holder if key in chosen else next(
+                (s for s, cache in self.caches.items() if key in cache), None)
+            if seg is None:
+                break
+            pages[seg] += 1
         if touch:
-            cache.touch(keys[:held])
-        fetched = max(0, min(held, wanted_pages) - local_pages)
-        transfer = self.cal.fetch_s(fetched * self.cal.page_tokens)
-        if transfer <= 0 or (reader is not None and segment_of(reader) == holder):
-            return fetched, transfer
-        done = max(now, self.sending_until.get(holder, 0.0)) + transfer
-        if touch:
-            self.sending_until[holder] = done
-        return fetched, done - now
+            for seg in pages:
+                self.caches[seg].touch([k for k in keys if k in self.caches[seg]])
+        own = segment_of(reader) if reader is not None else None
+        took = 0.0
+        for seg, n in pages.items():
+            transfer = self.cal.fetch_s(n * self.cal.page_tokens)
+            if seg == own:  # one's own segment: no link
+                took = max(took, transfer)
+                continue
+            done = max(now, self.sending_until.get(seg, 0.0)) + transfer
+            if touch:
+                self.sending_until[seg] = done
+            took = max(took, done - now)
+        return sum(pages.values()), took
 
     def store(self, keys: Sequence[PageKey], writer: WorkerId) -> list[IndexOp]:
-        """A computed prompt's pages, into its writer's segment."""
+        """A computed prompt's pages, into its writer's segment, past the leading pages the
+        store already holds in any segment: as SGLang's write-through asks the store which
+        leading pages exist (our backend's ``batch_exists``, Mooncake's exists check over every
+        segment) and writes only the rest, so a fetched prefix is not written again."""
         cache = self.caches.get(segment_of(writer))
-        return cache.insert(keys) if cache is not None else []
+        if cache is None:
+            return []
+        start = 0
+        while start < len(keys) and any(keys[start] in c for c in self.caches.values()):
+            start += 1
+        if start == len(keys):
+            return []
+        # Mooncake's placement: the writer's segment is preferred; where it has no room and
+        # another has, the pages go there (an eviction only when no segment has room)
+        need = len(keys) - start
+        if cache.capacity_pages - len(cache) < need:
+            roomiest = max(self.caches.values(), key=lambda c: c.capacity_pages - len(c))
+            if roomiest.capacity_pages - len(roomiest) >= need:
+                cache = roomiest
+        return cache.insert(keys, start)
 
     def copy(self, keys: Sequence[PageKey], target: PoolId) -> list[IndexOp]:
         cache = self.caches.get(target)

@@ -108,3 +108,17 @@ def test_a_segment_sends_one_transfer_at_a_time() -> None:
     # after the link is free again, no wait
     later = 3 * one
     assert segs.fetch(PROMPT, 0, 8, hot, True, later, WorkerId("p1")) == (8, pytest.approx(one))
+
+
+def test_the_store_keeps_one_copy_of_a_page() -> None:
+    """A prompt whose first pages some segment holds is written past them only, into its
+    writer's segment under them (SGLang's write-through after the store's exists check): a
+    fetched prefix is not copied by its readers, so a hot prefix stays in one segment."""
+    workers = [WorkerId("p0"), WorkerId("p1")]
+    segs = Segments(NAMESPACE, CAL, workers, 512 * 64)
+    segs.store(PROMPT[:6], WorkerId("p0"))
+    ops = segs.store(PROMPT, WorkerId("p1"))
+    assert segs.pages() == {segment_of(WorkerId("p0")): 6, segment_of(WorkerId("p1")): 2}
+    (store,) = ops
+    assert store.parent == PROMPT[5] and list(store.keys) == PROMPT[6:]  # type: ignore[attr-defined]
+    assert segs.store(PROMPT, WorkerId("p0")) == []  # every page held somewhere
