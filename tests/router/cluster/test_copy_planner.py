@@ -37,6 +37,22 @@ def test_a_prefix_in_one_rack_gets_a_copy_in_another_and_only_once() -> None:
     assert [o.target.worker_id for o in orders] == ["wd"]
 
 
+def test_a_copy_goes_near_the_prefixs_users() -> None:
+    """Held in a's segment (r1); wd (r3) serves it from its own cache: the copy goes to wd's
+    segment although wc (r2) has fewer copy pages; with the user in r2 only through a worker
+    that is not a target, the copy goes to r2's worker; no user: the least loaded."""
+    def target(held: list[HolderId], domains: dict[str, str]) -> str:
+        planner = CopyPlanner(CopyConfig(interval_s=1))
+        orders, _ = planner.plan(NS, 0.0, [hot(1)], lambda keys: held,
+                                 lambda h: {**DOMAIN, **domains}.get(h), TARGETS,
+                                 lambda keys: True)
+        return orders[0].target.worker_id
+
+    assert target([SEG["a"], WorkerId("wd")], {"wd": "r3"}) == "wd"
+    assert target([SEG["a"], WorkerId("wx")], {"wx": "r3"}) == "wd"
+    assert target([SEG["a"]], {}) == "wc"
+
+
 def test_prefixes_already_in_enough_domains_cold_short_or_off_segments_get_none() -> None:
     planner = CopyPlanner(CopyConfig(interval_s=1, min_pages=3, min_hit_rate=0.5))
     held = {1: [SEG["a"], SEG["c"]], 2: [SEG["a"]], 3: [SEG["a"]], 4: [PoolId("shm-h")],
