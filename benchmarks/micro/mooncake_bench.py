@@ -13,7 +13,9 @@ alternately in each repeat: ``single`` moves one page per call (``put`` / ``get_
 by ``put_many`` / ``get_many``: packed copies each page into a registered staging slot and moves
 it as one transfer (``batch_put_from`` / ``batch_get_into``), zero-copy moves each chunk as a
 transfer of its own (``batch_put_from_multi_buffers`` / ``batch_get_into_multi_buffers``), both
-in calls of at most 256 transfers. Reported: median
+in calls of at most 256 transfers; ``zero-copy-no-lookup`` is zero-copy with the reader's
+replica lookup (one ``batch_get_replica_desc`` a batch, for reads around a lost host) cut out,
+to price it. Reported: median
 GB/s over repeats, with the spread (min-max), and read/memcpy. Each run uses fresh keys.
 Results: table on stdout and JSON (``--out``); recorded in ``docs/benchmarks.md``.
 """
@@ -39,7 +41,7 @@ from benchmarks.harness.spread import median_spread, spread_text
 MIB = 1 << 20
 CASES = (("5 MiB in 160 chunks", 5 * MIB, 160), ("1 MiB", MIB, 1), ("64 KiB", 64 << 10, 1),
          ("64 KiB in 8 chunks", 64 << 10, 8))
-MODES = ("single", "packed", "zero-copy")
+MODES = ("single", "packed", "zero-copy", "zero-copy-no-lookup")
 
 
 def _pool(master: str, host: str, page: int, segment: int, mode: str) -> Any:
@@ -47,7 +49,7 @@ def _pool(master: str, host: str, page: int, segment: int, mode: str) -> Any:
 
     # each mode forced, whatever the pool's own threshold would choose
     return MooncakePagePool("bench", page, master, host, segment,
-                            zero_copy_min_chunk=0 if mode == "zero-copy" else 1 << 62)
+                            zero_copy_min_chunk=0 if mode.startswith("zero-copy") else 1 << 62)
 
 
 def _region(pool: Any, page: int, chunks: int, pages: int) -> list[list[np.ndarray]]:
@@ -64,6 +66,8 @@ def client(role: str, master: str, host: str, prefix: str, mode: str, page: int,
     from sglang_patch.pool.base import PageIO
 
     pool = _pool(master, host, page, max(64 * MIB, 2 * pages * (page + 4096)), mode)
+    if mode.endswith("no-lookup"):  # what the replica lookup of each batch read costs
+        pool._replicas = lambda keys: {}
     data = np.random.default_rng(0).integers(0, 256, page, dtype=np.uint8)
     parts = list(np.split(data, chunks)) if chunks > 1 else [data]
     batch = mode != "single"
