@@ -31,11 +31,14 @@ class CostWeights:
     disk_gib: float = 0.0002
     bandwidth_gbit: float = 0.002
 
-    def of(self, s: Sizing, kv_bytes_per_token: int, host_tokens: int) -> float:
-        """The hourly cost of cluster ``s`` (``host_tokens``: each prefill instance's cache
-        where ``s`` leaves it to the profile)."""
+    def of(self, s: Sizing, kv_bytes_per_token: int, host_tokens: int,
+           device_tokens: int = 0) -> float:
+        """The hourly cost of cluster ``s`` (``host_tokens``: each prefill instance's own cache
+        where ``s`` leaves it to the profile; the first ``device_tokens`` of it are the
+        device's, paid with the instance)."""
         instances = s.prefill + s.decode
-        host = s.host_tokens if s.host_tokens is not None else host_tokens
+        host = max(0, (s.host_tokens if s.host_tokens is not None else host_tokens)
+                   - device_tokens)
         return (self.prefill_instance * s.prefill + self.decode_instance * s.decode
                 + self.host_gib * s.prefill * host * kv_bytes_per_token / GIB
                 + self.pool_gib * s.pool_tokens * kv_bytes_per_token / GIB

@@ -126,7 +126,19 @@ class Planner:
         return out
 
     def cost(self, s: Sizing) -> float:
-        return self.costs.of(s, self.cal.kv_bytes_per_token, self.cal.local_tokens_per_instance)
+        return self.costs.of(s, self.cal.kv_bytes_per_token, self.cal.local_tokens_per_instance,
+                             self._device_tokens)
+
+    @property
+    def _device_tokens(self) -> int:
+        """What an instance's own cache holds at least: co-located, the device KV it decodes
+        in; PD, the longest prompt it prefills (the profile does not say a prefill instance's
+        device size), in whole pages. The host cache is planned above it, and only what is
+        above it is priced as host memory."""
+        if self.colocated:
+            return self.cal.decode.kv_tokens_per_instance
+        page = self.cal.page_tokens
+        return -(-max((r.input_tokens for r in self.trace), default=page) // page) * page
 
     def _smallest(self, lo: int, share: Callable[[int], float], what: str) -> int:
         """The smallest n >= lo whose ``share(n)`` reaches the accepted share: doubling to an
@@ -252,14 +264,12 @@ class Planner:
         return hi
 
     def _least_host(self, out: Outcome) -> Outcome:
-        """``out`` with the smallest host cache per prefill instance that still meets the
-        targets: from the profile's down; co-located, never below the device's KV (the
-        instance's own cache holds at least what it decodes in); PD, to a page (the profile
-        does not say a prefill instance's device size)."""
-        s, cal = out.sizing, self.cal
+        """``out`` with the smallest own cache per prefill instance that still meets the
+        targets: from the profile's down, never below the device's part
+        (:attr:`_device_tokens`)."""
+        s = out.sizing
         assert s.host_tokens is not None
-        device = cal.decode.kv_tokens_per_instance if self.colocated else 0
-        floor = min(s.host_tokens, max(cal.page_tokens, device))
+        floor = min(s.host_tokens, self._device_tokens)
         if floor >= s.host_tokens:
             return out
         at_floor = self.evaluate(s._replace(host_tokens=floor))

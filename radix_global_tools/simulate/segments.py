@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from radix_global.index import GlobalIndex
-from radix_global.ops import IndexOp
+from radix_global.ops import IndexOp, RemovePages, StorePages
 from radix_global.pool_ids import segment_pool_id
 from radix_global.types import HolderId, Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration
@@ -81,6 +81,7 @@ class Segments:
         self.segment_pages = max(1, segment_tokens // cal.page_tokens)
         self.caches: dict[PoolId, PageCache] = {}
         self.sending_until: dict[PoolId, float] = {}  # each segment's link, busy until then
+        self._where: dict[PageKey, set[PoolId]] = {}  # page -> the segments holding it
         for w in workers:
             self.add(w)
 
@@ -89,6 +90,21 @@ class Segments:
         seg = segment_of(worker)
         self.caches[seg] = PageCache(self.namespace, Location(seg, 0, Tier.POOL),
                                      self.segment_pages)
+        self.sending_until.pop(seg, None)
+
+    def _insert(self, seg: PoolId, keys: Sequence[PageKey], start: int = 0) -> list[IndexOp]:
+        ops = self.caches[seg].insert(keys, start)
+        for op in ops:
+            if isinstance(op, StorePages):
+                for k in op.keys:
+                    self._where.setdefault(k, set()).add(seg)
+            elif isinstance(op, RemovePages):
+                for k in op.keys:
+                    if (held := self._where.get(k)) is not None:
+                        held.discard(seg)
+                        if not held:
+                            del self._where[k]
+        return ops
 
     def pool_of(self, worker: WorkerId) -> PoolId | None:
         seg = segment_of(worker)
@@ -111,23 +127,21 @@ class Segments:
         be fewer), each page from ``holder`` if it has it, else from the segment that does. The
         segments send in parallel, each after the transfers it is still sending to others;
         ``touch``: this one is booked on them too."""
-        chosen = self.caches.get(holder) if holder is not None else None
-        if chosen is None or holder is None:
+        if holder is None or holder not in self.caches:
             return 0, 0.0
-        pages: Counter[PoolId] = Counter()
+        loaded: dict[PoolId, list[PageKey]] = {}
         for key in keys[local_pages:]:
-            seg = holder if key in chosen else next(
-                (s for s, cache in self.caches.items() if key in cache), None)
-            if seg is None:
+            where = self._where.get(key)
+            if not where:
                 break
-            pages[seg] += 1
+            loaded.setdefault(holder if holder in where else min(where), []).append(key)
         if touch:
-            for seg in pages:
-                self.caches[seg].touch([k for k in keys if k in self.caches[seg]])
+            for seg, got in loaded.items():
+                self.caches[seg].touch(got)
         own = segment_of(reader) if reader is not None else None
         took = 0.0
-        for seg, n in pages.items():
-            transfer = self.cal.fetch_s(n * self.cal.page_tokens)
+        for seg, got in loaded.items():
+            transfer = self.cal.fetch_s(len(got) * self.cal.page_tokens)
             if seg == own:  # one's own segment: no link
                 took = max(took, transfer)
                 continue
@@ -135,7 +149,7 @@ class Segments:
             if touch:
                 self.sending_until[seg] = done
             took = max(took, done - now)
-        return sum(pages.values()), took
+        return sum(len(got) for got in loaded.values()), took
 
     def store(self, keys: Sequence[PageKey], writer: WorkerId) -> list[IndexOp]:
         """A computed prompt's pages, into its writer's segment, past the leading pages the
@@ -146,27 +160,36 @@ class Segments:
         if cache is None:
             return []
         start = 0
-        while start < len(keys) and any(keys[start] in c for c in self.caches.values()):
+        while start < len(keys) and keys[start] in self._where:
             start += 1
+        cache.touch(keys[:start])  # the writer used them (those its segment holds)
         if start == len(keys):
             return []
         # Mooncake's placement: the writer's segment is preferred; where it has no room and
         # another has, the pages go there (an eviction only when no segment has room)
-        need = len(keys) - start
+        seg, need = cache.location.holder, len(keys) - start
         if cache.capacity_pages - len(cache) < need:
-            roomiest = max(self.caches.values(), key=lambda c: c.capacity_pages - len(c))
-            if roomiest.capacity_pages - len(roomiest) >= need:
-                cache = roomiest
-        return cache.insert(keys, start)
+            roomiest = max(self.caches, key=lambda p: self.caches[p].capacity_pages
+                           - len(self.caches[p]))
+            room = self.caches[roomiest]
+            if room.capacity_pages - len(room) >= need:
+                seg = roomiest
+        return self._insert(PoolId(seg), keys, start)
 
     def copy(self, keys: Sequence[PageKey], target: PoolId) -> list[IndexOp]:
-        cache = self.caches.get(target)
-        return cache.insert(keys) if cache is not None else []
+        return self._insert(target, keys) if target in self.caches else []
 
     def drop(self, worker: WorkerId) -> PoolId | None:
         """The segment of a failed instance is gone; its id (the index drops its holder)."""
         seg = segment_of(worker)
-        return seg if self.caches.pop(seg, None) is not None else None
+        if self.caches.pop(seg, None) is None:
+            return None
+        self.sending_until.pop(seg, None)
+        for key in [k for k, held in self._where.items() if seg in held]:
+            self._where[key].discard(seg)
+            if not self._where[key]:
+                del self._where[key]
+        return seg
 
     def pages(self) -> Mapping[PoolId, int]:
         return {seg: len(cache) for seg, cache in self.caches.items()}

@@ -105,9 +105,9 @@ class CopyPlanner:
         """The orders for ``namespace`` now. ``holders_of(keys)``: the holders of the whole run;
         ``domain_of``: a holder's fault domain (None: not placed); ``remembered(keys)``: whether
         the prefix's token ids are known (an order names storage keys); ``capacity_pages``: the
-        segments' capacity (:meth:`limit`). A copy goes near the prefix's users: a target
-        holding the run in its own cache first, then one in a domain where a holder that is not
-        a segment is, then the least loaded (``docs/interfaces.md``, "Where hosts are")."""
+        segments' capacity (:meth:`limit`). A copy goes near the prefix's users: into a domain
+        where a target worker holds the run in its own cache if there is one, there to the
+        least loaded (``docs/interfaces.md``, "Where hosts are")."""
         cfg, outcomes = self.config, Counter[CopyOutcome]()
         orders: list[CopyOrder] = []
         load: Counter[WorkerId] = Counter()
@@ -123,9 +123,8 @@ class CopyPlanner:
             segments = [h for h in holders if is_segment(h) and not is_disk_holder(h)]
             if not segments:
                 continue
-            # who uses the prefix: the workers holding the whole run in their own caches
-            users = {h for h in holders if not is_segment(h)}
-            near = {domain_of(h) for h in users} - {None}
+            # who uses the prefix: the target workers holding the whole run in their own caches
+            near = {t.domain for t in targets if t.worker_id in holders}
             store = store_of(segments[0])
             ordered = [c.target for c in self.copies.values()
                        if c.namespace == namespace and c.keys[-1] == prefix.keys[-1]]
@@ -144,7 +143,7 @@ class CopyPlanner:
                 outcomes[CopyOutcome.OVER_BUDGET] += 1
                 continue
             target = min(candidates, key=lambda t: (
-                t.worker_id not in users, t.domain not in near, load[t.worker_id], t.worker_id))
+                t.domain not in near, load[t.worker_id], t.worker_id))
             budget -= prefix.pages
             load[target.worker_id] += prefix.pages
             orders.append(CopyOrder(namespace, prefix.keys, target))

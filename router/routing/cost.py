@@ -10,8 +10,9 @@
 - transfer: tokens x KV bytes per token / bottleneck bandwidth from the pool to the worker
   (:class:`router.routing.topology.Topology`; a default bandwidth when the pair is not placed),
   and, once the worker's prefill is profiled, no faster than its engine loads a pool run
-  (``WorkerInfo.pool_load_Bps``); from another host's Mooncake segment, after the bytes this
-  router already planned from that segment (:class:`router.routing.sender_backlog.SenderBacklog`).
+  (``WorkerInfo.pool_load_Bps``); from a Mooncake segment other than the worker's own, after
+  the fetches this router already planned from that segment
+  (:class:`router.routing.sender_backlog.SenderBacklog`).
   Bytes per token are per namespace, as its workers report them (``WorkerInfo.kv_bytes_per_token``,
   :meth:`CostModel.set_kv_bytes_per_token`), else ``CostConfig.kv_bytes_per_token``.
 
@@ -197,7 +198,8 @@ class CostModel:
         # to it (routed a moment ago), so a smaller report does not shorten the queue.
         return routers + self.config.engine_queue_weight * max(0.0, engine - routers)
 
-    def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int) -> float:
+    def transfer_s(self, pool: PoolId, worker: WorkerState, tokens: int,
+                   now: float | None = None) -> float:
         if tokens <= 0:
             return 0.0
         nbytes = tokens * self.kv_bytes_per_token(worker.namespace)
@@ -205,7 +207,8 @@ class CostModel:
         bandwidth, overhead = self._on_path(pool, worker.worker_id) or (
             self._unplaced_Bps(pool, worker.pool_id), 0.0)
         # the segment's link sends what was planned from it first (one's own: no link)
-        ahead = self.sending.bytes_on(pool) / bandwidth if pool != worker.pool_id else 0.0
+        ahead = self.sending.wait_s(pool, now) if now is not None and pool != worker.pool_id \
+            else 0.0
         # A measured load is weighed only against a measured prefill: against the prior curve
         # (a GPU's) a CPU engine's load would always lose to a recompute it cannot do that fast.
         if worker.worker_id in self._installed:
@@ -274,7 +277,9 @@ class CostModel:
         return self.queue.prefetch_reserved_tokens(slot, min_tokens)
 
     # --- learning side --------------------------------------------------------------------
-    def on_routed(self, req: RouteRequest, decision: Decision, now: float) -> None:
+    def on_routed(self, req: RouteRequest, decision: Decision, now: float,
+                  own_pool: PoolId | None = None) -> None:
+        """``decision`` was taken for ``req`` (``own_pool``: the chosen worker's pool)."""
         if not decision.accepted or decision.worker_id is None:
             return
         predicted = decision.predicted_prefill_s
@@ -288,15 +293,13 @@ class CostModel:
                                  self.queue.queue_s(slot, now), self.queue.outstanding(slot))
         self.queue.add(slot, req.request_id, pending)
         source = decision.fetch_from
-        if source is not None and is_segment(source) and not is_disk_holder(source):
-            self.sending.book(req.request_id, source,
-                              decision.fetch_tokens * self.kv_bytes_per_token(req.namespace),
-                              decision.worker_id)
+        if source is not None and source != own_pool and is_segment(source) \
+                and not is_disk_holder(source) and decision.fetch_tokens > 0:
+            self.sending.book(source, now + decision.predicted_transfer_s)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen. ``prefill_s``: the measured prefill compute time if the caller has
         it (the simulator does); else, optionally, the FIFO-inferred service time is learned."""
-        self.sending.release(request_id)
         done = self.queue.prefill_done(request_id, now)
         if done is None:
             return
@@ -322,11 +325,9 @@ class CostModel:
 
     def on_finished(self, request_id: str, now: float) -> None:
         self.queue.finished(request_id)
-        self.sending.release(request_id)
 
     def on_worker_removed(self, worker_id: WorkerId) -> None:
         self.queue.forget_worker(worker_id)
-        self.sending.forget_worker(worker_id)
         self._prefill.pop(worker_id, None)
         self._measured_only.discard(worker_id)
         self._load_Bps.pop(worker_id, None)

@@ -104,7 +104,7 @@ class PolicyDriver:
         self._requests[req.request_id] = req
         if self.gate is not None:
             self.gate.placed(req.request_id, self.cost.queue.server(decision.slot))
-        self.cost.on_routed(req, decision, now)
+        self.cost.on_routed(req, decision, now, chosen.pool_id if chosen is not None else None)
         self.policy.on_routed(req, decision, now)
         if self.on_routed is not None and req.page_keys:
             self.on_routed(decision.slot, req.page_keys)

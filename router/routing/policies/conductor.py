@@ -231,7 +231,7 @@ class ConductorPolicy(RoutingPolicy):
             return recompute  # its waiting requests hold the prefetch budget: it declines
         options = []
         for pool, fetch_tokens in fetches:
-            transfer = view.cost.transfer_s(pool, worker, fetch_tokens)
+            transfer = view.cost.transfer_s(pool, worker, fetch_tokens, now)
             prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
             options.append(CandidateEstimate(
                 worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,

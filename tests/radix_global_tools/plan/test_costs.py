@@ -39,3 +39,6 @@ def test_cost_of_a_cluster() -> None:
         20 + 15 + 2 * 2 * 0.5 + 1 + 0.5 * 5)
     assert w.of(s._replace(host_tokens=gib), kv_bytes_per_token=1024,
                 host_tokens=gib // 2) == pytest.approx(20 + 15 + 2 * 2 * 1 + 1 + 0.5 * 5)
+    # the device's part of an instance's own cache is paid with the instance
+    assert w.of(s._replace(host_tokens=gib), kv_bytes_per_token=1024, host_tokens=0,
+                device_tokens=gib // 4) == pytest.approx(20 + 15 + 2 * 2 * 0.75 + 1 + 0.5 * 5)

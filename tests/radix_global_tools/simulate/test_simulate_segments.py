@@ -122,3 +122,11 @@ def test_the_store_keeps_one_copy_of_a_page() -> None:
     (store,) = ops
     assert store.parent == PROMPT[5] and list(store.keys) == PROMPT[6:]  # type: ignore[attr-defined]
     assert segs.store(PROMPT, WorkerId("p0")) == []  # every page held somewhere
+    # a reader loads the whole run from both segments, in parallel: the longer transfer
+    segs.add(WorkerId("p2"))
+    got, took = segs.fetch(PROMPT, 0, 1, segment_of(WorkerId("p1")), True, 0.0, WorkerId("p2"))
+    assert got == 8 and took == pytest.approx(CAL.fetch_s(512 * 6))
+    # a failed instance's segment takes its pages: the run ends where they were
+    segs.drop(WorkerId("p1"))
+    got, _ = segs.fetch(PROMPT, 0, 8, segment_of(WorkerId("p0")), False, 100.0, WorkerId("p2"))
+    assert got == 6

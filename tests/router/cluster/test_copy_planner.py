@@ -38,19 +38,23 @@ def test_a_prefix_in_one_rack_gets_a_copy_in_another_and_only_once() -> None:
 
 
 def test_a_copy_goes_near_the_prefixs_users() -> None:
-    """Held in a's segment (r1); wd (r3) serves it from its own cache: the copy goes to wd's
-    segment although wc (r2) has fewer copy pages; with the user in r2 only through a worker
-    that is not a target, the copy goes to r2's worker; no user: the least loaded."""
-    def target(held: list[HolderId], domains: dict[str, str]) -> str:
+    """Held in a's segment (r1); wd (r3) serves it from its own cache: the copy goes to r3
+    although wc (r2) has fewer copy pages; within the users' domains, to the least loaded; a
+    holder that is no target worker (a host's shm pool) says nothing; no user: the least
+    loaded."""
+    def target(held: list[HolderId], load_d: int = 0) -> str:
         planner = CopyPlanner(CopyConfig(interval_s=1))
+        if load_d:
+            planner.copies[(NS, PageKey(0), SEG["d"])] = Copy(NS, (PageKey(0),) * load_d,
+                                                              SEG["d"], 0.0)
         orders, _ = planner.plan(NS, 0.0, [hot(1)], lambda keys: held,
-                                 lambda h: {**DOMAIN, **domains}.get(h), TARGETS,
-                                 lambda keys: True)
+                                 lambda h: DOMAIN.get(PoolId(h)), TARGETS, lambda keys: True)
         return orders[0].target.worker_id
 
-    assert target([SEG["a"], WorkerId("wd")], {"wd": "r3"}) == "wd"
-    assert target([SEG["a"], WorkerId("wx")], {"wx": "r3"}) == "wd"
-    assert target([SEG["a"]], {}) == "wc"
+    assert target([SEG["a"], WorkerId("wd")]) == "wd"
+    assert target([SEG["a"], WorkerId("wd")], load_d=8) == "wd"  # still the users' domain
+    assert target([SEG["a"], PoolId("shm-d")]) == "wc"
+    assert target([SEG["a"]]) == "wc"
 
 
 def test_prefixes_already_in_enough_domains_cold_short_or_off_segments_get_none() -> None:

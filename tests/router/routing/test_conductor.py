@@ -240,7 +240,7 @@ def test_readers_spread_over_the_segments_that_hold_a_run() -> None:
         d = driver(index_with((seg_a, 0, Tier.POOL, 64), (seg_b, 0, Tier.POOL, 64)),
                    bandwidth=1e9, routed_ttl_s=0)
         if not backlog:
-            d.cost.sending.bytes_on = lambda segment: 0.0  # type: ignore[method-assign]
+            d.cost.sending.wait_s = lambda segment, now: 0.0  # type: ignore[method-assign]
         readers = [WorkerState(WorkerId(f"r{i}"), NS,
                                pool_id=PoolId(f"mooncake-m-1@10.0.0.{i}:1")) for i in (4, 5)]
         return [d.route(request(i), readers, 0.0).fetch_from for i in range(2)]

@@ -189,27 +189,31 @@ def test_a_segment_on_another_host_is_priced_at_the_remote_bandwidth() -> None:
 
 
 def test_a_fetch_from_a_segment_waits_for_what_was_planned_from_it() -> None:
-    """docs/interfaces.md, "Where hosts are": a sender's backlog. Bytes planned from a segment
-    are ahead of the next fetch from it, until the first token; the segment's own worker and a
-    pool that is not a segment wait for none."""
+    """docs/interfaces.md, "Where hosts are": a sender's backlog. A fetch planned from a
+    segment holds its link until its predicted end; the next fetch from it waits for that; the
+    segment's own worker, a read of one's own segment and a pool that is not a segment book
+    and wait for nothing."""
     cost = CostModel(CostConfig(kv_bytes_per_token=1000, default_bandwidth_Bps=1e6,
                                 remote_segment_bandwidth_Bps=1e6))
     seg_a, seg_b = PoolId("mc@10.0.0.1:1"), PoolId("mc@10.0.0.2:1")
     reader = ws()._replace(pool_id=seg_b)
     owner = ws()._replace(worker_id=WorkerId("wa"), pool_id=seg_a)
-    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(1.0)
+    assert cost.transfer_s(seg_a, reader, 1000, 0.0) == pytest.approx(1.0)
     req = RouteRequest("r", NS, 3000, [], 16)
-    cost.on_routed(req, Decision("r", "x", True, W, 0, prefix_tokens=2000, fetch_tokens=2000,
-                                 fetch_from=seg_a, predicted_prefill_s=0.1), 0.0)
-    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(3.0)  # 2 s of others' first
-    assert cost.transfer_s(seg_a, owner, 1000) == pytest.approx(1.0)  # its own: no link
-    assert cost.transfer_s(seg_b, reader, 1000) == pytest.approx(1.0)
-    cost.on_prefill_done("r", 2.5)
-    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(1.0)
-    cost.on_routed(req._replace(request_id="s"), Decision(
-        "s", "x", True, W, 0, prefix_tokens=2000, fetch_tokens=2000, fetch_from=PoolId("shm"),
-        predicted_prefill_s=0.1), 3.0)
-    assert len(cost.sending) == 0  # not a segment: no one link to wait for
+    fetch = Decision("r", "x", True, W, 0, prefix_tokens=2000, fetch_tokens=2000,
+                     fetch_from=seg_a, predicted_prefill_s=0.1, predicted_transfer_s=2.0)
+    cost.on_routed(req, fetch, 0.0, seg_b)
+    assert cost.transfer_s(seg_a, reader, 1000, 0.5) == pytest.approx(2.5)  # 1.5 s still ahead
+    assert cost.transfer_s(seg_a, reader, 1000) == pytest.approx(1.0)  # no time: no wait
+    assert cost.transfer_s(seg_a, owner, 1000, 0.5) == pytest.approx(1.0)  # its own: no link
+    assert cost.transfer_s(seg_b, reader, 1000, 0.5) == pytest.approx(1.0)
+    assert cost.transfer_s(seg_a, reader, 1000, 2.0) == pytest.approx(1.0)  # sent by now
+    # not booked: a read of the worker's own segment, and a pool that is not a segment
+    cost.on_routed(req._replace(request_id="s"), fetch._replace(request_id="s"), 3.0, seg_a)
+    cost.on_routed(req._replace(request_id="t"), fetch._replace(
+        request_id="t", fetch_from=PoolId("shm")), 3.0, seg_b)
+    assert cost.transfer_s(seg_a, reader, 1000, 3.0) == pytest.approx(1.0)
+    assert len(cost.sending) == 1
 
 
 def test_a_workers_measured_load_path_caps_its_transfer_speed() -> None:

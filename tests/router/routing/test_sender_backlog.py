@@ -1,37 +1,28 @@
-"""The bytes planned from each segment (router/routing/sender_backlog.py)."""
+"""When each segment's link is next free (router/routing/sender_backlog.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from radix_global.types import PoolId, WorkerId
+from radix_global.types import PoolId
+from router.routing import sender_backlog
 from router.routing.sender_backlog import SenderBacklog
 
 A, B = PoolId("mc@10.0.0.1:1"), PoolId("mc@10.0.0.2:1")
-W1, W2 = WorkerId("w1"), WorkerId("w2")
 
 
-def test_booked_until_released_or_the_worker_leaves() -> None:
+def test_the_wait_drains_with_time_and_books_only_later_ends() -> None:
     s = SenderBacklog()
-    s.book("r1", A, 0.1, W1)
-    s.book("r2", A, 0.2, W2)
-    s.book("r3", B, 5.0, W1)
-    assert s.bytes_on(A) == 0.1 + 0.2 and s.bytes_on(B) == 5.0
-    s.release("r1")
-    s.release("r1")  # twice, or unknown: ignored
-    s.release("nope")
-    assert s.bytes_on(A) == pytest.approx(0.2)
-    s.forget_worker(W1)
-    assert s.bytes_on(B) == 0.0 and len(s) == 1
-    s.release("r2")
-    # an idle segment holds no float residue (0.1 + 0.2 - 0.1 - 0.2 is not 0.0)
-    assert s.bytes_on(A) == 0.0 and not s._bytes and len(s) == 0
+    assert s.wait_s(A, 0.0) == 0.0
+    s.book(A, 3.0)
+    s.book(A, 2.0)  # ends before the one already planned: the link is busy until 3 anyway
+    assert s.wait_s(A, 1.0) == pytest.approx(2.0) and s.wait_s(B, 1.0) == 0.0
+    assert s.wait_s(A, 5.0) == 0.0
 
 
-def test_a_request_booked_again_keeps_its_latest_fetch() -> None:
+def test_idle_segments_are_forgotten(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sender_backlog, "PRUNE_AT", 3)
     s = SenderBacklog()
-    s.book("r", A, 3.0, W1)
-    s.book("r", B, 2.0, W1)
-    assert (s.bytes_on(A), s.bytes_on(B)) == (0.0, 2.0)
-    s.book("r", B, 0.0, W1)  # a re-route that fetches nothing
-    assert s.bytes_on(B) == 0.0 and len(s) == 0
+    for i in range(4):
+        s.book(PoolId(f"mc@10.0.0.{i}:1"), float(i))
+    assert len(s) == 3 and s.wait_s(PoolId("mc@10.0.0.3:1"), 0.0) == 3.0
