@@ -20,8 +20,9 @@ again with a disk under it holding the whole reuse (the largest size), then the 
 down while the same prefill count holds: a small memory pool backed by cheap, slower disk against
 a large memory pool.
 
-Each candidate found then gets the smallest host cache per prefill instance (bisected down from
-the profile's, never below its device KV) that still meets the targets. With ``copies`` (the
+Each candidate found then gets the smallest own cache per prefill instance (bisected down from
+the profile's, never below the device's part: co-located its device KV, PD the longest prompt)
+that still meets the targets. With ``copies`` (the
 extra copies of hot prefixes to try), a pool is per-instance segments with sender congestion and
 the router's copy rounds (``docs/interfaces.md``, "The capacity plan file and the decode model"),
 and every fabric is searched at each copy count: more bandwidth against more copies.
@@ -94,6 +95,13 @@ class Planner:
         # first token; the engine prefills those that wait together as one batch.
         self.prefill_batch = prefill_batch
         self._memo: dict[tuple[Sizing, bool], Outcome] = {}
+        # What an instance's own cache holds at least: co-located, the device KV it decodes in;
+        # PD, the longest prompt it prefills (the profile does not say a prefill instance's
+        # device size), in whole pages. The host cache is planned above it, and only what is
+        # above it is priced as host memory.
+        page = cal.page_tokens
+        self._device_tokens = cal.decode.kv_tokens_per_instance if colocated else \
+            -(-max((r.input_tokens for r in trace), default=page) // page) * page
         self.skipped: dict[str, str] = {}  # fabric (and copies) -> why no cluster met there
 
     @property
@@ -128,17 +136,6 @@ class Planner:
     def cost(self, s: Sizing) -> float:
         return self.costs.of(s, self.cal.kv_bytes_per_token, self.cal.local_tokens_per_instance,
                              self._device_tokens)
-
-    @property
-    def _device_tokens(self) -> int:
-        """What an instance's own cache holds at least: co-located, the device KV it decodes
-        in; PD, the longest prompt it prefills (the profile does not say a prefill instance's
-        device size), in whole pages. The host cache is planned above it, and only what is
-        above it is priced as host memory."""
-        if self.colocated:
-            return self.cal.decode.kv_tokens_per_instance
-        page = self.cal.page_tokens
-        return -(-max((r.input_tokens for r in self.trace), default=page) // page) * page
 
     def _smallest(self, lo: int, share: Callable[[int], float], what: str) -> int:
         """The smallest n >= lo whose ``share(n)`` reaches the accepted share: doubling to an
@@ -265,8 +262,7 @@ class Planner:
 
     def _least_host(self, out: Outcome) -> Outcome:
         """``out`` with the smallest own cache per prefill instance that still meets the
-        targets: from the profile's down, never below the device's part
-        (:attr:`_device_tokens`)."""
+        targets: from the profile's down, never below the device's part."""
         s = out.sizing
         assert s.host_tokens is not None
         floor = min(s.host_tokens, self._device_tokens)
