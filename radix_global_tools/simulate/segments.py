@@ -9,7 +9,7 @@ evicts its least recently used pages. Every instance reads every segment: when t
 router plans a fetch, the engine loads every page past its own that the store holds in a row,
 from whichever segments hold them (the router's chosen one first), at the fabric's bandwidth.
 Another instance's segment sends one transfer at a time (FIFO on its host's link: a hot prefix
-held in one segment is a hot spot, which copies relieve); an instance's own segment is read
+held in one segment is a hot spot, which a copy may relieve); an instance's own segment is read
 without its link. A transfer is booked on its sender when the request is dispatched (SGLang
 prefetches from storage while the request waits). A segment dies with its instance: a
 failed fault domain takes its segments' pages with it. The router's copy rounds
