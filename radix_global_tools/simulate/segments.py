@@ -167,14 +167,15 @@ class Segments:
             return []
         # Mooncake's placement: the writer's segment is preferred; where it has no room and
         # another has, the pages go there (an eviction only when no segment has room)
-        seg, need = cache.location.holder, len(keys) - start
-        if cache.capacity_pages - len(cache) < need:
-            roomiest = max(self.caches, key=lambda p: self.caches[p].capacity_pages
-                           - len(self.caches[p]))
-            room = self.caches[roomiest]
-            if room.capacity_pages - len(room) >= need:
-                seg = roomiest
-        return self._insert(PoolId(seg), keys, start)
+        def free(c: PageCache) -> int:
+            return c.capacity_pages - len(c)
+
+        need = len(keys) - start
+        if free(cache) < need:
+            roomiest = max(self.caches.values(), key=free)
+            if free(roomiest) >= need:
+                cache = roomiest
+        return self._insert(PoolId(cache.location.holder), keys, start)
 
     def copy(self, keys: Sequence[PageKey], target: PoolId) -> list[IndexOp]:
         return self._insert(target, keys) if target in self.caches else []

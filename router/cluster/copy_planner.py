@@ -119,8 +119,8 @@ class CopyPlanner:
         for prefix in hot:
             if prefix.hit_rate < cfg.min_hit_rate or prefix.pages < cfg.min_pages:
                 continue
-            holders = holders_of(prefix.keys)
-            segments = [h for h in holders if is_segment(h) and not is_disk_holder(h)]
+            holders = set(holders_of(prefix.keys))
+            segments = sorted(h for h in holders if is_segment(h) and not is_disk_holder(h))
             if not segments:
                 continue
             # who uses the prefix: the target workers holding the whole run in their own caches

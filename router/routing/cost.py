@@ -295,7 +295,7 @@ class CostModel:
         source = decision.fetch_from
         if source is not None and source != own_pool and is_segment(source) \
                 and not is_disk_holder(source) and decision.fetch_tokens > 0:
-            self.sending.book(source, now + decision.predicted_transfer_s)
+            self.sending.book(source, now, now + decision.predicted_transfer_s)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen. ``prefill_s``: the measured prefill compute time if the caller has

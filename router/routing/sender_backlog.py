@@ -17,13 +17,12 @@ class SenderBacklog:
     def __init__(self) -> None:
         self._free_at: dict[PoolId, float] = {}  # segment -> when its planned sends end
 
-    def book(self, segment: PoolId, until: float) -> None:
-        """A fetch from ``segment`` was planned to end at ``until``."""
+    def book(self, segment: PoolId, now: float, until: float) -> None:
+        """A fetch from ``segment`` planned ``now`` is to end at ``until``."""
         if until > self._free_at.get(segment, 0.0):
             self._free_at[segment] = until
-        if len(self._free_at) > PRUNE_AT:  # segments of workers long gone
-            low = min(self._free_at.values())
-            self._free_at = {s: t for s, t in self._free_at.items() if t > low}
+        if len(self._free_at) > PRUNE_AT:  # many segments: forget the idle ones at once
+            self._free_at = {s: t for s, t in self._free_at.items() if t > now}
 
     def wait_s(self, segment: PoolId, now: float) -> float:
         """How long a fetch from ``segment`` planned ``now`` waits for the link."""

@@ -100,7 +100,6 @@ def test_the_plan_probes_one_key_per_unseen_host_and_cuts_at_the_first_lost_one(
     now[0] += 11  # seen too long ago: probed again
     lost.failed(["10.0.0.4:9"])
     assert lost.plan(keys, where) == (3, [1])  # d has a replica on the lost host: cut there
-
     assert lost.plan(["x"], {}) == (1, [])  # nothing known: read as it comes
 
 
