@@ -50,6 +50,8 @@ class IndexStats(NamedTuple):
     pages_removed: int  # pages named by applied RemovePages
     unknown_removed: int  # pages named by RemovePages that the location did not hold (ignored)
     refused: dict[str, int]  # refusal reason -> count
+    tier_pages: dict[str, int]  # tier name -> distinct pages with a copy there (locset.TIER_NAMES)
+    tier_nodes: dict[str, int]  # tier name -> tree nodes with a copy there
 
 
 class GlobalIndex:
@@ -144,6 +146,7 @@ class GlobalIndex:
         holders: set[HolderId] = set()
         for t in trees:
             holders.update(t.holders())
+        tier_pages, tier_nodes = self._sets.tier_sizes()
         return IndexStats(
             namespaces=len(self._trees),
             pages=sum(t.page_count for t in trees),
@@ -154,6 +157,8 @@ class GlobalIndex:
             pages_removed=self._pages_removed,
             unknown_removed=self._unknown_removed,
             refused=dict(self._refused),
+            tier_pages=tier_pages,
+            tier_nodes=tier_nodes,
         )
 
     def footprint_bytes(self) -> int:

@@ -10,15 +10,28 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 
+from radix_global.pool_ids import is_disk_holder
 from radix_global.types import HolderId, Location, Tier
 
 HolderRank = tuple[HolderId, int]
+TIER_NAMES = ("gpu", "host", "pool", "disk")  # metric labels; a pool's disk tier apart
+
+
+def _tier_name(loc: Location) -> str:
+    if loc.tier == Tier.POOL and is_disk_holder(loc.holder):
+        return "disk"
+    return TIER_NAMES[loc.tier - 1]
 
 
 class LocSet:
-    """An immutable, interned set of locations with precomputed views (do not build directly)."""
+    """An immutable, interned set of locations with precomputed views (do not build directly).
 
-    __slots__ = ("__weakref__", "gpu", "holders", "host", "locs", "pool")
+    ``nodes`` and ``pages`` are the only mutable fields: how many tree nodes carry this set and
+    how many pages those hold, kept by the trees (``RadixTree``) so that sizes by tier need no
+    walk of the tree (``LocSetInterner.tier_sizes``)."""
+
+    __slots__ = ("__weakref__", "gpu", "holders", "host", "locs", "nodes", "pages", "pool",
+                 "tiers")
 
     def __init__(self, locs: frozenset[Location]) -> None:
         self.locs = locs
@@ -31,6 +44,9 @@ class LocSet:
             (loc.holder, loc.dp_rank) for loc in locs if loc.tier <= Tier.HOST
         )
         self.pool: frozenset[HolderRank] = frozenset((loc.holder, loc.dp_rank) for loc in locs)
+        self.tiers: frozenset[str] = frozenset(map(_tier_name, locs))
+        self.nodes = 0
+        self.pages = 0
 
     def __repr__(self) -> str:
         return f"LocSet({sorted(self.locs)!r})"
@@ -77,3 +93,14 @@ class LocSetInterner:
 
     def __len__(self) -> int:
         return len(self._cache)
+
+    def tier_sizes(self) -> tuple[dict[str, int], dict[str, int]]:
+        """(pages, nodes) per tier name (every one of ``TIER_NAMES``) over the trees using this
+        interner: a page or node with copies at two tiers counts in both."""
+        pages = dict.fromkeys(TIER_NAMES, 0)
+        nodes = dict.fromkeys(TIER_NAMES, 0)
+        for s in list(self._cache.values()):
+            for tier in s.tiers:
+                pages[tier] += s.pages
+                nodes[tier] += s.nodes
+        return pages, nodes

@@ -144,5 +144,5 @@ class ServiceState:
         return {
             "workers": len(self.workers),
             "subscribed": sum(1 for w in self.workers if self.subscriber.subscribed(w)),
-            "events": self.subscriber.stats()._asdict(),
+            "events": self.subscriber.stats().as_dict(),
         }

@@ -49,12 +49,13 @@ import time
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import xxhash
 import zmq
 import zmq.asyncio
 
+from radix_global.event_lag import EventLag, LagStats
 from radix_global.events import EngineKind, EventDecoder
 from radix_global.ops import IndexOp, IndexRefusal, MalformedEventError
 from radix_global.registration import WorkerInfo
@@ -99,6 +100,13 @@ class SubscriberStats(NamedTuple):
     restarts: int = 0  # publishers whose seq went backwards (restarted engines): resynced
     subscribe_failures: int = 0  # publisher endpoints that could not be subscribed
     replay_lost: int = 0  # replayed batches whose payload did not decode: worker resynced
+    lag: LagStats | None = None  # live batches' lag behind their publishers' clocks
+
+    def as_dict(self) -> dict[str, Any]:
+        """For JSON (``/admin/stats``, the service's stats): the lag as a map too."""
+        out = self._asdict()
+        out["lag"] = None if self.lag is None else self.lag._asdict()
+        return out
 
 
 WANTED_OPEN_FILES = 65536
@@ -186,9 +194,12 @@ class KVEventSubscriber:
         context: zmq.asyncio.Context | None = None,
         lora_extra_keys: Mapping[str, str] | None = None,
         on_timeout: Callable[[WorkerId], None] | None = None,
+        wall_clock: Callable[[], float] = time.time,
     ) -> None:
         self._index = index
         self._clock = clock
+        self._wall = wall_clock  # the clock publishers stamp batches with (event lag)
+        self._lag = EventLag()
         self.timeout_s = timeout_s
         self.replay_timeout_s = replay_timeout_s
         # made at the first subscription when not given (a subscriber that never follows a
@@ -331,6 +342,7 @@ class KVEventSubscriber:
         for d in _decoders(feed):
             self._retired_refusals.update(d.refused)
         self._index.remove_holder(worker_id)
+        self._lag.forget(worker_id)
         return True
 
     def heartbeat(self, worker_id: WorkerId) -> bool:
@@ -401,7 +413,7 @@ class KVEventSubscriber:
         return SubscriberStats(
             len(self._feeds), c["batches"], c["ops_applied"], dict(refused), c["gaps"],
             c["replays"], c["replay_failures"], c["resyncs"], c["duplicates"], c["timeouts"],
-            c["restarts"], c["subscribe_failures"], c["replay_lost"],
+            c["restarts"], c["subscribe_failures"], c["replay_lost"], self._lag.stats(),
         )  # fmt: skip
 
     # ---- per-publisher loop ---------------------------------------------------------------
@@ -463,14 +475,17 @@ class KVEventSubscriber:
         if pub.last_seq is not None and seq <= pub.last_seq:
             return  # the replay already applied it
         pub.last_seq = seq  # first: even a message that fails to apply is behind us
-        self._apply(pub, frames[2])
+        self._apply(pub, frames[2], live_from=feed.info.worker_id)
 
-    def _apply(self, pub: _Publisher, payload: bytes) -> bool:
+    def _apply(self, pub: _Publisher, payload: bytes, live_from: str | None = None) -> bool:
         """Decode and apply one batch; False when its payload did not decode as a batch
-        (``DecodedBatch.unreadable``). Never raises (the caller has advanced the seq already)."""
+        (``DecodedBatch.unreadable``). Never raises (the caller has advanced the seq already).
+        ``live_from``: the worker of a live batch, whose lag is measured (a replay's is not)."""
         pub.last_payload = payload
         decoded = pub.decoder.decode(payload)
         self._counts["batches"] += 1
+        if live_from is not None and not decoded.unreadable:
+            self._lag.observe(live_from, decoded.ts, self._wall())
         for op in decoded.ops:
             try:
                 self._index.apply(op)

@@ -132,6 +132,7 @@ class RadixTree:
             if pos < len(node.keys):
                 self._split(node, pos)
             single = self._sets.get((loc,))
+            single.pages += len(rest)
             if node is not self.root and not node.children and node.locset is single:
                 node.keys.extend(rest)  # the holder's own leaf grows: no new node
                 table.update(dict.fromkeys(rest, node))
@@ -141,6 +142,7 @@ class RadixTree:
                 table.update(dict.fromkeys(rest, leaf))
                 self._by_holder.setdefault(loc.holder, set()).add(leaf)
                 self.node_count += 1
+                single.nodes += 1
         for c in changed:
             self._settle(c)
 
@@ -295,6 +297,7 @@ class RadixTree:
         for h in node.locset.holders:
             self._by_holder[h].add(tail)
         self.node_count += 1
+        node.locset.nodes += 1
         return tail
 
     def _set_locset(self, node: Node, new: LocSet) -> None:
@@ -308,6 +311,11 @@ class RadixTree:
                 del self._by_holder[h]
         for h in new.holders - old.holders:
             self._by_holder.setdefault(h, set()).add(node)
+        n = len(node.keys)
+        old.nodes -= 1
+        old.pages -= n
+        new.nodes += 1
+        new.pages += n
         node.locset = new
 
     def _settle(self, node: Node) -> None:
@@ -339,6 +347,8 @@ class RadixTree:
         for k in node.keys:
             del table[k]
         self._set_locset(node, self._sets.empty)
+        self._sets.empty.nodes -= 1
+        self._sets.empty.pages -= len(node.keys)
         node.parent = None
         self.node_count -= 1
 
@@ -353,6 +363,7 @@ class RadixTree:
             self._by_holder[h].discard(child)
         child.parent = None
         self.node_count -= 1
+        child.locset.nodes -= 1
 
     # ---- snapshot support -----------------------------------------------------------------
     def graft(
@@ -362,6 +373,8 @@ class RadixTree:
         if not keys or not self._table.keys().isdisjoint(keys) or keys[0] in parent.children:
             raise KeyConflictError("snapshot node repeats a key")
         node = Node(list(keys), parent, self._sets.empty, hits, stamp)
+        self._sets.empty.nodes += 1
+        self._sets.empty.pages += len(keys)
         parent.children[keys[0]] = node
         self._table.update(dict.fromkeys(keys, node))
         self._set_locset(node, self._sets.get(locs))

@@ -140,8 +140,8 @@ class _Timed(KVEventSubscriber):
     t0 = 0.0
     lags: list[float]
 
-    def _apply(self, pub: Any, payload: bytes) -> bool:
-        ok = super()._apply(pub, payload)
+    def _apply(self, pub: Any, payload: bytes, live_from: str | None = None) -> bool:
+        ok = super()._apply(pub, payload, live_from)
         # [due, events, rank]: msgpack array of 3 (0x93), then a float64 (0xcb)
         self.lags.append(time.time() - self.t0 - struct.unpack(">d", payload[2:10])[0])
         return ok

@@ -284,7 +284,7 @@ class EmbeddedIndex:
         stats = self.index.stats()
         out.update(stats._asdict() if hasattr(stats, "_asdict") else {"stats": str(stats)})
         if self._subscriber is not None and hasattr(self._subscriber, "stats"):
-            out["subscriber"] = self._subscriber.stats()._asdict()
+            out["subscriber"] = self._subscriber.stats().as_dict()
         elif self._subscriber_error:
             out["subscriber"] = self._subscriber_error
         return out

@@ -10,6 +10,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from prometheus_client import CollectorRegistry, generate_latest
 
 from radix_global.client import AsyncIndexClient
+from radix_global.event_lag import EventLag
 from radix_global.index import GlobalIndex
 from radix_global.index_metrics import IndexCollector
 from radix_global.ops import StorePages
@@ -45,9 +46,47 @@ def test_the_collector_reads_the_index_and_the_feeds_when_scraped():
     assert _value(after, "radix_global_kv_event_feeds") == 2
     assert _value(after, "radix_global_kv_events_gaps_total") == 1
     assert _value(after, 'radix_global_kv_events_refused_total{reason="bad_frame"}') == 3
+    assert _value(after, 'radix_global_index_tier_pages{tier="gpu"}') == 2
+    assert _value(after, 'radix_global_index_tier_nodes{tier="disk"}') == 0  # every tier shown
+    assert _value(after, "radix_global_kv_event_lag_seconds_count") is None  # no lag: no series
     quiet = CollectorRegistry()
     quiet.register(IndexCollector(index.stats, lambda: None))
     assert "kv_event" not in generate_latest(quiet).decode()  # no subscriber: no feed series
+
+
+def test_sizes_by_tier_across_namespaces_and_after_a_restore():
+    """Namespaces share one set of interned locations: the tier sizes sum over their trees, and
+    a restored index counts what it restored."""
+    index = GlobalIndex()
+    other = Namespace("other@1")
+    for ns in (NS, other):
+        index.register_namespace(ns, 4)
+    w, disk = WorkerId("w"), WorkerId("shm-0+disk")
+    index.apply(StorePages(NS, Location(w, 0, Tier.GPU), None, [PageKey(k) for k in (1, 2, 3)]))
+    index.apply(StorePages(NS, Location(w, 0, Tier.HOST), None, [PageKey(1)]))
+    index.apply(StorePages(other, Location(disk, 0, Tier.POOL), None, [PageKey(9), PageKey(8)]))
+    want = ({"gpu": 3, "host": 1, "pool": 0, "disk": 2}, {"gpu": 2, "host": 1, "pool": 0,
+                                                          "disk": 1})
+    assert (index.stats().tier_pages, index.stats().tier_nodes) == want
+    restored = GlobalIndex.restore(index.snapshot())
+    assert (restored.stats().tier_pages, restored.stats().tier_nodes) == want
+
+
+def test_the_collector_exports_the_feeds_lag():
+    lag = EventLag()
+    lag.observe("w1", ts=100.0, now=100.02)
+    lag.observe("w2", ts=100.0, now=99.9)  # w2's clock is ahead of ours
+    lag.observe("w3", ts=float("nan"), now=100.0)  # stamps nothing usable: not counted
+    feeds = SubscriberStats(2, 2, 2, {}, 0, 0, 0, 0, 0, 0, lag=lag.stats())
+    registry = CollectorRegistry()
+    registry.register(IndexCollector(GlobalIndex().stats, lambda: feeds))
+    text = generate_latest(registry).decode()
+    assert _value(text, "radix_global_kv_event_lag_seconds_count") == 2
+    assert _value(text, 'radix_global_kv_event_lag_seconds_bucket{le="0.01"}') == 1  # the 0
+    assert _value(text, 'radix_global_kv_event_lag_seconds_bucket{le="0.025"}') == 2
+    assert _value(text, 'radix_global_kv_event_worker_lag_seconds{worker="w2"}') == \
+        pytest.approx(-0.1)
+    assert _value(text, 'radix_global_kv_event_worker_lag_seconds{worker="w3"}') is None
 
 
 @pytest.mark.asyncio

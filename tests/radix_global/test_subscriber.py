@@ -52,9 +52,10 @@ class ScriptedPublisher:
         msg = await asyncio.wait_for(self.pub.recv(), 5)
         assert msg == b"\x01" + TOPIC
 
-    async def send(self, events: list[Any], drop: bool = False, seq: int | None = None) -> int:
+    async def send(self, events: list[Any], drop: bool = False, seq: int | None = None,
+                   ts: float | None = None) -> int:
         seq = len(self.buffer) if seq is None else seq
-        payload = msgspec.msgpack.encode([float(seq), events, self.rank])
+        payload = msgspec.msgpack.encode([float(seq) if ts is None else ts, events, self.rank])
         self.buffer.append((seq, payload))
         if not drop:
             await self.pub.send_multipart([TOPIC, seq.to_bytes(8, "big"), payload])
@@ -338,6 +339,38 @@ async def test_pool_stream_applies_to_pool_holder_and_survives_gaps(env: Any) ->
     finally:
         events.close()
         pool.close()
+
+
+@pytest.mark.asyncio
+async def test_event_lag_is_measured_on_live_batches_only(env: Any) -> None:
+    """Lag = our wall clock - the batch's ts, for live batches; a replayed batch (old by design)
+    and one stamped 0 are not counted; a worker that leaves is no longer exported."""
+    ctx, index, _, _ = env
+    sub = KVEventSubscriber(index, replay_timeout_s=0.5, context=ctx, wall_clock=lambda: 1000.0)
+    pub = ScriptedPublisher(ctx)
+    try:
+        await sub.add_worker(info(pub))
+        await pub.wait_subscribed()
+        await until(lambda: pub.requests == [0])  # the join's catch-up is answered: all live now
+        await pub.send([stored(A[:8])], ts=999.99)
+        await pub.send([stored(B)], ts=990.0, drop=True)  # comes by the replay
+        # the gap's replay applies this one too: its live copy is then a duplicate
+        await pub.send([stored(A[8:], parent=keys.page_keys(A, PS)[1], full=A)], ts=999.0)
+        await until(lambda: held(index, A) == 4 and held(index, B) == 2)
+        await pub.send([stored(list(range(400, 404)))], ts=999.5)
+        await pub.send([stored(list(range(300, 304)))], ts=0.0)  # stamps none
+        await until(lambda: sub.stats().batches == 5)
+        lag = sub.stats().lag
+        assert lag is not None and sum(lag.counts) == 2
+        assert lag.sum_s == pytest.approx(0.51)
+        assert lag.by_worker == {"w0": pytest.approx(0.5)}
+        assert lag.counts[lag.bounds_s.index(0.01)] == 1  # 0.01 s lands in the le=0.01 bucket
+        assert sub.stats().as_dict()["lag"]["by_worker"] == lag.by_worker
+        await sub.remove_worker(WorkerId("w0"))
+        assert sub.stats().lag.by_worker == {}  # type: ignore[union-attr]
+    finally:
+        await sub.close()
+        pub.close()
 
 
 @pytest.mark.asyncio

@@ -13,11 +13,12 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from radix_global.locset import TIER_NAMES
 from radix_global.ops import HolderMatch, UnknownParentError
 from radix_global.tree import RadixTree
 from radix_global.types import Location, PageKey, Tier, WorkerId
 
-HOLDERS = [WorkerId(h) for h in ("w0", "w1", "w2")]
+HOLDERS = [WorkerId(h) for h in ("w0", "w1", "p+disk")]  # the last: a pool's disk tier
 LOCATIONS = [Location(h, dp, t) for h in HOLDERS for dp in (0, 1) for t in Tier]
 TIER_CLASSES = ((Tier.GPU,), (Tier.GPU, Tier.HOST), tuple(Tier))
 
@@ -95,6 +96,24 @@ def check_invariants(tree: RadixTree) -> None:
     assert sum(len(n.keys) for n in tree.iter_nodes()) == tree.page_count == len(tree._table)
     for h, nodes in tree._by_holder.items():
         assert nodes and all(h in n.locset.holders and n.parent is not None for n in nodes)
+    check_tier_sizes(tree)
+
+
+def check_tier_sizes(tree: RadixTree) -> None:
+    """The counts kept on the location sets equal a walk of the tree."""
+    pages, nodes = dict.fromkeys(TIER_NAMES, 0), dict.fromkeys(TIER_NAMES, 0)
+    unheld = [0, 0]
+    for node in tree.iter_nodes():
+        tiers = {"disk" if loc.tier == Tier.POOL and loc.holder.endswith("+disk")
+                 else loc.tier.name.lower() for loc in node.locset.locs}
+        for tier in tiers:
+            pages[tier] += len(node.keys)
+            nodes[tier] += 1
+        if not tiers:
+            unheld[0] += 1
+            unheld[1] += len(node.keys)
+    assert tree._sets.tier_sizes() == (pages, nodes)
+    assert [tree._sets.empty.nodes, tree._sets.empty.pages] == unheld
 
 
 def run(ops: list[tuple[Any, ...]]) -> tuple[RadixTree, Reference]:
