@@ -107,6 +107,11 @@ class PdRun:
         self._decode_busy = True  # the orchestrator began the decode worker's busy interval
 
     @property
+    def prefill_answer(self) -> Any:
+        """The prefill worker's JSON answer (None before it, or when it was no JSON)."""
+        return self._prefill[3]
+
+    @property
     def stats(self) -> PdStats:
         prefill_s, wait_s, pages, pre_answer = self._prefill
         p_prompt, p_cached, _ = cached_tokens_of(pre_answer)

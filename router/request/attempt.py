@@ -13,12 +13,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
-from router.economics import reuse_of
-from router.keying.prompt import (
-    engine_cached_tokens,
-    engine_completion_tokens,
-    engine_storage_tokens,
-)
+from router.keying.prompt import engine_cached_tokens, engine_storage_tokens
+from router.request.booking import book_answer
 from router.request.finish import Outcome, finish
 from router.request.inbound import Inbound
 from router.request.native_pd import PrefillHalf
@@ -79,18 +75,6 @@ class Attempt:
         if d.predicted_ttft_s is not None:  # predicted when it was routed, after its gate hold
             st.metrics.ttft_error.observe(abs(ttft_s - self.routed.held_s - d.predicted_ttft_s))
 
-    def _book_slo(self, ok: bool, answer: Any, ttft_s: float | None, end_s: float | None
-                  ) -> None:
-        st, req, stream = self.state, self.inbound.req, self.inbound.stream
-        tbt_s = None
-        tokens = engine_completion_tokens(answer)
-        if stream and ttft_s is not None and end_s is not None and tokens and tokens > 1:
-            tbt_s = (end_s - ttft_s) / (tokens - 1)
-        slo = st.routing.slo
-        st.admission.answered(self.inbound.model, self.routed.decision, ok,
-                              ttft_s if stream else None, self.routed.held_s, slo.ttft_for(req),
-                              tbt_s, slo.tbt_for(req))
-
     def upstream_error(self, kind: UpstreamError, worker_id: str | None = None) -> None:
         """A failure of ``kind`` at ``worker_id`` (default: this attempt's worker)."""
         self.state.metrics.upstream_errors.labels(worker_id or self.worker_id, kind.value).inc()
@@ -123,17 +107,7 @@ class Attempt:
         if not ok:
             entry.failures += 1
         answered = ok and self.status == 200  # a 4xx is the engine's refusal, not an answer
-        n = self.inbound.req.input_tokens
-        # the funnel counts one prompt's tokens: a batch's engine numbers cover all of them
-        if answered and n > 0 and self.inbound.batch is None:
-            stream_ttft = ttft_s - self.routed.held_s \
-                if ttft_s is not None and self.inbound.stream else None
-            st.economics.book(self.inbound.model, self.worker_id, reuse_of(
-                d, n, answer, stream_ttft,
-                lambda prefix: st.routing.cost.prefill_s(entry.worker_id, n, prefix),
-                st.routing.cost.kv_bytes_per_token(self.inbound.req.namespace)),
-                self.inbound.req.tenant)
-        self._book_slo(answered, answer, ttft_s, end_s)
+        book_answer(st, self.inbound, self.routed, answered, answer, answer, ttft_s, end_s)
         storage = engine_storage_tokens(answer)
         record = {
             "worker_id": self.worker_id, "dp_rank": d.dp_rank,

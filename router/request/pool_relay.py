@@ -19,6 +19,7 @@ from router.cluster.slots import worker_states
 from router.pd.orchestrator import PdFailed, PdRejected, PdRun
 from router.pd.pool_front import PdFront
 from router.pd.protocol import PREFILL_RID_SUFFIX, cached_tokens_of
+from router.request.booking import book_answer
 from router.request.finish import Outcome, client_gone, finish
 from router.request.inbound import Inbound
 from router.request.route import Routed
@@ -43,6 +44,8 @@ class PoolForward:
         self.started = False  # the answer's head was sent to the client
         self.status_code = 499  # what the client got (499: nothing, it left first)
         self.tail = b""
+        self.ttft_s: float | None = None  # the decode's first byte, after the request arrived
+        self.end_s: float | None = None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         try:
@@ -134,6 +137,7 @@ class PoolForward:
                                                if status == 400 else ErrorType.UPSTREAM))
             return
         st.routing.prefill_done(inbound.req.request_id, st.clock())
+        self.ttft_s = st.clock() - inbound.t0
         media = "text/event-stream" if inbound.stream and run.status_code == 200 \
             else "application/json"
         self.started, self.status_code = True, run.status_code
@@ -159,12 +163,14 @@ class PoolForward:
                         "body": sse_error(str(exc)) if inbound.stream else b""})
             run.status_code = 502
         await send({"type": "http.response.body", "body": b"", "more_body": False})
+        self.end_s = st.clock() - inbound.t0
         self.ok = run.status_code < 500
 
     def _finish(self) -> None:
         rid, run = self.inbound.req.request_id, self.run
         self.front.probe.pool_of.pop(rid, None)
         record: dict[str, object] = {"pd": "pool", "input_tokens": self.inbound.req.input_tokens}
+        answer = None
         if run is not None:
             stats = run.stats
             answer = run.answer if run.answer is not None else last_sse_event(self.tail)
@@ -176,5 +182,7 @@ class PoolForward:
                 "prefill_cached_tokens": stats.prefill_cached_tokens,
                 "decode_cached_tokens": d_cached, "decode_storage_tokens": d_storage,
                 "ttft_s": stats.ttft_s})
+        book_answer(self.state, self.inbound, self.routed, self.ok and self.status_code == 200,
+                    None if run is None else run.prefill_answer, answer, self.ttft_s, self.end_s)
         finish(self.state, self.inbound, self.ok,
                Outcome.PD_POOL_OK if self.ok else Outcome.PD_POOL_FAILED, record)

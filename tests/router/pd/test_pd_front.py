@@ -100,6 +100,28 @@ def test_chat_stream_is_relayed_from_the_decode_worker(pd_cluster):
     assert d_body["stream"] is True and d_body["max_tokens"] == 5
 
 
+def test_a_hand_off_is_booked_in_the_funnel_and_against_the_slos(pd_cluster):
+    """The decision chose the prefill worker: the funnel reads its answer and is booked under
+    it; the TTFT SLO judges the client's first byte, which the decode worker sent."""
+    router, prefill, (decode,), _ = pd_cluster(ttft_slo_s=30)
+    prefill.cached_tokens, decode.cached_tokens = 3, 7
+    with router.client() as c:
+        r = c.post("/generate", json={"input_ids": list(range(1, 41)), "stream": True,
+                                      "sampling_params": {"max_new_tokens": 4}})
+        assert r.status_code == 200, r.text
+        assert r.text.count("data:") > 1  # the decode worker's stream
+        _wait(lambda: router.state.economics.stats() != {})  # booked as the relay closes
+        metrics = c.get("/metrics").text
+    econ = router.state.economics.stats()["tiny"]
+    assert (econ["requests"], econ["prompt_tokens"], econ["delivered_tokens"]) == (1, 40, 3)
+    prefill_id = next(e.info.worker_id for e in router.state.registry.all()
+                      if e.info.role == Role.PREFILL)
+    assert 'radix_global_delivered_prefix_tokens_total{model="tiny",tier="unsplit",' \
+        f'worker="{prefill_id}"}} 3.0' in metrics
+    admission = router.state.admission.stats()["models"]["tiny"]
+    assert (admission["completed"], admission["ttft_met"], admission["ttft_missed"]) == (1, 1, 0)
+
+
 def test_saturated_decode_pool_is_rejected_before_prefill(pd_cluster):
     router, prefill, (decode,), _ = pd_cluster(capacity=100)
     with router.client() as c:
