@@ -79,11 +79,19 @@ class LoadReports:
         self.planned = planned or PlannedFetches()
         self.outcomes: Counter[LoadOutcome] = Counter()
         self._metric: PromCounter | None = None
+        self._seconds: PromCounter | None = None
+        self._bytes: PromCounter | None = None
 
     def bind_metrics(self, registry: CollectorRegistry) -> None:
         self._metric = PromCounter("radix_global_pool_loads",
                                    "Pool loads workers reported, by what the router made of them",
                                    ["outcome"], registry=registry)
+        self._seconds = PromCounter("radix_global_pool_load_seconds", "Time pool reads took, "
+                                    "as the reporting pool backend timed them", ["pool"],
+                                    registry=registry)
+        self._bytes = PromCounter("radix_global_pool_loaded_bytes", "Bytes of pool reads, as "
+                                  "the reporting pool backend counted them", ["pool"],
+                                  registry=registry)
 
     def fetch_planned(self, pool_id: str | None, req: RouteRequest, decision: Decision,
                       now: float) -> None:
@@ -110,7 +118,10 @@ class LoadReports:
                 outcome = LoadOutcome.NOT_PLACED
             outcomes[outcome] += 1
         self.outcomes.update(outcomes)
-        if self._metric is not None:
+        if self._metric is not None and self._seconds is not None and self._bytes is not None:
             for outcome, n in outcomes.items():
                 self._metric.labels(outcome.value).inc(n)
+            if report.loads:
+                self._seconds.labels(report.pool_id).inc(sum(ld.seconds for ld in report.loads))
+                self._bytes.labels(report.pool_id).inc(sum(ld.bytes for ld in report.loads))
         return outcomes

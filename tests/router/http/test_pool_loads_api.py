@@ -47,6 +47,12 @@ def test_a_planned_load_moves_the_hosts_memory_path_and_others_are_counted(route
         assert topology["loads"] == {"applied": 4, "unattributed": 1}
         metrics = c.get("/metrics").text
     assert 'radix_global_pool_loads_total{outcome="applied"} 4.0' in metrics
+    # every load as the backend measured it, attributed or not: the pool's achieved read rate
+    values = dict(line.rsplit(" ", 1) for line in metrics.splitlines()
+                  if line.startswith("radix_global_pool_load"))
+    assert float(values['radix_global_pool_load_seconds_total{pool="shm-h"}']) == \
+        pytest.approx(0.015)
+    assert float(values['radix_global_pool_loaded_bytes_total{pool="shm-h"}']) == 10_001_000
 
 
 @pytest.mark.parametrize("body", [
