@@ -200,7 +200,7 @@ async def _keyed(state: RouterState, head: WorkerEntry, body: RequestBody, size:
         request_id=state.request_ids.new(), namespace=namespace,
         input_tokens=len(ids) if ids else 0, page_keys=keys, page_size=page_size,
         tenant=tenant.name, ttft_slo_s=body.ttft_slo_s, output_tokens_hint=body.output_tokens_hint,
-        shared_keys=shared)
+        shared_keys=shared, streams=body.stream_requested)
     return Keyed(req, ids, WarmScope(salt, adapter))
 
 

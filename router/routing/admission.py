@@ -61,9 +61,10 @@ class SloConfig:
     def probes(self, req: RouteRequest) -> bool:
         """Whether ``req``, predicted to miss its TTFT SLO, is admitted as a probe: one in
         ``ttft_probe_every`` by a hash of its id (random ids: an unbiased sample; the same answer
-        when it is priced again after a hold)."""
+        when it is priced again after a hold), and only a stream (a whole answer's first token
+        is never seen: it would be served late and measure nothing)."""
         every = self.ttft_probe_every
-        return every > 0 and zlib.crc32(req.request_id.encode()) % every == 0
+        return every > 0 and req.streams and zlib.crc32(req.request_id.encode()) % every == 0
 
     def retry_after_s(self, excess_s: float) -> float:
         """How long to wait before retrying: the predicted excess over the SLO is queued work

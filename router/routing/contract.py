@@ -48,6 +48,9 @@ class RouteRequest(NamedTuple):
     # request (docs/interfaces.md, "Shared platform prefixes across isolated tenants"): in the pool
     # of a worker with pool aliases they are these pages, whatever the salt. Empty: nothing shared.
     shared_keys: Sequence[PageKey] = ()
+    # Whether the answer is streamed: only a stream's first token is seen, so only a stream can
+    # be a TTFT probe whose outcome is measured (``SloConfig.probes``).
+    streams: bool = True
 
 
 class WorkerState(NamedTuple):

@@ -73,6 +73,20 @@ def test_a_client_cannot_loosen_the_operators_slo(upstreams, router_factory):
         assert c.post("/generate", json={"input_ids": ids, "ttft_slo_s": 1e9}).status_code == 200
 
 
+def test_only_a_stream_is_admitted_as_a_ttft_probe(upstreams, router_factory):
+    """A whole answer's first token is never seen: with every would-be rejection a probe, the
+    stream is served and the whole answer is still refused."""
+    peer, server = upstreams()
+    router = router_factory(workers=(server.url,), policy="conductor", ttft_slo_s=1e-6,
+                            ttft_probe_every=1)
+    router.wait_workers(1)
+    with router.client() as c:
+        assert c.post("/generate", json={"input_ids": [5, 6, 7], "stream": True}
+                      ).status_code == 200
+        assert c.post("/generate", json={"input_ids": [5, 6, 7]}).status_code == 429
+    assert len(peer.requests) == 1
+
+
 def test_a_full_held_queue_answers_503_at_once(upstreams, router_factory):
     """Item 5: the held queue is bounded by count and by body bytes; beyond, 503 with
     Retry-After at once, and the refused request never reaches the engine."""

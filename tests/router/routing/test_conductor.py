@@ -406,3 +406,11 @@ def test_one_in_n_would_be_rejections_is_admitted_as_a_probe() -> None:
     probes = outcomes(10)
     assert all(a == again for a, again in probes)
     assert 20 <= sum(a for a, _ in probes) <= 60  # about 40 of 400
+
+
+def test_a_whole_answer_is_never_a_probe() -> None:
+    """Its first token is never seen: admitted late, it would measure nothing."""
+    d = driver(index_with(), slo=SloConfig(ttft_slo_s=1e-4, ttft_probe_every=1))
+    assert d.route(request(0), workers(1), 0.0).probe
+    whole = d.route(request(1)._replace(streams=False), workers(1), 0.0)
+    assert not whole.accepted and not whole.probe
