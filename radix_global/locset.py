@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 
-from radix_global.pool_ids import is_disk_holder
+from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Location, Tier
 
 HolderRank = tuple[HolderId, int]
@@ -31,7 +31,7 @@ class LocSet:
     walk of the tree (``LocSetInterner.tier_sizes``)."""
 
     __slots__ = ("__weakref__", "gpu", "holders", "host", "locs", "nodes", "pages", "pool",
-                 "tiers")
+                 "segments", "tiers")
 
     def __init__(self, locs: frozenset[Location]) -> None:
         self.locs = locs
@@ -45,6 +45,13 @@ class LocSet:
         )
         self.pool: frozenset[HolderRank] = frozenset((loc.holder, loc.dp_rank) for loc in locs)
         self.tiers: frozenset[str] = frozenset(map(_tier_name, locs))
+        segments: dict[str, set[HolderId]] = {}  # store -> its segments holding the pages
+        for loc in locs:
+            h = loc.holder
+            if loc.tier == Tier.POOL and is_segment(h) and not is_disk_holder(h):
+                segments.setdefault(store_of(h), set()).add(h)
+        self.segments: dict[str, frozenset[HolderId]] = {
+            store: frozenset(hs) for store, hs in segments.items()}
         self.nodes = 0
         self.pages = 0
 

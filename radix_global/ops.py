@@ -6,6 +6,8 @@ them. Contract in ``docs/interfaces.md`` section "Index operations".
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from radix_global.types import HolderId, Location, Namespace, PageKey, Tier
@@ -82,6 +84,17 @@ class HolderMatch(NamedTuple):
     pool: int
 
 
+class StoreSpan(NamedTuple):
+    """Pages of a query held by exactly ``segments`` of one store: from where the previous span
+    ended (0 for the first) to ``end_page`` (exclusive)."""
+
+    end_page: int
+    segments: frozenset[HolderId]
+
+
+NO_STORE_RUNS: Mapping[str, tuple[StoreSpan, ...]] = MappingProxyType({})
+
+
 class MatchResult(NamedTuple):
     """Answer to ``match(namespace, keys)``."""
 
@@ -89,6 +102,10 @@ class MatchResult(NamedTuple):
     matched: dict[tuple[HolderId, int], HolderMatch]  # (holder, dp_rank) -> lengths; only >0
     best_pages: int  # longest leading run held anywhere (any holder, any tier)
     best_holders: frozenset[HolderId]  # holders of that longest run
+    # Per store (pool_ids.store_of) whose segments hold the first page: the spans covering its
+    # leading run over all its segments (docs/interfaces.md, "The run a store holds across its
+    # segments"). Empty where no segment holds the first page.
+    store_runs: Mapping[str, tuple[StoreSpan, ...]] = NO_STORE_RUNS
 
 
 class HotPrefix(NamedTuple):

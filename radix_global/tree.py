@@ -18,7 +18,15 @@ from typing import cast
 
 from radix_global.hotness import Decay
 from radix_global.locset import HolderRank, LocSet, LocSetInterner
-from radix_global.ops import HolderMatch, HotPrefix, IndexRefusal, MatchResult, UnknownParentError
+from radix_global.ops import (
+    NO_STORE_RUNS,
+    HolderMatch,
+    HotPrefix,
+    IndexRefusal,
+    MatchResult,
+    StoreSpan,
+    UnknownParentError,
+)
 from radix_global.types import HolderId, Location, PageKey, Tier
 
 
@@ -249,7 +257,8 @@ class RadixTree:
         matched = {hr: HolderMatch(gpu.get(hr, 0), host.get(hr, 0), p) for hr, p in pool.items()}
         best = max(pool.values(), default=0)
         best_holders = frozenset(h for (h, _), p in pool.items() if p == best and best)
-        return MatchResult(n, matched, best, best_holders)
+        stores = _store_runs(path, i) if path and path[0][0].segments else NO_STORE_RUNS
+        return MatchResult(n, matched, best, best_holders, stores)
 
     def hot_prefixes(self, top_k: int, now: float) -> list[HotPrefix]:
         """The ``top_k`` hottest prefixes: nodes ranked by decayed hit rate, leaving out a node
@@ -380,3 +389,24 @@ class RadixTree:
         self._set_locset(node, self._sets.get(locs))
         self.node_count += 1
         return node
+
+
+def _store_runs(path: list[tuple[LocSet, int]], end: int) -> dict[str, tuple[StoreSpan, ...]]:
+    """``MatchResult.store_runs`` from a match's path: (locations, first page) per change of
+    location set, the last running to ``end``."""
+    spans: dict[str, list[StoreSpan]] = {store: [] for store in path[0][0].segments}
+    alive = set(spans)
+    ends = [depth for _, depth in path[1:]] + [end]
+    for (ls, _), stop in zip(path, ends, strict=True):
+        for store in list(alive):
+            segs = ls.segments.get(store)
+            run = spans[store]
+            if segs is None:
+                alive.discard(store)  # its run ends where this location set starts
+            elif run and run[-1].segments == segs:
+                run[-1] = StoreSpan(stop, segs)
+            else:
+                run.append(StoreSpan(stop, segs))
+        if not alive:
+            break
+    return {store: tuple(run) for store, run in spans.items()}

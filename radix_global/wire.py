@@ -8,6 +8,8 @@ Also the refusal vocabulary: the service puts an error's ``reason`` in the trail
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 from radix_global.ops import (
     ClearHolder,
     HolderMatch,
@@ -19,6 +21,7 @@ from radix_global.ops import (
     PageSizeMismatchError,
     RemovePages,
     StorePages,
+    StoreSpan,
     UnknownNamespaceError,
     UnknownParentError,
 )
@@ -132,6 +135,11 @@ def match_to_pb(result: MatchResult) -> pb.MatchReply:
         ],
         best_pages=result.best_pages,
         best_holders=sorted(result.best_holders),
+        store_runs=[
+            pb.StoreRun(store=store, spans=[
+                pb.StoreSpan(end_page=s.end_page, segments=sorted(s.segments)) for s in spans])
+            for store, spans in sorted(result.store_runs.items())
+        ],
     )
 
 
@@ -144,7 +152,22 @@ def match_from_pb(msg: pb.MatchReply) -> MatchResult:
         },
         best_pages=msg.best_pages,
         best_holders=frozenset(WorkerId(h) for h in msg.best_holders),
+        store_runs={run.store: spans for run in msg.store_runs
+                    if (spans := _spans(run, msg.query_pages))},
     )
+
+
+def _spans(run: pb.StoreRun, query_pages: int) -> tuple[StoreSpan, ...]:
+    """A store's spans as sent; none (priced per segment, as without them) unless they end in
+    increasing order within the query and each names a segment: a reply that breaks that is
+    not a run the router can plan a fetch on."""
+    spans = tuple(StoreSpan(s.end_page, frozenset(WorkerId(h) for h in s.segments))
+                  for s in run.spans)
+    ends = [0, *(s.end_page for s in spans)]
+    if any(b <= a for a, b in pairwise(ends)) or ends[-1] > query_pages \
+            or any(not s.segments for s in spans):
+        return ()
+    return spans
 
 
 def hot_to_pb(prefixes: list[HotPrefix]) -> pb.HotPrefixesReply:

@@ -66,17 +66,35 @@ class HolderMatch(_message.Message):
     pool: int
     def __init__(self, holder: _Optional[str] = ..., dp_rank: _Optional[int] = ..., gpu: _Optional[int] = ..., host: _Optional[int] = ..., pool: _Optional[int] = ...) -> None: ...
 
+class StoreSpan(_message.Message):
+    __slots__ = ("end_page", "segments")
+    END_PAGE_FIELD_NUMBER: _ClassVar[int]
+    SEGMENTS_FIELD_NUMBER: _ClassVar[int]
+    end_page: int
+    segments: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, end_page: _Optional[int] = ..., segments: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class StoreRun(_message.Message):
+    __slots__ = ("store", "spans")
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
+    store: str
+    spans: _containers.RepeatedCompositeFieldContainer[StoreSpan]
+    def __init__(self, store: _Optional[str] = ..., spans: _Optional[_Iterable[_Union[StoreSpan, _Mapping]]] = ...) -> None: ...
+
 class MatchReply(_message.Message):
-    __slots__ = ("query_pages", "matched", "best_pages", "best_holders")
+    __slots__ = ("query_pages", "matched", "best_pages", "best_holders", "store_runs")
     QUERY_PAGES_FIELD_NUMBER: _ClassVar[int]
     MATCHED_FIELD_NUMBER: _ClassVar[int]
     BEST_PAGES_FIELD_NUMBER: _ClassVar[int]
     BEST_HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    STORE_RUNS_FIELD_NUMBER: _ClassVar[int]
     query_pages: int
     matched: _containers.RepeatedCompositeFieldContainer[HolderMatch]
     best_pages: int
     best_holders: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, query_pages: _Optional[int] = ..., matched: _Optional[_Iterable[_Union[HolderMatch, _Mapping]]] = ..., best_pages: _Optional[int] = ..., best_holders: _Optional[_Iterable[str]] = ...) -> None: ...
+    store_runs: _containers.RepeatedCompositeFieldContainer[StoreRun]
+    def __init__(self, query_pages: _Optional[int] = ..., matched: _Optional[_Iterable[_Union[HolderMatch, _Mapping]]] = ..., best_pages: _Optional[int] = ..., best_holders: _Optional[_Iterable[str]] = ..., store_runs: _Optional[_Iterable[_Union[StoreRun, _Mapping]]] = ...) -> None: ...
 
 class StatsRequest(_message.Message):
     __slots__ = ()

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from radix_global.hotness import Decay
-from radix_global.ops import HolderMatch, UnknownParentError
+from radix_global.ops import HolderMatch, StoreSpan, UnknownParentError
 from radix_global.tree import KeyConflictError, RadixTree
 from radix_global.types import Location, PageKey, Tier, WorkerId
 
@@ -219,3 +219,28 @@ def test_match_accepts_any_sequence() -> None:
     assert t.match((PageKey(1), PageKey(2), PageKey(4)), 0.0).matched == {
         (A, 0): HolderMatch(2, 2, 2)
     }
+
+
+def test_store_runs_join_a_stores_segments_and_stop_at_a_gap() -> None:
+    """docs/interfaces.md, "The run a store holds across its segments"."""
+    t = RadixTree()
+    keys = [PageKey(k) for k in range(1, 7)]
+    a, b = WorkerId("mc@a:1"), WorkerId("mc@b:1")
+    pool = Tier.POOL
+    t.store(Location(WorkerId("w"), 0, Tier.GPU), None, keys)  # splits nodes, is no segment
+    t.store(Location(WorkerId("v"), 0, Tier.GPU), None, keys[:1])  # two nodes, one span
+    t.store(Location(a, 0, pool), None, keys[:2])
+    t.store(Location(b, 0, pool), keys[1], keys[2:4])
+    t.store(Location(a, 0, pool), keys[2], keys[3:4])
+    t.store(Location(WorkerId("mc@b:1+disk"), 0, pool), keys[3], keys[4:5])  # a disk tier
+    t.store(Location(b, 0, pool), keys[4], keys[5:6])  # after a gap of the store's
+    got = t.match(keys, 1.0).store_runs
+    assert got == {"mc": (StoreSpan(2, frozenset({a})), StoreSpan(3, frozenset({b})),
+                          StoreSpan(4, frozenset({a, b})))}
+    assert t.match(keys[1:], 1.0).store_runs == {}  # a run starts at the query's first page
+    t.store(Location(b, 0, pool), None, keys[:1])
+    t.remove(Location(a, 0, pool), keys[:1])
+    assert t.match(keys, 1.0).store_runs == {"mc": (
+        StoreSpan(1, frozenset({b})), StoreSpan(2, frozenset({a})), StoreSpan(3, frozenset({b})),
+        StoreSpan(4, frozenset({a, b})))}
+

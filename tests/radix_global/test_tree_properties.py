@@ -14,11 +14,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from radix_global.locset import TIER_NAMES
-from radix_global.ops import HolderMatch, UnknownParentError
+from radix_global.ops import HolderMatch, StoreSpan, UnknownParentError
 from radix_global.tree import RadixTree
 from radix_global.types import Location, PageKey, Tier, WorkerId
 
-HOLDERS = [WorkerId(h) for h in ("w0", "w1", "p+disk")]  # the last: a pool's disk tier
+# two segments of one store ("s"), and a pool's disk tier (no segment, though it has an "@" less)
+HOLDERS = [WorkerId(h) for h in ("w0", "s@a", "s@b", "p+disk")]
 LOCATIONS = [Location(h, dp, t) for h in HOLDERS for dp in (0, 1) for t in Tier]
 TIER_CLASSES = ((Tier.GPU,), (Tier.GPU, Tier.HOST), tuple(Tier))
 
@@ -69,6 +70,20 @@ class Reference:
                 if lengths[2]:
                     out[(h, dp)] = HolderMatch(*lengths)
         return out
+
+    def store_runs(self, query: list[PageKey]) -> dict[str, tuple[StoreSpan, ...]]:
+        """Spans of the leading pages some segment of store "s" holds at tier POOL."""
+        spans: list[StoreSpan] = []
+        for page, key in enumerate(query):
+            segs = frozenset(h for h in HOLDERS if "@" in h for dp in (0, 1)
+                             if key in self.held[Location(h, dp, Tier.POOL)])
+            if not segs:
+                break
+            if spans and spans[-1].segments == segs:
+                spans[-1] = StoreSpan(page + 1, segs)
+            else:
+                spans.append(StoreSpan(page + 1, segs))
+        return {"s": tuple(spans)} if spans else {}
 
 
 labels = st.lists(st.integers(0, 2), min_size=1, max_size=8)
@@ -151,6 +166,7 @@ def run(ops: list[tuple[Any, ...]]) -> tuple[RadixTree, Reference]:
             got = tree.match(query, now=float(i))
             want = ref.match(query)
             assert got.matched == want
+            assert dict(got.store_runs) == ref.store_runs(query)
             best = max((m.pool for m in want.values()), default=0)
             assert got.best_pages == best
             assert got.best_holders == {h for (h, _), m in want.items() if m.pool == best and best}
@@ -189,6 +205,24 @@ def test_removing_every_page_frees_every_node(ops: list[tuple[Any, ...]]) -> Non
         for loc in node.locset.locs:
             tree.remove(loc, [PageKey(k) for k in node.keys])
     assert tree.node_count == 0 and tree.page_count == 0 and not tree._by_holder
+
+
+SEGMENT_LOCATIONS = [Location(WorkerId(h), dp, t) for h, dp, t in (
+    ("s@a", 0, Tier.POOL), ("s@b", 0, Tier.POOL), ("s@b", 1, Tier.POOL), ("w0", 0, Tier.GPU),
+    ("p+disk", 0, Tier.POOL))]
+segment_op = st.one_of(
+    st.tuples(st.just("store"), st.sampled_from(SEGMENT_LOCATIONS), labels, st.integers(0, 7)),
+    st.tuples(st.just("remove"), st.sampled_from(SEGMENT_LOCATIONS), labels, st.integers(0, 7)),
+    st.tuples(st.just("match"), labels),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(segment_op, max_size=40))
+def test_store_runs_over_segments_match_the_reference(ops: list[tuple[Any, ...]]) -> None:
+    """The same check as above, with the locations narrowed to a store's segments (and a worker
+    and a disk tier beside them, whose copies split nodes without being segments)."""
+    run(ops)
 
 
 def test_reference_catches_a_broken_match() -> None:

@@ -36,3 +36,21 @@ def test_malformed_ops_are_refused() -> None:
         op_from_pb(pb.IndexOp(clear=pb.ClearHolder(tier=1)))
     with pytest.raises(MalformedEventError, match="unknown tier"):
         op_from_pb(pb.IndexOp(clear=pb.ClearHolder(holder="w", tier=99)))
+
+
+def test_store_runs_cross_the_wire_and_broken_ones_are_dropped() -> None:
+    from radix_global.ops import HolderMatch, MatchResult, StoreSpan
+    from radix_global.wire import match_from_pb, match_to_pb
+
+    a, b = WorkerId("mc@a:1"), WorkerId("mc@b:1")
+    result = MatchResult(6, {(a, 0): HolderMatch(0, 0, 2)}, 4, frozenset({b}), {
+        "mc": (StoreSpan(2, frozenset({a})), StoreSpan(4, frozenset({a, b})))})
+    assert match_from_pb(match_to_pb(result)) == result
+    bad = match_to_pb(result)
+    bad.store_runs.add(store="x", spans=[pb.StoreSpan(end_page=3, segments=["x@1"]),
+                                         pb.StoreSpan(end_page=3, segments=["x@2"])])
+    bad.store_runs.add(store="y", spans=[pb.StoreSpan(end_page=9, segments=["y@1"])])
+    bad.store_runs.add(store="z", spans=[pb.StoreSpan(end_page=1)])
+    assert match_from_pb(bad).store_runs == result.store_runs  # not increasing, past, none
+    old = match_to_pb(result._replace(store_runs={}))  # an older service sends none
+    assert match_from_pb(old).store_runs == {}
