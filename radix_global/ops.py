@@ -103,8 +103,8 @@ class MatchResult(NamedTuple):
     best_pages: int  # longest leading run held anywhere (any holder, any tier)
     best_holders: frozenset[HolderId]  # holders of that longest run
     # Per store (pool_ids.store_of) whose segments hold the first page: the spans covering its
-    # leading run over all its segments (docs/interfaces.md, "The run a store holds across its
-    # segments"). Empty where no segment holds the first page.
+    # leading run over all its segments (docs/interfaces.md, "Mooncake Store as the L3 pool":
+    # "The run a store holds across its segments"). Empty where no segment holds the first page.
     store_runs: Mapping[str, tuple[StoreSpan, ...]] = NO_STORE_RUNS
 
 

@@ -99,6 +99,11 @@ class LoadReports:
         pages past what it holds from ``decision.fetch_from``."""
         if pool_id is None or decision.fetch_from is None or decision.worker_id is None:
             return
+        for piece in decision.fetch_pieces:  # a store's run: each piece from its segment
+            self.planned.add(pool_id, req.page_keys[piece.first_page:piece.end_page],
+                             piece.holder, decision.worker_id, now)
+        if decision.fetch_pieces:
+            return
         ps = req.page_size
         start = (decision.prefix_tokens - decision.fetch_tokens) // ps
         end = -(-decision.prefix_tokens // ps)

@@ -92,6 +92,17 @@ class WorkerState(NamedTuple):
         return (self.worker_id, self.dp_rank)
 
 
+class FetchPiece(NamedTuple):
+    """Part of a fetch of a store's run (``docs/interfaces.md``, "Mooncake Store as the L3
+    pool": "The run a store holds across its segments"): pages ``first_page`` to ``end_page``
+    (exclusive) from the segment ``holder``, predicted to take ``transfer_s``."""
+
+    holder: PoolId
+    first_page: int
+    end_page: int
+    transfer_s: float
+
+
 class CandidateEstimate(NamedTuple):
     """The TTFT breakdown for one candidate slot (all times in seconds, lengths in tokens)."""
 
@@ -105,6 +116,9 @@ class CandidateEstimate(NamedTuple):
     transfer_s: float
     ttft_s: float  # queue_s + transfer_s + prefill_s
     load: int  # outstanding requests (ties are broken by this)
+    # a fetch over a store's segments: its pieces, read in parallel (transfer_s: the slowest);
+    # fetch_from is then the piece with the most pages. Empty: one holder, fetch_from.
+    fetch_pieces: tuple[FetchPiece, ...] = ()
 
 
 class RejectReason(StrEnum):
@@ -141,6 +155,7 @@ class Decision(NamedTuple):
     prefix_tokens: int = 0  # tokens the chosen slot will not compute (local + fetched)
     fetch_tokens: int = 0
     fetch_from: PoolId | None = None
+    fetch_pieces: tuple[FetchPiece, ...] = ()  # a fetch over a store's segments (as above)
     predicted_ttft_s: float | None = None
     predicted_prefill_s: float | None = None  # the prefill part alone (feeds the queue model)
     predicted_queue_s: float = 0.0

@@ -292,10 +292,15 @@ class CostModel:
                                  decision.predicted_transfer_s, decision.fetch_tokens,
                                  self.queue.queue_s(slot, now), self.queue.outstanding(slot))
         self.queue.add(slot, req.request_id, pending)
-        source = decision.fetch_from
-        if source is not None and source != own_pool and is_segment(source) \
-                and not is_disk_holder(source) and decision.fetch_tokens > 0:
-            self.sending.book(source, now, now + decision.predicted_transfer_s)
+        if decision.fetch_tokens <= 0:
+            return
+        sends: list[tuple[PoolId | None, float]] = [
+            (p.holder, p.transfer_s) for p in decision.fetch_pieces] \
+            or [(decision.fetch_from, decision.predicted_transfer_s)]
+        for source, seconds in sends:
+            if source is not None and source != own_pool and is_segment(source) \
+                    and not is_disk_holder(source):
+                self.sending.book(source, now, now + seconds)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen. ``prefill_s``: the measured prefill compute time if the caller has

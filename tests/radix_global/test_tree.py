@@ -222,7 +222,8 @@ def test_match_accepts_any_sequence() -> None:
 
 
 def test_store_runs_join_a_stores_segments_and_stop_at_a_gap() -> None:
-    """docs/interfaces.md, "The run a store holds across its segments"."""
+    """docs/interfaces.md, "Mooncake Store as the L3 pool": "The run a store holds across its
+    segments"."""
     t = RadixTree()
     keys = [PageKey(k) for k in range(1, 7)]
     a, b = WorkerId("mc@a:1"), WorkerId("mc@b:1")

@@ -52,7 +52,7 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
-from radix_global.ops import HolderMatch, IndexRefusal, MatchResult
+from radix_global.ops import HolderMatch, IndexRefusal, MatchResult, StoreSpan
 from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.routing.admission import SloConfig, check_ttft, reject
@@ -73,6 +73,7 @@ from router.routing.contract import (
 from router.routing.idle_slots import IdleSlots
 from router.routing.routed_prefixes import RoutedPrefixes
 from router.routing.slot_table import SlotTable
+from router.routing.store_fetch import store_pieces
 
 
 class ConductorPolicy(RoutingPolicy):
@@ -150,6 +151,7 @@ class ConductorPolicy(RoutingPolicy):
             dp_rank=best.dp_rank,
             prefix_tokens=min(req.input_tokens, best.local_prefix_tokens + best.fetch_tokens),
             fetch_tokens=best.fetch_tokens, fetch_from=best.fetch_from,
+            fetch_pieces=best.fetch_pieces,
             predicted_ttft_s=best.ttft_s, predicted_prefill_s=best.prefill_s,
             predicted_queue_s=best.queue_s, predicted_transfer_s=best.transfer_s,
             candidates=tuple(estimates), available_tokens=_available(req, view, match),
@@ -221,9 +223,14 @@ class ConductorPolicy(RoutingPolicy):
         # each run priced on its own holder: a longer run may sit behind a slower link or disk
         fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
                    if self._worth_fetching(local_pages, pages)]
+        spans = _store_spans(req, worker, match, max((p for _, p in runs), default=0))
+        store_tokens = min(n, spans[-1].end_page * ps) - local_tokens \
+            if spans and self._worth_fetching(local_pages, spans[-1].end_page) else 0
         # the engine would not load so short a run: it recomputes it
         fetches = [(pool, t) for pool, t in fetches if t > 0 and t >= worker.pool_fetch_min_tokens]
-        if not fetches:
+        if store_tokens < max(1, worker.pool_fetch_min_tokens):
+            store_tokens = 0
+        if not fetches and not store_tokens:
             return recompute
         budget = worker.pool_prefetch_budget_tokens
         if budget and view.cost.prefetch_reserved_tokens(
@@ -237,10 +244,32 @@ class ConductorPolicy(RoutingPolicy):
                 worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
                 queue, prefill_f, transfer, queue + transfer + prefill_f, load,
             ))
+        if store_tokens:
+            options.append(self._store_fetch(worker, spans, local_tokens, n, ps, queue, load,
+                                             view, now))
         fetch = min(options, key=lambda e: e.ttft_s)  # a tie: the first, the worker's own pool
         if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
             return recompute
         return fetch
+
+    def _store_fetch(self, worker: WorkerState, spans: tuple[StoreSpan, ...], local_tokens: int,
+                     n: int, ps: int, queue: float, load: int, view: ClusterView,
+                     now: float) -> CandidateEstimate:
+        """The fetch of a store's run from its segments, past ``local_tokens``."""
+        assert worker.pool_id is not None  # _store_spans finds spans for a segment only
+
+        def price(holder: PoolId, first: int, end: int) -> float:
+            tokens = min(n, end * ps) - max(local_tokens, first * ps)
+            return view.cost.transfer_s(holder, worker, tokens, now)
+
+        pieces = store_pieces(spans, worker.pool_id, local_tokens // ps, price)
+        fetch_tokens = min(n, spans[-1].end_page * ps) - local_tokens
+        transfer = max(p.transfer_s for p in pieces)  # the segments send in parallel
+        biggest = max(pieces, key=lambda p: p.end_page - p.first_page).holder
+        prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
+        return CandidateEstimate(worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens,
+                                 biggest, queue, prefill, transfer, queue + transfer + prefill,
+                                 load, pieces)
 
     def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float,
                       tips: dict[Slot, int] | None = None) -> int:
@@ -370,7 +399,8 @@ def _available(req: RouteRequest, view: ClusterView, match: MatchResult | None) 
     """``Decision.available_tokens``: None where the index was not read."""
     if view.index is None or (req.page_keys and match is None):
         return None
-    pages = match.best_pages if match is not None else 0
+    pages = 0 if match is None else max(
+        [match.best_pages, *(spans[-1].end_page for spans in match.store_runs.values())])
     return min(pages, max(0, req.input_tokens - 1) // req.page_size) * req.page_size
 
 
@@ -384,11 +414,22 @@ def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
     return out
 
 
+def _store_spans(req: RouteRequest, worker: WorkerState, match: MatchResult | None,
+                 longest: int) -> tuple[StoreSpan, ...]:
+    """The spans of the run the worker's store holds over its segments, when that run is longer
+    than ``longest`` (every single holder's); none for a salted request opening with a shared
+    prefix (its pool pages may be another worker's alias keys: priced per holder)."""
+    pool_id = worker.pool_id
+    if match is None or pool_id is None or not is_segment(pool_id) or req.shared_keys:
+        return ()
+    spans = match.store_runs.get(store_of(pool_id), ())
+    return spans if spans and spans[-1].end_page > longest else ()
+
+
 def _pool_runs(worker: WorkerState, pools: dict[HolderId, int]) -> list[tuple[PoolId, int]]:
     """(holder, pages) of every holder this slot reads that has a run: its pool first, then the
     other segments of its store (``radix_global/pool_ids.py``), then its pool's disk tier. A
-    prefix split over segments counts as its longest run in one of them: an underestimate,
-    never a promise the store cannot keep."""
+    prefix split over segments is :func:`_store_spans`'s."""
     pool_id = worker.pool_id
     if pool_id is None:
         return []

@@ -64,3 +64,15 @@ def test_a_load_whose_holder_left_the_topology_is_counted_not_placed() -> None:
     reports.places.left(WorkerId("a"))
     report = PoolLoadReport(OWN, [PoolLoad(int(KEYS[0]), 1, 10, 1.0)])
     assert reports.apply(report, 1.0) == {LoadOutcome.NOT_PLACED: 1}
+
+
+def test_a_store_fetch_records_each_piece_under_its_own_segment() -> None:
+    from router.routing.contract import FetchPiece
+
+    reports = LoadReports(places())
+    req = RouteRequest("r", NS, 8 * PS, KEYS, PS)
+    pieces = (FetchPiece(PoolId(HELD), 0, 5, 0.1), FetchPiece(PoolId("mooncake-m-1@x:1"), 5, 8,
+                                                                0.1))
+    reports.fetch_planned(OWN, req, decision(0, 8 * PS)._replace(fetch_pieces=pieces), 0.0)
+    assert [reports.planned.source(OWN, KEYS[i], 0.0).holder  # type: ignore[union-attr]
+            for i in (0, 4, 5, 7)] == [HELD, HELD, "mooncake-m-1@x:1", "mooncake-m-1@x:1"]

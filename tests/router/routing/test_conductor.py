@@ -221,12 +221,38 @@ def test_a_worker_reads_every_segment_of_its_store_and_nothing_else() -> None:
     for pool in (PoolId("mooncake-other@10.0.0.3"), PoolId("mooncake-m-1")):
         ws = [WorkerState(WorkerId("w1"), NS, pool_id=pool)]
         assert d.route(request(0), ws, 0.0).fetch_tokens == 0, pool
-    # split over two other hosts' segments (one link speed): the longest run in one of them,
-    # never their union
+    # one segment's run inside another's: the longer one, whole
     d = driver(index_with((seg_a, 0, Tier.POOL, 40), (seg_b, 0, Tier.POOL, 20)))
     third = [WorkerState(WorkerId("w2"), NS, pool_id=PoolId("mooncake-m-1@10.0.0.4"))]
     dec = d.route(request(0), third, 0.0)
     assert dec.fetch_from == seg_a and dec.fetch_tokens == 40 * PS
+
+
+def test_a_run_split_over_a_stores_segments_is_fetched_whole() -> None:
+    """Each writer puts only the pages the store lacks in its own segment, so turns that ran on
+    different workers split a conversation over their segments; the engine loads the store's
+    whole run (docs/interfaces.md, "Mooncake Store as the L3 pool": "The run a store holds
+    across its segments"). Each piece
+    comes from its segment, the reader's own first, and the sender backlog books each."""
+    seg_a, seg_b, seg_c = (PoolId(f"mooncake-m-1@10.0.0.{i}:1") for i in (2, 3, 4))
+    idx = index_with((seg_a, 0, Tier.POOL, 30))
+    idx.apply(StorePages(NS, Location(seg_b, 0, Tier.POOL), KEYS[29], KEYS[30:50]))
+    idx.apply(StorePages(NS, Location(seg_c, 0, Tier.POOL), KEYS[49], KEYS[50:60]))
+    d = driver(idx, bandwidth=1e9)
+    reader = [WorkerState(WorkerId("wc"), NS, pool_id=seg_c)]
+    dec = d.route(request(0), reader, 0.0)
+    assert dec.fetch_tokens == 60 * PS and dec.available_tokens == 60 * PS
+    assert [(p.holder, p.first_page, p.end_page) for p in dec.fetch_pieces] == [
+        (seg_a, 0, 30), (seg_b, 30, 50), (seg_c, 50, 60)]
+    assert dec.fetch_from == seg_a  # the piece with the most pages
+    assert dec.predicted_transfer_s == max(p.transfer_s for p in dec.fetch_pieces)
+    assert d.cost.sending.wait_s(seg_a, 0.0) > 0 and d.cost.sending.wait_s(seg_b, 0.0) > 0
+    assert d.cost.sending.wait_s(seg_c, 0.0) == 0  # its own segment: no link
+    # a reader of another store, and a salted request opening with a shared prefix: per holder
+    other = [WorkerState(WorkerId("wx"), NS, pool_id=PoolId("mooncake-other@10.0.0.9:1"))]
+    assert d.route(request(1), other, 0.0).fetch_tokens == 0
+    salted = request(2)._replace(shared_keys=KEYS[:4])
+    assert d.route(salted, reader, 0.0).fetch_tokens == 0  # no alias-aware pool: recompute
 
 
 def test_readers_spread_over_the_segments_that_hold_a_run() -> None:
