@@ -58,6 +58,7 @@ from radix_global_tools.simulate.workload import SimRequest, full_page_keys
 from router.admission_ledger import AdmissionLedger
 from router.routing.contract import (
     Decision,
+    FetchPiece,
     RejectReason,
     RouteRequest,
     RoutingPolicy,
@@ -292,7 +293,8 @@ class Simulation:
             return None
         inst = self._by_id[WorkerId(decision.worker_id)]
         s = self._service(inst, keys, req.input_tokens, decision.prefix_tokens,
-                          decision.fetch_tokens, decision.fetch_from, touch=True, now=now)
+                          decision.fetch_tokens, decision.fetch_from, touch=True, now=now,
+                          pieces=decision.fetch_pieces)
         queued = _Queued(req, keys, s, decision, decision_s, now)
         kv = req.input_tokens + max(0, req.output_tokens - 1)
         due = inst.enqueue(now, Waiting(s.fetch_s + s.prefill_s, req.input_tokens, queued, kv))
@@ -332,9 +334,10 @@ class Simulation:
 
     def _service(self, inst: PrefillInstance[_Queued], keys: Sequence[Any], input_tokens: int,
                  prefix_tokens: int, fetch_tokens: int, fetch_from: PoolId | None,
-                 touch: bool, now: float = 0.0) -> _Service:
+                 touch: bool, now: float = 0.0, pieces: Sequence[FetchPiece] = ()) -> _Service:
         """How ``inst`` serves a prompt the router planned ``prefix_tokens`` for (of them
-        ``fetch_tokens`` from ``fetch_from``); ``touch``: it does (the hits are taken now)."""
+        ``fetch_tokens`` from ``fetch_from``, or from each of ``pieces``' segments); ``touch``:
+        it does (the hits are taken now)."""
         cal = self.cal
         local = inst.cache.prefix_pages(keys)
         if touch:
@@ -343,7 +346,7 @@ class Simulation:
         if self.shared is not None and fetch_tokens > 0:
             wanted = max(local, prefix_tokens // cal.page_tokens)
             fetched, fetch_s = self.shared.fetch(keys, local, wanted, fetch_from, touch, now,
-                                                 inst.worker_id)
+                                                 inst.worker_id, pieces)
         # The last prompt token is always computed (its logits give the first output token).
         reused = min((local + fetched) * cal.page_tokens, max(0, input_tokens - 1))
         return _Service(local, fetched, reused, fetch_s, cal.prefill_s(input_tokens, reused))
@@ -356,7 +359,7 @@ class Simulation:
         inst = self._by_id[best.worker_id]
         s = self._service(inst, keys, req.input_tokens,
                           best.local_prefix_tokens + best.fetch_tokens, best.fetch_tokens,
-                          best.fetch_from, touch=False, now=now)
+                          best.fetch_from, touch=False, now=now, pieces=best.fetch_pieces)
         return inst.free_at(now) - now + s.fetch_s + s.prefill_s + self.cal.first_token_s
 
     def _complete(self, flight: _InFlight, now: float

@@ -51,6 +51,9 @@ def make_cost(cal: Calibration) -> CostModel:
     config = CostConfig(
         kv_bytes_per_token=cal.kv_bytes_per_token,
         default_bandwidth_Bps=cal.bandwidth_bytes_per_s,
+        # a segment of another instance sends over the same fabric (segments.py): configured as
+        # an operator would (until session 33 the 10 Gbit/s default, whatever the fabric)
+        remote_segment_bandwidth_Bps=cal.bandwidth_bytes_per_s,
         transfer_overhead_s=cal.fetch_latency_s,
         # A simulated instance runs nothing beside its FIFO of prefills (decode is elsewhere,
         # engine.py): there is no drag of decoding requests to learn.

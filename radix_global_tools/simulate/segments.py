@@ -40,6 +40,7 @@ from router.cluster.copy_planner import (
     Target,
     run_holders,
 )
+from router.routing.contract import FetchPiece
 from router.routing.cost import CostModel
 
 STORE = "mooncake-sim"
@@ -119,22 +120,26 @@ class Segments:
 
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
               holder: PoolId | None, touch: bool, now: float = 0.0,
-              reader: WorkerId | None = None) -> tuple[int, float]:
+              reader: WorkerId | None = None,
+              pieces: Sequence[FetchPiece] = ()) -> tuple[int, float]:
         """As :meth:`SharedTiers.fetch`, when the router planned a fetch from the segment
         ``holder`` (gone or None: nothing). The engine then loads every page past its own that
         the store holds in a row (SGLang asks the store which leading pages exist, and Mooncake
         answers for every segment: ``wanted_pages``, the router's plan from one segment, may
-        be fewer), each page from ``holder`` if it has it, else from the segment that does. The
-        segments send in parallel, each after the transfers it is still sending to others;
-        ``touch``: this one is booked on them too."""
+        be fewer), each page from the segment the router planned it from if that one has it
+        (the piece of ``pieces`` that covers it, else ``holder``), else from the segment that
+        does. The segments send in parallel, each after the transfers it is still sending to
+        others; ``touch``: this one is booked on them too."""
         if holder is None or holder not in self.caches:
             return 0, 0.0
         loaded: dict[PoolId, list[PageKey]] = {}
-        for key in keys[local_pages:]:
-            where = self._where.get(key)
+        for page in range(local_pages, len(keys)):
+            where = self._where.get(keys[page])
             if not where:
                 break
-            loaded.setdefault(holder if holder in where else min(where), []).append(key)
+            planned = next((p.holder for p in pieces if p.first_page <= page < p.end_page),
+                           holder)
+            loaded.setdefault(planned if planned in where else min(where), []).append(keys[page])
         if touch:
             for seg, got in loaded.items():
                 self.caches[seg].touch(got)

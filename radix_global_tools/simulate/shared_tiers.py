@@ -17,6 +17,7 @@ from radix_global.pool_ids import disk_holder
 from radix_global.types import Location, Namespace, PageKey, PoolId, Tier, WorkerId
 from radix_global_tools.simulate.config import Calibration, SimConfigError
 from radix_global_tools.simulate.instances import PageCache
+from router.routing.contract import FetchPiece
 from router.routing.cost import CostModel
 
 POOL_ID = PoolId("pool-global")
@@ -53,11 +54,13 @@ class SharedTiers:
 
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
               holder: PoolId | None, touch: bool, now: float = 0.0,
-              reader: WorkerId | None = None) -> tuple[int, float]:
+              reader: WorkerId | None = None,
+              pieces: Sequence[FetchPiece] = ()) -> tuple[int, float]:
         """Pages fetched past the ``local_pages`` an instance holds, up to ``wanted_pages``, from
         ``holder`` (the router's choice; None or the pool: the pool), and the time it takes;
         ``touch``: the hits are taken now. The pool is striped over every node, so no sender is
-        a bottleneck: ``now`` and ``reader`` do not matter here (they do for segments)."""
+        a bottleneck: ``now``, ``reader`` and ``pieces`` do not matter here (they do for
+        segments)."""
         from_disk = holder == DISK_ID and self.disk is not None
         cache = self.disk if from_disk and self.disk is not None else self.pool
         held = cache.prefix_pages(keys)

@@ -89,6 +89,7 @@ class ConductorPolicy(RoutingPolicy):
         price_top_k: int | None = 8,
         routed_ttl_s: float = 30.0,
         routed_settle_s: float = 5.0,
+        store_runs: bool = True,
         slo: SloConfig | None = None,
     ) -> None:
         if fetch_ratio < 1.0 or min_fetch_pages < 1 or tie_s < 0 or tie_rel < 0 or (
@@ -102,6 +103,9 @@ class ConductorPolicy(RoutingPolicy):
         self.fetch_ratio = fetch_ratio
         self.min_fetch_pages = min_fetch_pages
         self.compare_fetch_cost = compare_fetch_cost
+        # False: a run split over a store's segments counts as its longest run in one segment
+        # (the router before session 33; benchmarks compare the two)
+        self.store_runs = store_runs
         self.tie_s = tie_s
         self.tie_rel = tie_rel
         # The router's one SLO (RouterConfig.slo), shared with the driver's decode
@@ -223,7 +227,8 @@ class ConductorPolicy(RoutingPolicy):
         # each run priced on its own holder: a longer run may sit behind a slower link or disk
         fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
                    if self._worth_fetching(local_pages, pages)]
-        spans = _store_spans(req, worker, match, max((p for _, p in runs), default=0))
+        spans = _store_spans(req, worker, match, max((p for _, p in runs), default=0)) \
+            if self.store_runs else ()
         store_tokens = min(n, spans[-1].end_page * ps) - local_tokens \
             if spans and self._worth_fetching(local_pages, spans[-1].end_page) else 0
         # the engine would not load so short a run: it recomputes it
