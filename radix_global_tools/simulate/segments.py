@@ -116,7 +116,8 @@ class Segments:
         return None
 
     def price_on(self, cost: CostModel) -> None:
-        """Every segment is read at the fabric's bandwidth: the cost model's default."""
+        """Every segment is read at the fabric's bandwidth: the cost model's default and its
+        remote-segment link, both the fabric's (``experiments.make_cost``)."""
 
     def fetch(self, keys: Sequence[PageKey], local_pages: int, wanted_pages: int,
               holder: PoolId | None, touch: bool, now: float = 0.0,

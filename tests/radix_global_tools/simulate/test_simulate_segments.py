@@ -130,3 +130,20 @@ def test_the_store_keeps_one_copy_of_a_page() -> None:
     segs.drop(WorkerId("p1"))
     got, _ = segs.fetch(PROMPT, 0, 8, segment_of(WorkerId("p0")), False, 100.0, WorkerId("p2"))
     assert got == 6
+
+
+def test_a_store_fetch_reads_each_piece_from_the_segment_the_router_planned() -> None:
+    """Pages held by two segments (a copy) are read from the one the router's piece names; a
+    page no piece covers from ``holder`` when it has it."""
+    from router.routing.contract import FetchPiece
+
+    workers = [WorkerId("p0"), WorkerId("p1"), WorkerId("p2")]
+    segs = Segments(NAMESPACE, CAL, workers, 512 * 64)
+    s0, s1 = segment_of(WorkerId("p0")), segment_of(WorkerId("p1"))
+    segs.store(PROMPT, WorkerId("p0"))
+    segs.copy(PROMPT, s1)
+    pieces = (FetchPiece(s0, 0, 2, 0.0), FetchPiece(s1, 2, 8, 0.0))
+    got, took = segs.fetch(PROMPT, 0, 8, s0, True, 0.0, WorkerId("p2"), pieces)
+    assert got == 8 and took == pytest.approx(CAL.fetch_s(512 * 6))  # in parallel
+    assert segs.sending_until[s0] == pytest.approx(CAL.fetch_s(512 * 2))
+    assert segs.sending_until[s1] == pytest.approx(CAL.fetch_s(512 * 6))
