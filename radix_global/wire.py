@@ -25,6 +25,7 @@ from radix_global.ops import (
     UnknownNamespaceError,
     UnknownParentError,
 )
+from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.proto import index_pb2 as pb
 from radix_global.registration import RegistrationError
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
@@ -152,20 +153,29 @@ def match_from_pb(msg: pb.MatchReply) -> MatchResult:
         },
         best_pages=msg.best_pages,
         best_holders=frozenset(WorkerId(h) for h in msg.best_holders),
-        store_runs={run.store: spans for run in msg.store_runs
-                    if (spans := _spans(run, msg.query_pages))},
+        store_runs=_store_runs(msg),
     )
 
 
+def _store_runs(msg: pb.MatchReply) -> dict[str, tuple[StoreSpan, ...]]:
+    """The runs as sent, each checked: a store named twice has none (priced per segment, as
+    without them)."""
+    named = [run.store for run in msg.store_runs]
+    return {run.store: spans for run in msg.store_runs
+            if named.count(run.store) == 1 and (spans := _spans(run, msg.query_pages))}
+
+
 def _spans(run: pb.StoreRun, query_pages: int) -> tuple[StoreSpan, ...]:
-    """A store's spans as sent; none (priced per segment, as without them) unless they end in
-    increasing order within the query and each names a segment: a reply that breaks that is
-    not a run the router can plan a fetch on."""
+    """A store's spans as sent; none unless they end in increasing order within the query and
+    each names segments of that store only: a reply that breaks that is not a run the router
+    can plan a fetch on."""
     spans = tuple(StoreSpan(s.end_page, frozenset(WorkerId(h) for h in s.segments))
                   for s in run.spans)
     ends = [0, *(s.end_page for s in spans)]
-    if any(b <= a for a, b in pairwise(ends)) or ends[-1] > query_pages \
-            or any(not s.segments for s in spans):
+    if any(b <= a for a, b in pairwise(ends)) or ends[-1] > query_pages or any(
+            not s.segments or any(not is_segment(h) or is_disk_holder(h)
+                                  or store_of(h) != run.store for h in s.segments)
+            for s in spans):
         return ()
     return spans
 

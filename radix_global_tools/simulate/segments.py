@@ -131,7 +131,7 @@ class Segments:
         (the piece of ``pieces`` that covers it, else ``holder``), else from the segment that
         does. The segments send in parallel, each after the transfers it is still sending to
         others; ``touch``: this one is booked on them too."""
-        if holder is None or holder not in self.caches:
+        if not pieces and (holder is None or holder not in self.caches):
             return 0, 0.0
         loaded: dict[PoolId, list[PageKey]] = {}
         for page in range(local_pages, len(keys)):

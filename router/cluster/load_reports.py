@@ -29,12 +29,15 @@ class LoadOutcome(StrEnum):
     APPLIED = "applied"  # a link of the topology moved towards it
     UNATTRIBUTED = "unattributed"  # not a fetch this router planned
     NOT_PLACED = "not_placed"  # planned, but its holder or worker is not in the topology
+    # it runs past its piece of a fetch over several segments: whose link it measured is unknown
+    MIXED = "mixed"
 
 
 class Planned(NamedTuple):
     holder: PoolId
     worker: WorkerId
     at: float
+    pages_left: int | None = None  # a store fetch's piece: its pages from this key on
 
 
 class PlannedFetches:
@@ -46,11 +49,14 @@ class PlannedFetches:
         self._keys: OrderedDict[tuple[str, PageKey], Planned] = OrderedDict()
 
     def add(self, pool_id: str, keys: Sequence[PageKey], holder: PoolId, worker: WorkerId,
-            now: float) -> None:
-        """``worker`` (whose own pool is ``pool_id``) is to load ``keys`` from ``holder``."""
-        planned = Planned(holder, worker, now)
-        for key in keys[-self.max_keys:]:
-            self._keys[(pool_id, key)] = planned
+            now: float, piece: bool = False) -> None:
+        """``worker`` (whose own pool is ``pool_id``) is to load ``keys`` from ``holder``;
+        ``piece``: they are one piece of a fetch over several segments, and a load is that
+        segment's only while it stays within them."""
+        kept = keys[-self.max_keys:]
+        for i, key in enumerate(kept):
+            self._keys[(pool_id, key)] = Planned(holder, worker, now,
+                                                 len(kept) - i if piece else None)
             self._keys.move_to_end((pool_id, key))
         while len(self._keys) > self.max_keys:
             self._keys.popitem(last=False)
@@ -101,7 +107,7 @@ class LoadReports:
             return
         for piece in decision.fetch_pieces:  # a store's run: each piece from its segment
             self.planned.add(pool_id, req.page_keys[piece.first_page:piece.end_page],
-                             piece.holder, decision.worker_id, now)
+                             piece.holder, decision.worker_id, now, piece=True)
         if decision.fetch_pieces:
             return
         ps = req.page_size
@@ -117,6 +123,8 @@ class LoadReports:
             planned = self.planned.source(report.pool_id, PageKey(load.first), now)
             if planned is None:
                 outcome = LoadOutcome.UNATTRIBUTED
+            elif planned.pages_left is not None and load.pages > planned.pages_left:
+                outcome = LoadOutcome.MIXED
             elif self.places.observe(planned.holder, planned.worker, load.bytes, load.seconds):
                 outcome = LoadOutcome.APPLIED
             else:

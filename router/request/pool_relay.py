@@ -183,6 +183,7 @@ class PoolForward:
                 "decode_cached_tokens": d_cached, "decode_storage_tokens": d_storage,
                 "ttft_s": stats.ttft_s})
         book_answer(self.state, self.inbound, self.routed, self.ok and self.status_code == 200,
-                    None if run is None else run.prefill_answer, answer, self.ttft_s, self.end_s)
+                    None if run is None else run.prefill_answer, answer, self.ttft_s,
+                    self.end_s, handoff=True)
         finish(self.state, self.inbound, self.ok,
                Outcome.PD_POOL_OK if self.ok else Outcome.PD_POOL_FAILED, record)

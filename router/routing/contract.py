@@ -95,7 +95,8 @@ class WorkerState(NamedTuple):
 class FetchPiece(NamedTuple):
     """Part of a fetch of a store's run (``docs/interfaces.md``, "Mooncake Store as the L3
     pool": "The run a store holds across its segments"): pages ``first_page`` to ``end_page``
-    (exclusive) from the segment ``holder``, predicted to take ``transfer_s``."""
+    (exclusive) from the segment ``holder``; ``transfer_s``: that segment's whole share of the
+    fetch (every piece it sends, one transfer), predicted."""
 
     holder: PoolId
     first_page: int

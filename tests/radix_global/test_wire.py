@@ -51,6 +51,11 @@ def test_store_runs_cross_the_wire_and_broken_ones_are_dropped() -> None:
                                          pb.StoreSpan(end_page=3, segments=["x@2"])])
     bad.store_runs.add(store="y", spans=[pb.StoreSpan(end_page=9, segments=["y@1"])])
     bad.store_runs.add(store="z", spans=[pb.StoreSpan(end_page=1)])
-    assert match_from_pb(bad).store_runs == result.store_runs  # not increasing, past, none
+    bad.store_runs.add(store="v", spans=[pb.StoreSpan(end_page=1, segments=["w@1"])])
+    bad.store_runs.add(store="u", spans=[pb.StoreSpan(end_page=1, segments=["u@1+disk"])])
+    # not increasing, past the query, no segment, another store's, a disk tier
+    assert match_from_pb(bad).store_runs == result.store_runs
+    bad.store_runs.add(store="mc", spans=[pb.StoreSpan(end_page=1, segments=["mc@a:1"])])
+    assert "mc" not in match_from_pb(bad).store_runs  # named twice
     old = match_to_pb(result._replace(store_runs={}))  # an older service sends none
     assert match_from_pb(old).store_runs == {}

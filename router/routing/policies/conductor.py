@@ -263,14 +263,16 @@ class ConductorPolicy(RoutingPolicy):
         """The fetch of a store's run from its segments, past ``local_tokens``."""
         assert worker.pool_id is not None  # _store_spans finds spans for a segment only
 
-        def price(holder: PoolId, first: int, end: int) -> float:
-            tokens = min(n, end * ps) - max(local_tokens, first * ps)
-            return view.cost.transfer_s(holder, worker, tokens, now)
-
-        pieces = store_pieces(spans, worker.pool_id, local_tokens // ps, price)
+        pieces = store_pieces(
+            spans, worker.pool_id, local_tokens // ps,
+            lambda holder, tokens: view.cost.transfer_s(holder, worker, tokens, now),
+            lambda first, end: min(n, end * ps) - max(local_tokens, first * ps))
         fetch_tokens = min(n, spans[-1].end_page * ps) - local_tokens
         transfer = max(p.transfer_s for p in pieces)  # the segments send in parallel
-        biggest = max(pieces, key=lambda p: p.end_page - p.first_page).holder
+        pages: dict[PoolId, int] = {}
+        for p in pieces:
+            pages[p.holder] = pages.get(p.holder, 0) + p.end_page - p.first_page
+        biggest = max(pages, key=lambda h: pages[h])
         prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
         return CandidateEstimate(worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens,
                                  biggest, queue, prefill, transfer, queue + transfer + prefill,

@@ -76,3 +76,7 @@ def test_a_store_fetch_records_each_piece_under_its_own_segment() -> None:
     reports.fetch_planned(OWN, req, decision(0, 8 * PS)._replace(fetch_pieces=pieces), 0.0)
     assert [reports.planned.source(OWN, KEYS[i], 0.0).holder  # type: ignore[union-attr]
             for i in (0, 4, 5, 7)] == [HELD, HELD, "mooncake-m-1@x:1", "mooncake-m-1@x:1"]
+    # a load within one piece measured that segment's link; one running past it, no one link
+    report = PoolLoadReport(OWN, [PoolLoad(int(KEYS[2]), 3, 10**6, 1.0),
+                                  PoolLoad(int(KEYS[3]), 3, 10**6, 1.0)])
+    assert reports.apply(report, 1.0) == {LoadOutcome.APPLIED: 1, LoadOutcome.MIXED: 1}

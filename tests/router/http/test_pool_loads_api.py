@@ -39,7 +39,7 @@ def test_a_planned_load_moves_the_hosts_memory_path_and_others_are_counted(route
         r = c.post("/admin/pool-loads", json={"pool_id": "shm-h",
                                                "loads": [*measured, load(99)]})
         assert r.status_code == 200, r.text
-        assert r.json() == {"applied": 4, "unattributed": 1, "not_placed": 0}
+        assert r.json() == {"applied": 4, "unattributed": 1, "not_placed": 0, "mixed": 0}
         topology = c.get("/admin/stats").json()["topology"]
         local = topology["local"]["host:127.0.0.1"]
         assert local["bandwidth_Bps"] == pytest.approx(1e9) and local["samples"] == 4

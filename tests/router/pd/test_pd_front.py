@@ -114,6 +114,8 @@ def test_a_hand_off_is_booked_in_the_funnel_and_against_the_slos(pd_cluster):
         metrics = c.get("/metrics").text
     econ = router.state.economics.stats()["tiny"]
     assert (econ["requests"], econ["prompt_tokens"], econ["delivered_tokens"]) == (1, 40, 3)
+    # its estimates covered the prefill only: no TTFT saved against them
+    assert (econ["ttft_saved_s"], econ["slower_than_cold"]) == (0.0, 0)
     prefill_id = next(e.info.worker_id for e in router.state.registry.all()
                       if e.info.role == Role.PREFILL)
     assert 'radix_global_delivered_prefix_tokens_total{model="tiny",tier="unsplit",' \
