@@ -53,7 +53,6 @@ from collections.abc import Iterable, Mapping, Sequence
 from itertools import chain
 
 from radix_global.ops import HolderMatch, IndexRefusal, MatchResult, StoreSpan
-from radix_global.pool_ids import is_disk_holder, is_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 from router.routing.admission import SloConfig, check_ttft, reject
 from router.routing.contract import (
@@ -71,6 +70,7 @@ from router.routing.contract import (
     slot_load,
 )
 from router.routing.idle_slots import IdleSlots
+from router.routing.pool_runs import pool_pages, pool_runs, store_spans, with_shared_prefix
 from router.routing.routed_prefixes import RoutedPrefixes
 from router.routing.slot_table import SlotTable
 from router.routing.store_fetch import store_pieces
@@ -127,10 +127,10 @@ class ConductorPolicy(RoutingPolicy):
         if not candidates:
             return no_workers(req, self.name)
         match = self._match(req, view, now)
-        pools = _pool_pages(match)
+        pools = pool_pages(match)
         shared_match = self._match(req, view, now, req.shared_keys) \
             if req.shared_keys and match is not None else None
-        shared = _pool_pages(shared_match) if shared_match is not None else None
+        shared = pool_pages(shared_match) if shared_match is not None else None
         n = len(candidates)
         k = self.price_top_k
         # other routers' routings of this prompt's prefixes: one scan of its keys
@@ -197,17 +197,17 @@ class ConductorPolicy(RoutingPolicy):
         shared: dict[HolderId, int] | None = None,
     ) -> CandidateEstimate:
         """The TTFT breakdown for one slot, choosing between recomputing and fetching.
-        ``pools``: :func:`_pool_pages` of ``match``, when the caller has it already; ``queue``:
+        ``pools``: :func:`pool_pages` of ``match``, when the caller has it already; ``queue``:
         the slot's ``cost.queue_s`` at ``now``, likewise; ``routed``: its routed-prefix pages;
-        ``shared``: :func:`_pool_pages` of the match of ``req.shared_keys``."""
+        ``shared``: :func:`pool_pages` of the match of ``req.shared_keys``."""
         if pools is None:
-            pools = _pool_pages(match)
+            pools = pool_pages(match)
         own = match.matched.get((worker.worker_id, worker.dp_rank)) if match is not None else None
         local_pages = own.host if own is not None else 0
-        runs = _pool_runs(worker, pools)  # empty without a match: pools come from it
+        runs = pool_runs(worker, pools)  # empty without a match: pools come from it
         if req.shared_keys and worker.pool_id is not None:
             if shared is not None and worker.pool_aliases:
-                runs = _with_shared_prefix(worker, runs, shared, len(req.shared_keys))
+                runs = with_shared_prefix(worker, runs, shared, len(req.shared_keys))
             else:  # its salted pool run over the prefix may be another worker's alias keys
                 runs = []
         if routed is None:
@@ -227,7 +227,7 @@ class ConductorPolicy(RoutingPolicy):
         # each run priced on its own holder: a longer run may sit behind a slower link or disk
         fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
                    if self._worth_fetching(local_pages, pages)]
-        spans = _store_spans(req, worker, match, max((p for _, p in runs), default=0)) \
+        spans = store_spans(req, worker, match, max((p for _, p in runs), default=0)) \
             if self.store_runs else ()
         store_tokens = min(n, spans[-1].end_page * ps) - local_tokens \
             if spans and self._worth_fetching(local_pages, spans[-1].end_page) else 0
@@ -261,7 +261,7 @@ class ConductorPolicy(RoutingPolicy):
                      n: int, ps: int, queue: float, load: int, view: ClusterView,
                      now: float) -> CandidateEstimate:
         """The fetch of a store's run from its segments, past ``local_tokens``."""
-        assert worker.pool_id is not None  # _store_spans finds spans for a segment only
+        assert worker.pool_id is not None  # store_spans finds spans for a segment only
 
         pieces = store_pieces(
             spans, worker.pool_id, local_tokens // ps,
@@ -409,60 +409,3 @@ def _available(req: RouteRequest, view: ClusterView, match: MatchResult | None) 
     pages = 0 if match is None else max(
         [match.best_pages, *(spans[-1].end_page for spans in match.store_runs.values())])
     return min(pages, max(0, req.input_tokens - 1) // req.page_size) * req.page_size
-
-
-def _pool_pages(match: MatchResult | None) -> dict[HolderId, int]:
-    """Longest run per holder over its dp ranks; looked up for each candidate's pool."""
-    out: dict[HolderId, int] = {}
-    if match is not None:
-        for (holder, _), m in match.matched.items():
-            if m.pool > out.get(holder, 0):
-                out[holder] = m.pool
-    return out
-
-
-def _store_spans(req: RouteRequest, worker: WorkerState, match: MatchResult | None,
-                 longest: int) -> tuple[StoreSpan, ...]:
-    """The spans of the run the worker's store holds over its segments, when that run is longer
-    than ``longest`` (every single holder's); none for a salted request opening with a shared
-    prefix (its pool pages may be another worker's alias keys: priced per holder)."""
-    pool_id = worker.pool_id
-    if match is None or pool_id is None or not is_segment(pool_id) or req.shared_keys:
-        return ()
-    spans = match.store_runs.get(store_of(pool_id), ())
-    return spans if spans and spans[-1].end_page > longest else ()
-
-
-def _pool_runs(worker: WorkerState, pools: dict[HolderId, int]) -> list[tuple[PoolId, int]]:
-    """(holder, pages) of every holder this slot reads that has a run: its pool first, then the
-    other segments of its store (``radix_global/pool_ids.py``), then its pool's disk tier. A
-    prefix split over segments is :func:`_store_spans`'s."""
-    pool_id = worker.pool_id
-    if pool_id is None:
-        return []
-    runs = [(pool_id, pools.get(pool_id, 0))]
-    if is_segment(pool_id):
-        store = store_of(pool_id)
-        runs += [(PoolId(h), pages) for h, pages in pools.items()  # another's disk: not readable
-                 if h != pool_id and is_segment(h) and store_of(h) == store
-                 and not is_disk_holder(h)]
-    disk = worker.pool_disk_id
-    if disk is not None:
-        runs.append((disk, pools.get(disk, 0)))
-    return [(h, pages) for h, pages in runs if pages > 0]
-
-
-def _with_shared_prefix(worker: WorkerState, runs: list[tuple[PoolId, int]],
-                        shared: dict[HolderId, int], shared_len: int
-                        ) -> list[tuple[PoolId, int]]:
-    """The pool run of a request whose first ``shared_len`` pages are a registered prefix, on a
-    worker whose pool resolves aliases: the canonical run of those pages (the only copy the pool
-    keeps: a salted alias entry of another worker may be stale), and past them the longest
-    salted run (the first holder wins a tie: its own pool is the faster one)."""
-    canonical = max(_pool_runs(worker, shared), key=lambda r: r[1], default=None)
-    salted = max(runs, key=lambda r: r[1], default=None)
-    if canonical is None:
-        return []
-    if canonical[1] < shared_len or salted is None or salted[1] <= canonical[1]:
-        return [canonical]
-    return [salted]
