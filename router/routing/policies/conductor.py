@@ -10,11 +10,12 @@ For each candidate prefill slot ``c`` (one per worker and data-parallel rank):
   model already puts the new request behind it, while KV events arrive only after the batch;
   after that the index knows better (an engine under cache pressure evicts it within seconds);
 - fetchable: the prefix held by each L3 holder ``c`` reads (``c.pool_id``, the other segments
-  of its store, its disk tier ``c.pool_disk_id``), each run priced at its holder's bandwidth and
-  the cheapest fetch kept; for a salted request that starts with a registered platform prefix,
-  on a worker whose pool resolves aliases, the pool run of those pages is their canonical one
-  (``docs/interfaces.md``, "Shared platform prefixes across isolated tenants"), its longest run
-  only;
+  of its store, its disk tier ``c.pool_disk_id``), each run priced at its holder's bandwidth,
+  and the run the store holds over all its segments, each piece from its segment
+  (``router/routing/pool_runs.py``, ``store_fetch.py``); the cheapest fetch kept; for a salted
+  request that starts with a registered platform prefix, on a worker whose pool resolves
+  aliases, the pool run of those pages is their canonical one (``docs/interfaces.md``, "Shared
+  platform prefixes across isolated tenants"), its longest run only;
 - fetch the difference when the fetchable run exceeds the local one by ``fetch_ratio`` (with no
   local hit: when it is at least ``min_fetch_pages`` long), and, with ``compare_fetch_cost``, only
   when fetching is predicted faster than recomputing (slow links lose to recomputation);
