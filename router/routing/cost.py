@@ -294,13 +294,17 @@ class CostModel:
         self.queue.add(slot, req.request_id, pending)
         if decision.fetch_tokens <= 0:
             return
-        sends: list[tuple[PoolId | None, float]] = [
-            (p.holder, p.transfer_s) for p in decision.fetch_pieces] \
-            or [(decision.fetch_from, decision.predicted_transfer_s)]
-        for source, seconds in sends:
-            if source is not None and source != own_pool and is_segment(source) \
-                    and not is_disk_holder(source):
-                self.sending.book(source, now, now + seconds)
+        if not decision.fetch_pieces:
+            self._book_send(decision.fetch_from, own_pool, now, decision.predicted_transfer_s)
+        for piece in decision.fetch_pieces:
+            self._book_send(piece.holder, own_pool, now, piece.transfer_s)
+
+    def _book_send(self, source: PoolId | None, own_pool: PoolId | None, now: float,
+                   seconds: float) -> None:
+        """A fetch from another worker's segment holds its link for ``seconds`` from ``now``."""
+        if source is not None and source != own_pool and is_segment(source) \
+                and not is_disk_holder(source):
+            self.sending.book(source, now, now + seconds)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:
         """First token seen. ``prefill_s``: the measured prefill compute time if the caller has

@@ -229,7 +229,7 @@ class ConductorPolicy(RoutingPolicy):
         fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
                    if self._worth_fetching(local_pages, pages)]
         spans = store_spans(req, worker, match, max((p for _, p in runs), default=0)) \
-            if self.store_runs else ()
+            if self.store_runs and match is not None and match.store_runs else ()
         store_tokens = min(n, spans[-1].end_page * ps) - local_tokens \
             if spans and self._worth_fetching(local_pages, spans[-1].end_page) else 0
         # the engine would not load so short a run: it recomputes it
@@ -407,6 +407,7 @@ def _available(req: RouteRequest, view: ClusterView, match: MatchResult | None) 
     """``Decision.available_tokens``: None where the index was not read."""
     if view.index is None or (req.page_keys and match is None):
         return None
-    pages = 0 if match is None else max(
-        [match.best_pages, *(spans[-1].end_page for spans in match.store_runs.values())])
+    pages = 0 if match is None else match.best_pages
+    if match is not None and match.store_runs:
+        pages = max(pages, *(spans[-1].end_page for spans in match.store_runs.values()))
     return min(pages, max(0, req.input_tokens - 1) // req.page_size) * req.page_size
