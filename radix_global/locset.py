@@ -10,7 +10,7 @@ from __future__ import annotations
 import weakref
 from collections.abc import Iterable
 
-from radix_global.pool_ids import is_disk_holder, is_segment, store_of
+from radix_global.pool_ids import is_disk_holder, is_store_segment, store_of
 from radix_global.types import HolderId, Location, Tier
 
 HolderRank = tuple[HolderId, int]
@@ -48,7 +48,7 @@ class LocSet:
         segments: dict[str, set[HolderId]] = {}  # store -> its segments holding the pages
         for loc in locs:
             h = loc.holder
-            if loc.tier == Tier.POOL and is_segment(h) and not is_disk_holder(h):
+            if loc.tier == Tier.POOL and is_store_segment(h):
                 segments.setdefault(store_of(h), set()).add(h)
         self.segments: dict[str, frozenset[HolderId]] = {
             store: frozenset(hs) for store, hs in segments.items()}

@@ -56,6 +56,12 @@ def is_disk_holder(holder: str) -> bool:
     return holder.endswith(DISK_SUFFIX)
 
 
+def is_store_segment(holder: str) -> bool:
+    """Whether ``holder`` is a segment of a shared store, which every worker of that store reads
+    (a segment's disk tier, ``<segment>+disk``, looks like one and is read by its owner only)."""
+    return is_segment(holder) and not is_disk_holder(holder)
+
+
 def leaving_with_worker(pool_id: str | None, disk_id: str | None) -> list[PoolId]:
     """The pool holders that leave the index with their worker: a Mooncake segment (it dies with
     the client that contributed it) and its disk tier (a folder of that worker's host, read only

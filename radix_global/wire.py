@@ -25,7 +25,7 @@ from radix_global.ops import (
     UnknownNamespaceError,
     UnknownParentError,
 )
-from radix_global.pool_ids import is_disk_holder, is_segment, store_of
+from radix_global.pool_ids import is_store_segment, store_of
 from radix_global.proto import index_pb2 as pb
 from radix_global.registration import RegistrationError
 from radix_global.types import Location, Namespace, PageKey, Tier, WorkerId
@@ -173,8 +173,8 @@ def _spans(run: pb.StoreRun, query_pages: int) -> tuple[StoreSpan, ...]:
                   for s in run.spans)
     ends = [0, *(s.end_page for s in spans)]
     if any(b <= a for a, b in pairwise(ends)) or ends[-1] > query_pages or any(
-            not s.segments or any(not is_segment(h) or is_disk_holder(h)
-                                  or store_of(h) != run.store for h in s.segments)
+            not s.segments or any(not is_store_segment(h) or store_of(h) != run.store
+                                  for h in s.segments)
             for s in spans):
         return ()
     return spans

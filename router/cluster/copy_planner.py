@@ -20,7 +20,7 @@ from typing import Annotated, NamedTuple
 from radix_global.index import GlobalIndex
 from radix_global.ops import HotPrefix
 from radix_global.options import opt
-from radix_global.pool_ids import is_disk_holder, is_segment, store_of
+from radix_global.pool_ids import is_store_segment, store_of
 from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
 
 
@@ -120,7 +120,7 @@ class CopyPlanner:
             if prefix.hit_rate < cfg.min_hit_rate or prefix.pages < cfg.min_pages:
                 continue
             holders = set(holders_of(prefix.keys))
-            segments = sorted(h for h in holders if is_segment(h) and not is_disk_holder(h))
+            segments = sorted(h for h in holders if is_store_segment(h))
             if not segments:
                 continue
             # who uses the prefix: the target workers holding the whole run in their own caches

@@ -118,7 +118,7 @@ class CandidateEstimate(NamedTuple):
     ttft_s: float  # queue_s + transfer_s + prefill_s
     load: int  # outstanding requests (ties are broken by this)
     # a fetch over a store's segments: its pieces, read in parallel (transfer_s: the slowest);
-    # fetch_from is then the piece with the most pages. Empty: one holder, fetch_from.
+    # fetch_from is then the segment with the most pages. Empty: one holder, fetch_from.
     fetch_pieces: tuple[FetchPiece, ...] = ()
 
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Annotated, Any
 
 from radix_global.options import opt
-from radix_global.pool_ids import is_disk_holder, is_segment, segment_host
+from radix_global.pool_ids import is_store_segment, segment_host
 from radix_global.types import Namespace, PoolId, WorkerId
 from router.routing.contract import Decision, RouteRequest, Slot, WorkerState
 from router.routing.drag_model import DragModel
@@ -302,8 +302,7 @@ class CostModel:
     def _book_send(self, source: PoolId | None, own_pool: PoolId | None, now: float,
                    seconds: float) -> None:
         """A fetch from another worker's segment holds its link for ``seconds`` from ``now``."""
-        if source is not None and source != own_pool and is_segment(source) \
-                and not is_disk_holder(source):
+        if source is not None and source != own_pool and is_store_segment(source):
             self.sending.book(source, now, now + seconds)
 
     def on_prefill_done(self, request_id: str, now: float, prefill_s: float | None = None) -> None:

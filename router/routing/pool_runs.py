@@ -6,7 +6,7 @@ conductor prices each of them."""
 from __future__ import annotations
 
 from radix_global.ops import MatchResult, StoreSpan
-from radix_global.pool_ids import is_disk_holder, is_segment, store_of
+from radix_global.pool_ids import is_segment, is_store_segment, store_of
 from radix_global.types import HolderId, PoolId
 from router.routing.contract import RouteRequest, WorkerState
 
@@ -44,8 +44,7 @@ def pool_runs(worker: WorkerState, pools: dict[HolderId, int]) -> list[tuple[Poo
     if is_segment(pool_id):
         store = store_of(pool_id)
         runs += [(PoolId(h), pages) for h, pages in pools.items()  # another's disk: not readable
-                 if h != pool_id and is_segment(h) and store_of(h) == store
-                 and not is_disk_holder(h)]
+                 if h != pool_id and is_store_segment(h) and store_of(h) == store]
     disk = worker.pool_disk_id
     if disk is not None:
         runs.append((disk, pools.get(disk, 0)))

@@ -251,24 +251,24 @@ class ConductorPolicy(RoutingPolicy):
                 queue, prefill_f, transfer, queue + transfer + prefill_f, load,
             ))
         if store_tokens:
-            options.append(self._store_fetch(worker, spans, local_tokens, n, ps, queue, load,
-                                             view, now))
+            options.append(self._store_fetch(worker, spans, local_tokens, store_tokens, n, ps,
+                                             queue, load, view, now))
         fetch = min(options, key=lambda e: e.ttft_s)  # a tie: the first, the worker's own pool
         if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
             return recompute
         return fetch
 
     def _store_fetch(self, worker: WorkerState, spans: tuple[StoreSpan, ...], local_tokens: int,
-                     n: int, ps: int, queue: float, load: int, view: ClusterView,
-                     now: float) -> CandidateEstimate:
-        """The fetch of a store's run from its segments, past ``local_tokens``."""
+                     fetch_tokens: int, n: int, ps: int, queue: float, load: int,
+                     view: ClusterView, now: float) -> CandidateEstimate:
+        """The fetch of ``fetch_tokens``, a store's run from its segments past
+        ``local_tokens``."""
         assert worker.pool_id is not None  # store_spans finds spans for a segment only
 
         pieces = store_pieces(
             spans, worker.pool_id, local_tokens // ps,
             lambda holder, tokens: view.cost.transfer_s(holder, worker, tokens, now),
             lambda first, end: min(n, end * ps) - max(local_tokens, first * ps))
-        fetch_tokens = min(n, spans[-1].end_page * ps) - local_tokens
         transfer = max(p.transfer_s for p in pieces)  # the segments send in parallel
         pages: dict[PoolId, int] = {}
         for p in pieces:
