@@ -2,7 +2,7 @@
 against more copies"; issue 44's copies).
 
     python -m benchmarks.micro.segment_copies [--rates 4 8] [--bandwidths 5e9 8.7e9]
-        [--instances 8] [--requests 600] [--out FILE]
+        [--instances 8] [--requests 600] [--seed 1] [--out FILE]
 
 An agent platform's requests (``agent_requests``: ``prompts`` system prompts of 16 blocks with
 Zipf(1.1) popularity, each request one of them plus two blocks of its own, 64 output tokens,
@@ -78,16 +78,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--instances", type=int, default=8)
     p.add_argument("--prompts", type=int, default=8)
     p.add_argument("--requests", type=int, default=600)
+    p.add_argument("--seed", type=int, default=1, help="the workload's random seed")
     p.add_argument("--out", default=str(RESULTS / "segment_copies.json"))
     args = p.parse_args(argv)
     rows = []
     print("| req/s | GB/s | pool | TTFT <= 2 s | hit rate | fetches | mean fetch s | copy pages |")
     print("|---|---|---|---|---|---|---|---|")
     for rate in args.rates:
-        reqs = agent_requests(args.requests, rate, args.prompts)
+        reqs = agent_requests(args.requests, rate, args.prompts, seed=args.seed)
         for bw in args.bandwidths:
             for copies in (None, 0, 1, 2):
-                r = {"rate": rate, "bandwidth_Bps": bw, **one(reqs, args.instances, bw, copies)}
+                r = {"rate": rate, "bandwidth_Bps": bw, "seed": args.seed,
+                     **one(reqs, args.instances, bw, copies)}
                 rows.append(r)
                 pool = "striped" if copies is None else f"segments, {copies} copies"
                 print(f"| {rate:g} | {bw / 1e9:g} | {pool} | {r['ttft_share']:.3f} | "
