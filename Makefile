@@ -5,7 +5,7 @@ export PYTHONHASHSEED := 0
 # they are budgeted on; the end-to-end tests run one at a time (they time real engines).
 UNIT_WORKERS ?= 2
 
-.PHONY: bootstrap bootstrap-vllm bootstrap-test-tools demo test test-unit test-e2e lint bench bench-pressure model
+.PHONY: bootstrap bootstrap-vllm bootstrap-aiperf bootstrap-test-tools demo test test-unit test-e2e lint bench bench-pressure bench-clients model
 
 bootstrap: .venv/.complete
 .venv/.complete: scripts/bootstrap.sh constraints/lock-main.txt pyproject.toml
@@ -13,6 +13,9 @@ bootstrap: .venv/.complete
 
 bootstrap-vllm:
 	scripts/bootstrap.sh vllm
+
+bootstrap-aiperf:
+	scripts/bootstrap.sh aiperf
 
 bootstrap-test-tools:
 	scripts/bootstrap.sh test-tools
@@ -44,3 +47,8 @@ bench: bootstrap
 # Issue 15's scenario: small local caches, two workloads over a load sweep (~35 minutes).
 bench-pressure: bootstrap
 	$(PY) -m benchmarks.scenarios.pressure_bench
+
+# Issue 42's independent client: our replay and NVIDIA's aiperf on the same requests at the same
+# times, through make demo's pair, three repeats (~30 minutes).
+bench-clients: bootstrap bootstrap-aiperf
+	$(PY) -m benchmarks.scenarios.client_agreement

