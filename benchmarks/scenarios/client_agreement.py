@@ -4,14 +4,15 @@
         [--conversations K] [--duration-s S] [--out FILE]
 
 Every TTFT this project reports comes from its own replay client
-(``radix_global_tools/replay/client.py``). Here a client nobody here wrote checks it: the cache
-pressure scenario's conversation plan (``benchmarks/data/pressure.toml``, the ``[demo]`` point
-by default) is exported as an aiperf custom dataset (prompt text, output length, send time;
-``benchmarks/harness/aiperf.py``), and each contender (default: ours and the strongest peer mode,
-``make demo``'s pair) is replayed by both clients, ``--repeats`` times, the clients' order rotated
-each repeat, engines' caches flushed and the L3 tier emptied before every run (engines restarted
-each repeat). Ours sends SGLang ``/generate``, aiperf OpenAI ``/v1/completions``: the same prompt
-text, tokenized by the engine on both paths.
+(``radix_global_tools/replay/client.py``). Here a client nobody here wrote checks it: a
+conversation plan of the cache pressure scenario (``benchmarks/data/pressure.toml``; by default
+``make demo``'s, its ``[demo]`` point of the shipped trace sample) is exported as an aiperf custom
+dataset (prompt text, output length, send time; ``benchmarks/harness/aiperf.py``), and each
+contender (default: ``make demo``'s pair, ours and the strongest peer mode) is replayed by both
+clients, ``--repeats`` times, the clients' order rotated each repeat, engines' caches flushed and
+the L3 tier emptied before every run (engines restarted each repeat). Ours sends SGLang
+``/generate``, aiperf OpenAI ``/v1/completions``: the same prompt text, tokenized by the engine
+on both paths.
 
 Verdict (``benchmarks/harness/agreement.py``): per contender, the clients' TTFT mean and p90
 (averaged over the repeats) differ by no more than the run-to-run spread; the negative control,
@@ -34,7 +35,7 @@ from typing import Any
 
 from benchmarks.harness import aiperf
 from benchmarks.harness.agreement import RunTimes, agreement, send_skew_s
-from benchmarks.harness.paths import FULL_TRACE, REPO, RESULTS
+from benchmarks.harness.paths import REPO, RESULTS
 from benchmarks.harness.spread import rotated
 from benchmarks.scenarios import bench_report
 from benchmarks.scenarios.bench import SAMPLE_TRACE, BenchConfig, Contender, Runner, machine
@@ -147,7 +148,7 @@ COLUMNS = (("contender", "contender", "{}"), ("client", "client", "{}"),
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="client_agreement", description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(DEFAULT_CONFIG))
-    p.add_argument("--trace", default=str(FULL_TRACE if FULL_TRACE.exists() else SAMPLE_TRACE))
+    p.add_argument("--trace", default=str(SAMPLE_TRACE), help="default: make demo's")
     p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--contenders", nargs="+", default=list(DEMO_PAIR), metavar="NAME",
                    help="of: " + "; ".join(c.name for c in CONTENDERS))
