@@ -81,7 +81,9 @@ CONTENDERS = (
     # its defaults (cache threshold 0.3, balance thresholds, KV-pressure weight 0.15 s) as
     # shipped. The hash index needs the positions where engines keep prefix state: the
     # workloads' system prompts and powers of two. Its event-driven KV index (``--kv-index``)
-    # takes events from workers in gRPC mode only: not run here.
+    # takes events from workers in gRPC mode only, which run on CPU but serve no HTTP
+    # ``/flush_cache`` or ``/health`` for this harness: not a contender yet (docs/benchmarks.md,
+    # "What else of today's peers runs here").
     Contender("smg cache_aware tree + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "cache_aware", {"--cache-index": "tree"})),
     Contender("smg cache_aware hash + HiCache + shared file L3", "stock-file",
