@@ -11,8 +11,8 @@ dataset (prompt text, output length, send time; ``benchmarks/harness/aiperf.py``
 contender (default: ``make demo``'s pair, ours and the strongest peer mode) is replayed by both
 clients, ``--repeats`` times, the clients' order rotated each repeat, engines' caches flushed and
 the L3 tier emptied before every run (engines restarted each repeat). Ours sends SGLang
-``/generate``, aiperf OpenAI ``/v1/completions``: the same prompt text, tokenized by the engine
-on both paths.
+``/generate`` (``--replay-endpoint completions``: aiperf's OpenAI ``/v1/completions``), aiperf
+``/v1/completions``: the same prompt text, tokenized by the engine on both paths.
 
 Verdict (``benchmarks/harness/agreement.py``): per contender, the clients' TTFT mean and p90
 (averaged over the repeats) differ by no more than the run-to-run spread; the negative control,
@@ -44,6 +44,7 @@ from benchmarks.scenarios.pressure_plan import DEFAULT_CONFIG, PressureConfig, l
 from benchmarks.scenarios.pressure_plan import conversation_plan as build_plan
 from radix_global_tools.cluster.local import LocalCluster, Proc
 from radix_global_tools.replay.client import ClientOptions, replay
+from radix_global_tools.replay.completions import PATHS, Endpoint
 from radix_global_tools.replay.plan import PlannedRequest
 from radix_global_tools.replay.stats import SloTargets
 from sglang_patch.make_model import ensure_model
@@ -56,15 +57,17 @@ class Clients:
     """Runs one client against a prepared router and returns what it measured."""
 
     def __init__(self, plan: list[PlannedRequest], cfg: PressureConfig, model_dir: str,
-                 work: Path, timeout_s: float) -> None:
+                 work: Path, timeout_s: float, endpoint: Endpoint) -> None:
         self.plan, self.cfg, self.model_dir, self.timeout_s = plan, cfg, model_dir, timeout_s
+        self.endpoint = endpoint
         self.work = work
         self.dataset = work / "aiperf_dataset.jsonl"
         aiperf.write_dataset(plan, self.dataset)
         self.tokenizer = aiperf.tokenizer_cache(Path(model_dir), work / "hf")
 
     def replay(self, router: Proc) -> dict[str, Any]:
-        opts = ClientOptions(request_timeout_s=self.timeout_s, max_duration_s=self.timeout_s)
+        opts = ClientOptions(request_timeout_s=self.timeout_s, max_duration_s=self.timeout_s,
+                             model=self.model_dir, endpoint=self.endpoint)
         report = replay(self.plan, router.url, opts,
                         SloTargets(self.cfg.ttft_slo_s, self.cfg.tbt_slo_s), label="replay")
         ok = [r for r in report.results if r.status == "ok"]
@@ -153,6 +156,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--contenders", nargs="+", default=list(DEMO_PAIR), metavar="NAME",
                    help="of: " + "; ".join(c.name for c in CONTENDERS))
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--replay-endpoint", choices=[e.value for e in Endpoint], default="generate",
+                   help="our replay's endpoint: SGLang /generate (as in every other benchmark) "
+                        "or aiperf's own, OpenAI /v1/completions")
     p.add_argument("--conversations", type=int, help="default: the config's [demo] point")
     p.add_argument("--duration-s", type=float, help="default: the config's [demo] point")
     p.add_argument("--out", default=str(RESULTS / "client_agreement.json"))
@@ -174,11 +180,13 @@ def main(argv: list[str] | None = None) -> int:
     duration = args.duration_s or cfg.demo.duration_s
     plan, _ = build_plan(conv, args.trace, cfg.page_size, duration)
     print(f"plan: {len(plan)} requests of {conv.conversations} conversations over "
-          f"{duration:.0f} s, open loop; {args.repeats} repeats", flush=True)
+          f"{duration:.0f} s, open loop; {args.repeats} repeats; our replay over "
+          f"{PATHS[Endpoint(args.replay_endpoint)]}", flush=True)
     stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
     work = REPO / "build" / f"client-agreement-{stamp}"
     work.mkdir(parents=True)
-    clients = Clients(plan, cfg, args.model_dir, work, timeout_s=duration * 4 + 120)
+    clients = Clients(plan, cfg, args.model_dir, work, timeout_s=duration * 4 + 120,
+                      endpoint=Endpoint(args.replay_endpoint))
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
     for rep in range(args.repeats):
@@ -195,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
     bench_report.write_json(out, {"date": now, "machine": machine(), "argv": argv,
                                   "requests": len(plan), "duration_s": duration,
+                                  "replay_endpoint": args.replay_endpoint,
                                   "wall_s": time.monotonic() - started, "verdicts": found,
                                   "runs": rows})
     print(f"wrote {out}")

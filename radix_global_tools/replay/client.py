@@ -26,6 +26,12 @@ from typing import Any, NamedTuple
 import httpx
 
 from radix_global.trace import TraceFormatError, prompt_text, read_trace
+from radix_global_tools.replay.completions import (
+    PATHS,
+    Endpoint,
+    apply_completion_chunk,
+    completion_body,
+)
 from radix_global_tools.replay.plan import (
     PlanError,
     PlannedRequest,
@@ -47,6 +53,7 @@ class ClientOptions:
     max_duration_s: float = 1800.0  # outstanding requests are cancelled (failed) after this
     model: str | None = None  # sent as "model" when set
     temperature: float = 0.0
+    endpoint: Endpoint = Endpoint.GENERATE
 
 
 class ReplayReport(NamedTuple):
@@ -115,13 +122,17 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
         "temperature": opts.temperature}}
     if opts.model:
         body["model"] = opts.model
+    fold = apply_chunk
+    if opts.endpoint is Endpoint.COMPLETIONS:
+        body = completion_body(text, planned.output_tokens, opts.temperature, opts.model)
+        fold = apply_completion_chunk
     sent = time.perf_counter()
     scheduled = planned.send_at_s if scheduled_s is None else scheduled_s
     result = RequestResult(planned.position, "ok", scheduled, sent - t0,
                            len(planned.input_ids), planned.output_tokens)
     state = {"sent": sent, "last": sent}
     try:
-        async with client.stream("POST", url + "/generate", json=body,
+        async with client.stream("POST", url + PATHS[opts.endpoint], json=body,
                                  timeout=opts.request_timeout_s) as resp:
             result.http_status = resp.status_code
             result.worker = resp.headers.get("x-radix-worker")
@@ -148,7 +159,7 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
                 except json.JSONDecodeError:
                     result.status, result.error = "failed", f"bad SSE data: {data[:100]}"
                     break
-                apply_chunk(result, chunk, time.perf_counter(), state)
+                fold(result, chunk, time.perf_counter(), state)
                 if result.status != "ok":
                     break
     except (httpx.HTTPError, OSError) as exc:
@@ -291,6 +302,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--request-timeout-s", type=float, default=ClientOptions.request_timeout_s)
     p.add_argument("--max-duration-s", type=float, default=ClientOptions.max_duration_s)
     p.add_argument("--model", default=None, help='send "model" with each request')
+    p.add_argument("--endpoint", choices=[e.value for e in Endpoint], default="generate",
+                   help="SGLang /generate (default) or OpenAI /v1/completions (same prompt text)")
     p.add_argument("--model-path", default=None,
                    help="model folder: checks the tokenizer round trip, KV bytes per token")
     p.add_argument("--kv-dtype-bytes", type=int, default=4)
@@ -360,7 +373,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{scaling.tokens_per_hash_id} tokens per hash id -> mean prompt "
           f"{described['mean_prompt_tokens']:.0f} tokens, mean output "
           f"{described['mean_output_tokens']:.1f} tokens (x{scaling.output_scale}, ignore_eos)")
-    opts = ClientOptions(args.request_timeout_s, args.max_duration_s, args.model)
+    opts = ClientOptions(args.request_timeout_s, args.max_duration_s, args.model,
+                         endpoint=Endpoint(args.endpoint))
     slo = SloTargets(args.ttft_slo_s, args.tbt_slo_s)
     report = replay(plan, args.router, opts, slo, kv_bytes, progress=not args.no_progress)
     print(format_summary(report.summary))
