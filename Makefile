@@ -49,6 +49,6 @@ bench-pressure: bootstrap
 	$(PY) -m benchmarks.scenarios.pressure_bench
 
 # Issue 42's independent client: our replay and NVIDIA's aiperf on the same requests at the same
-# times, through make demo's pair, three repeats (~30 minutes).
+# times, through make demo's pair, four repeats (~27 minutes).
 bench-clients: bootstrap bootstrap-aiperf
 	$(PY) -m benchmarks.scenarios.client_agreement

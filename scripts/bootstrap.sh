@@ -11,7 +11,7 @@
 # Venvs live outside the clone, keyed by a hash of the pinned set (the lock and pyproject's
 # dependency lists), so CI and later clones reuse them:
 # ${RADIX_GLOBAL_VENV_ROOT:-~/.cache/radix-global/venvs}/<name>-<hash>. The clone gets a
-# symlink (.venv, .venv-vllm) to the venv it uses.
+# symlink (.venv, .venv-vllm, .venv-aiperf) to the venv it uses.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 ROOT=$(pwd)
@@ -55,7 +55,8 @@ if [ "$KIND" = test-tools ]; then
   apt_install chromium prometheus
   exit 0
 fi
-apt_install gcc g++ libssl-dev libibverbs1 iproute2 redis-server
+# (The aiperf venv is a client only: none of these.)
+[ "$KIND" = aiperf ] || apt_install gcc g++ libssl-dev libibverbs1 iproute2 redis-server
 
 # Bump when the install recipe below changes (the key must change, the script's comments need not).
 RECIPE=2

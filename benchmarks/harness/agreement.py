@@ -29,6 +29,9 @@ class RunTimes(NamedTuple):
 
 
 class Agreement(NamedTuple):
+    """``client`` against ``reference`` on one statistic: both estimates, the bound and
+    whether the difference stays within it."""
+
     statistic: str  # mean | p90
     client: str
     reference: str
@@ -47,6 +50,8 @@ class Agreement(NamedTuple):
 
 
 def statistic(ttfts: Sequence[float], name: str) -> float:
+    """One run's ``name`` (of :data:`STATISTICS`) over its TTFTs; ValueError for none or an
+    unknown name."""
     if not ttfts:
         raise ValueError("a run with no successful request has no TTFT statistic")
     if name == "mean":

@@ -93,7 +93,8 @@ def command(url: str, dataset: Path, artifacts: Path, tokenizer: str, model: str
 
 
 def read_records(artifacts: Path) -> list[ClientRecord]:
-    """The per-request records of an aiperf run (``profile_export.jsonl``), in send order."""
+    """The per-request records of an aiperf run (``profile_export.jsonl``; its profiling phase
+    only), in send order; an errored or cancelled request has no TTFT."""
     path = artifacts / "profile_export.jsonl"
     if not path.exists():
         raise AiperfError(f"aiperf wrote no {path.name} under {artifacts}")
@@ -103,11 +104,14 @@ def read_records(artifacts: Path) -> list[ClientRecord]:
             continue
         try:
             row = json.loads(line)
-            start_ns = int(row["metadata"]["request_start_ns"])
+            meta = row["metadata"]
+            start_ns = int(meta["request_start_ns"])
             metrics = row.get("metrics") or {}
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise AiperfError(f"{path}:{n}: not an aiperf record ({exc})") from exc
-        failed = row.get("error") is not None
+        if meta.get("benchmark_phase", "profiling") != "profiling":
+            continue  # a warm-up request: not one of the plan's
+        failed = row.get("error") is not None or bool(meta.get("was_cancelled"))
         cached = (metrics.get("usage_prompt_cache_read_tokens") or {}).get("value")
         rows.append((start_ns, ClientRecord(
             0.0, None if failed else _seconds(metrics, "time_to_first_token"),

@@ -1,6 +1,6 @@
 """Our replay client against NVIDIA's aiperf, on the same requests at the same times (issue 42).
 
-    python -m benchmarks.scenarios.client_agreement [--repeats 3] [--contenders NAME ...]
+    python -m benchmarks.scenarios.client_agreement [--repeats 4] [--contenders NAME ...]
         [--conversations K] [--duration-s S] [--out FILE]
 
 Every TTFT this project reports comes from its own replay client
@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -99,10 +100,12 @@ class Clients:
 
 
 def run_repeat(rep: int, cfg: PressureConfig, contenders: list[Contender], clients: Clients,
-               model_dir: str, run_dir: Path) -> list[dict[str, Any]]:
+               model_dir: str, run_dir: Path, rows: list[dict[str, Any]],
+               on_row: Callable[[], None]) -> None:
+    """One repeat on freshly started engines: appends a row per run to ``rows`` and calls
+    ``on_row`` after each (so a later failure keeps what was measured)."""
     bench_cfg = BenchConfig(trace="", model_dir=model_dir, engines=cfg.engines,
                             page_size=cfg.page_size)
-    rows: list[dict[str, Any]] = []
     with (tempfile.TemporaryDirectory(prefix="radix-global-file-l3-", dir="/dev/shm")
           as storage_dir, LocalCluster(run_dir) as cluster):
         runner = Runner(cluster, bench_cfg, engine_specs(cfg, model_dir, storage_dir))
@@ -110,7 +113,10 @@ def run_repeat(rep: int, cfg: PressureConfig, contenders: list[Contender], clien
                         reverse=rep % 2 == 1):
             for client in rotated(CLIENTS, rep):
                 print(f"== repeat {rep} | {c.name} | {client}", flush=True)
-                _, router, _ = runner.prepare(c)
+                engines, router, info = runner.prepare(c)
+                if engines.spec.storage_dir is not None:  # a late write-through warms this run
+                    info["storage_files_at_start"] = sum(
+                        1 for f in Path(engines.spec.storage_dir).glob("*") if f.is_file())
                 try:
                     got = (clients.replay(router) if client == "replay"
                            else clients.aiperf(router, f"{rep}-{len(rows)}"))
@@ -120,10 +126,11 @@ def run_repeat(rep: int, cfg: PressureConfig, contenders: list[Contender], clien
                 skew = (send_skew_s(planned, got["sent_s"])
                         if len(got["sent_s"]) == len(planned) else None)
                 rows.append({"repeat": rep, "contender": c.name, "client": client,
-                             "send_skew_s": skew, **got})
+                             "send_skew_s": skew, **info, **got})
+                on_row()
                 print(f"   {len(got['ttfts'])} ok, {got['failed']} failed, send skew "
-                      f"{'-' if skew is None else f'{skew * 1000:.0f} ms'}", flush=True)
-    return rows
+                      f"{'-' if skew is None else f'{skew * 1000:.0f} ms'}; caches: {info}",
+                      flush=True)
 
 
 def verdicts(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -155,7 +162,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model-dir", default=str(REPO / "build" / "tiny-llama"))
     p.add_argument("--contenders", nargs="+", default=list(DEMO_PAIR), metavar="NAME",
                    help="of: " + "; ".join(c.name for c in CONTENDERS))
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=4,
+                   help="an even number gives each client the first run after a restart "
+                        "equally often")
     p.add_argument("--replay-endpoint", choices=[e.value for e in Endpoint], default="generate",
                    help="our replay's endpoint: SGLang /generate (as in every other benchmark) "
                         "or aiperf's own, OpenAI /v1/completions")
@@ -189,25 +198,36 @@ def main(argv: list[str] | None = None) -> int:
                       endpoint=Endpoint(args.replay_endpoint))
     started = time.monotonic()
     rows: list[dict[str, Any]] = []
+    out = Path(args.out)
+    head = {"machine": machine(), "argv": argv, "args": vars(args), "revision": revision(),
+            "requests": len(plan), "duration_s": duration}
+
+    def write(found: list[dict[str, Any]]) -> None:
+        now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+        bench_report.write_json(out, {"date": now, **head, "verdicts": found, "runs": rows,
+                                      "wall_s": time.monotonic() - started})
+
     for rep in range(args.repeats):
-        rows += run_repeat(rep, cfg, [by_name[n] for n in args.contenders], clients,
-                           args.model_dir, work / f"cluster-{rep}")
+        run_repeat(rep, cfg, [by_name[n] for n in args.contenders], clients, args.model_dir,
+                   work / f"cluster-{rep}", rows, lambda: write([]))
     found = verdicts(rows)
+    write(found)
     print()
     print(bench_report.table(found, COLUMNS, left=3))
-    skews = {(r["contender"], r["client"]): r["send_skew_s"] for r in rows}
-    for (name, client), skew in skews.items():
-        print(f"largest send skew, {client} @ {name}: "
-              f"{'-' if skew is None else f'{skew * 1000:.0f} ms'} (last repeat)")
-    out = Path(args.out)
-    now = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
-    bench_report.write_json(out, {"date": now, "machine": machine(), "argv": argv,
-                                  "requests": len(plan), "duration_s": duration,
-                                  "replay_endpoint": args.replay_endpoint,
-                                  "wall_s": time.monotonic() - started, "verdicts": found,
-                                  "runs": rows})
+    for name in args.contenders:
+        for client in CLIENTS:
+            skews = [r["send_skew_s"] for r in rows if (r["contender"], r["client"]) == (
+                name, client) and r["send_skew_s"] is not None]
+            worst = f"{max(skews) * 1000:.0f} ms" if skews else "-"
+            print(f"largest send skew, {client} @ {name}: {worst} (all repeats)")
     print(f"wrote {out}")
     return 0
+
+
+def revision() -> str | None:
+    done = subprocess.run(["git", "-C", str(REPO), "describe", "--always", "--dirty"],
+                          capture_output=True, text=True, check=False)
+    return done.stdout.strip() or None
 
 
 if __name__ == "__main__":

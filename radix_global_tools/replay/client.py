@@ -1,7 +1,8 @@
 """``radix-global replay TRACE --router URL``: replay a Mooncake-format trace against a router.
 
-Each trace line becomes one streamed SGLang ``/generate`` request (prompt text from the project's
-trace synthesis, ``ignore_eos`` with a scaled output length), sent at its time-scaled timestamp
+Each trace line becomes one streamed SGLang ``/generate`` request (``--endpoint completions``:
+OpenAI ``/v1/completions``; prompt text from the project's trace synthesis, ``ignore_eos`` with a
+scaled output length), sent at its time-scaled timestamp
 (open loop: a slow server does not slow the sender). Prints the scaling used and a summary, and
 writes one JSON file: ``{"config", "summary", "requests": [per-request results]}``.
 Scaling rules: ``radix_global_tools/replay/plan.py``; metric definitions:
@@ -27,10 +28,12 @@ import httpx
 
 from radix_global.trace import TraceFormatError, prompt_text, read_trace
 from radix_global_tools.replay.completions import (
+    NO_USAGE,
     PATHS,
     Endpoint,
     apply_completion_chunk,
     completion_body,
+    error_message,
 )
 from radix_global_tools.replay.plan import (
     PlanError,
@@ -73,10 +76,9 @@ def kv_bytes_per_token(model_path: str | Path, dtype_bytes: int = 4) -> int:
 def apply_chunk(result: RequestResult, chunk: dict[str, Any], now: float, state: dict[str, float]
                  ) -> None:
     """Fold one streamed ``/generate`` chunk (cumulative text + meta_info) into ``result``."""
-    if "error" in chunk:
-        err = chunk["error"]
-        result.status, result.error = "failed", str(err.get("message", err)
-                                                    if isinstance(err, dict) else err)
+    error = error_message(chunk)
+    if error is not None:
+        result.status, result.error = "failed", error
         return
     meta = chunk.get("meta_info") or {}
     tokens = meta.get("completion_tokens")
@@ -166,6 +168,9 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
         result.status, result.error = "failed", f"{type(exc).__name__}: {exc}"
     except asyncio.CancelledError:
         result.status, result.error = "failed", "cancelled at the replay's max duration"
+    if (result.status == "ok" and opts.endpoint is Endpoint.COMPLETIONS
+            and "usage" not in state):
+        result.status, result.error = "failed", NO_USAGE
     if result.status == "ok" and result.output_tokens < planned.output_tokens:
         result.status = "failed"
         result.error = f"stream ended after {result.output_tokens}/{planned.output_tokens} tokens"

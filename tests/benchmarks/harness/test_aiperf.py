@@ -102,3 +102,14 @@ def test_an_unknown_unit_raises(tmp_path: Path) -> None:
     (tmp_path / "profile_export.jsonl").write_text(json.dumps(row) + "\n")
     with pytest.raises(AiperfError, match="fortnights"):
         read_records(tmp_path)
+
+
+def test_warm_up_records_are_left_out_and_cancelled_ones_failed(tmp_path: Path) -> None:
+    warm = json.loads(record(1, 5.0))
+    warm["metadata"]["benchmark_phase"] = "warmup"
+    cancelled = json.loads(record(3, 7.0))
+    cancelled["metadata"]["was_cancelled"] = True
+    (tmp_path / "profile_export.jsonl").write_text(
+        "\n".join(json.dumps(r) for r in (warm, json.loads(record(2, 6.0)), cancelled)) + "\n")
+    got = read_records(tmp_path)
+    assert [r.ttft_s for r in got] == [pytest.approx(0.006), None]

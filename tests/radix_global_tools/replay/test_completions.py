@@ -40,3 +40,14 @@ def test_an_error_chunk_fails_the_request() -> None:
     r, state = fresh()
     apply_completion_chunk(r, {"error": {"message": "overloaded"}}, 1.1, state)
     assert (r.status, r.error) == ("failed", "overloaded")
+
+
+def test_a_merged_chunk_is_one_gap_and_usage_sets_the_count() -> None:
+    # SGLang merges the tokens that queued while the client was slow into one chunk.
+    r, state = fresh()
+    apply_completion_chunk(r, {"choices": [{"text": " w7"}]}, 1.5, state)
+    apply_completion_chunk(r, {"choices": [{"text": " w8 w9"}]}, 1.9, state)
+    assert (r.output_tokens, r.tbt_s) == (2, pytest.approx([0.4]))
+    assert "usage" not in state
+    apply_completion_chunk(r, {"choices": [], "usage": {"completion_tokens": 3}}, 2.0, state)
+    assert r.output_tokens == 3 and state["usage"] == 1.0
