@@ -233,8 +233,7 @@ class Runner:
         """Replay ``plan`` (sent over ``duration_s``, default the config's) through ``c``."""
         engines, router, info = self.prepare(c)
         if engines.spec.storage_dir is not None:  # a late write-through would warm the next run
-            info["storage_files_at_start"] = sum(
-                1 for f in Path(engines.spec.storage_dir).glob("*") if f.is_file())
+            info["storage_files_at_start"] = storage_files(engines)
         try:
             duration = self.cfg.duration_s if duration_s is None else duration_s
             opts = ClientOptions(request_timeout_s=600.0, max_duration_s=duration * 4 + 120)
@@ -245,6 +244,12 @@ class Runner:
         return {"contender": c.name, "headline": c.headline, "engines": c.engines,
                 "router": asdict(c.router), **info, **report.summary,
                 "requests_detail": [r.to_json() for r in report.results]}
+
+
+def storage_files(engines: Engines) -> int:
+    """Files in the engine set's shared L3 folder (0 without one)."""
+    folder = engines.spec.storage_dir
+    return 0 if folder is None else sum(1 for f in Path(folder).glob("*") if f.is_file())
 
 
 def order(contenders: list[Contender]) -> list[Contender]:

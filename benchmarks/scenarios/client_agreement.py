@@ -39,7 +39,14 @@ from benchmarks.harness.agreement import RunTimes, agreement, send_skew_s
 from benchmarks.harness.paths import REPO, RESULTS
 from benchmarks.harness.spread import rotated
 from benchmarks.scenarios import bench_report
-from benchmarks.scenarios.bench import SAMPLE_TRACE, BenchConfig, Contender, Runner, machine
+from benchmarks.scenarios.bench import (
+    SAMPLE_TRACE,
+    BenchConfig,
+    Contender,
+    Runner,
+    machine,
+    storage_files,
+)
 from benchmarks.scenarios.pressure_bench import CONTENDERS, DEMO_PAIR, ENGINE_ORDER, engine_specs
 from benchmarks.scenarios.pressure_plan import DEFAULT_CONFIG, PressureConfig, load_config
 from benchmarks.scenarios.pressure_plan import conversation_plan as build_plan
@@ -115,8 +122,7 @@ def run_repeat(rep: int, cfg: PressureConfig, contenders: list[Contender], clien
                 print(f"== repeat {rep} | {c.name} | {client}", flush=True)
                 engines, router, info = runner.prepare(c)
                 if engines.spec.storage_dir is not None:  # a late write-through warms this run
-                    info["storage_files_at_start"] = sum(
-                        1 for f in Path(engines.spec.storage_dir).glob("*") if f.is_file())
+                    info["storage_files_at_start"] = storage_files(engines)
                 try:
                     got = (clients.replay(router) if client == "replay"
                            else clients.aiperf(router, f"{rep}-{len(rows)}"))
