@@ -32,6 +32,7 @@ from typing import Any
 from benchmarks.harness.paths import DATA, FULL_TRACE, REPO, RESULTS
 from benchmarks.scenarios import bench_report
 from radix_global.trace import prompt_text, read_trace, synthesize_prompt
+from radix_global_tools.cluster import smg_grpc
 from radix_global_tools.cluster.local import (
     ClusterError,
     Engines,
@@ -69,6 +70,9 @@ class Contender:
     engines: str  # stock | ours
     router: RouterSpec
     headline: bool = False
+    # the replay sends token ids, not text: what the router's users send it (smg's hash index
+    # keys tokenized requests only; text ones it balances by load)
+    token_ids: bool = False
 
 
 HEADLINE = (
@@ -148,19 +152,25 @@ def warm_up(engines: Engines, requests: int = 2) -> None:
     for url in engines.urls:
         for i in range(requests):
             ids = synthesize_prompt([10**9 + i, 10**9 + 100 + i], 1024, 256)
+            if smg_grpc.is_grpc(url):  # no HTTP there; it takes token ids
+                smg_grpc.generate(url, ids, 2)
+                continue
             body = {"text": prompt_text(ids), "sampling_params": {
                 "max_new_tokens": 2, "ignore_eos": True, "temperature": 0.0}}
             with contextlib.suppress(httpx.HTTPError):
                 httpx.post(url + "/generate", json=body, timeout=600.0)
 
 
-def wait_routable(router: Proc, timeout_s: float = 120.0) -> None:
+def wait_routable(router: Proc, timeout_s: float = 120.0, model: str | None = None) -> None:
     """Until a tiny request through the router succeeds: sglang-router answers ``/health``
-    before its health checks have activated the workers (503 "no available workers")."""
+    before its health checks have activated the workers (503 "no available workers").
+    ``model``: sent as the body's "model" (smg in front of gRPC workers routes by it)."""
     import httpx
 
-    body = {"text": prompt_text(synthesize_prompt([10**9 + 7], 16, 16)),
-            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    body: dict[str, Any] = {"text": prompt_text(synthesize_prompt([10**9 + 7], 16, 16)),
+                            "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+    if model is not None:
+        body["model"] = model
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         with contextlib.suppress(httpx.HTTPError):
@@ -225,7 +235,7 @@ class Runner:
                                                tag=f"{c.router.kind}-")
         if c.router.kind == "ours":
             self.cluster.wait_workers(router, len(engines.procs))
-        wait_routable(router)
+        wait_routable(router, model=model_name(engines))
         return engines, router, info
 
     def run(self, c: Contender, plan: list[PlannedRequest], kv_bytes: int,
@@ -236,14 +246,22 @@ class Runner:
             info["storage_files_at_start"] = storage_files(engines)
         try:
             duration = self.cfg.duration_s if duration_s is None else duration_s
-            opts = ClientOptions(request_timeout_s=600.0, max_duration_s=duration * 4 + 120)
+            opts = ClientOptions(request_timeout_s=600.0, max_duration_s=duration * 4 + 120,
+                                 model=model_name(engines), token_ids=c.token_ids)
             slo = SloTargets(self.cfg.ttft_slo_s, self.cfg.tbt_slo_s)
             report = replay(plan, router.url, opts, slo, kv_bytes, label=c.name[:28])
         finally:
             self.cluster.stop(router)
         return {"contender": c.name, "headline": c.headline, "engines": c.engines,
-                "router": asdict(c.router), **info, **report.summary,
+                "router": asdict(c.router), "token_ids": c.token_ids, **info, **report.summary,
                 "requests_detail": [r.to_json() for r in report.results]}
+
+
+def model_name(engines: Engines) -> str | None:
+    """The "model" each request names, where the router needs one: smg in front of gRPC
+    workers serves ``/generate`` only for a model it knows (the ``--model-path`` it was given:
+    ``router_argv``); elsewhere none is sent (SGLang's own ``/generate`` takes no such field)."""
+    return engines.spec.model_dir if engines.spec.grpc else None
 
 
 def storage_files(engines: Engines) -> int:

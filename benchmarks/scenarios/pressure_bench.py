@@ -80,26 +80,30 @@ CONTENDERS = (
     # shared file L3), in each mode its users pick, with the model's tokenizer (``router_argv``);
     # its defaults (cache threshold 0.3, balance thresholds, KV-pressure weight 0.15 s) as
     # shipped. The hash index needs the positions where engines keep prefix state: the
-    # workloads' system prompts and powers of two. Its event-driven KV index (``--kv-index``)
-    # takes events from workers in gRPC mode only, which run on CPU but serve no HTTP
-    # ``/flush_cache`` or ``/health`` for this harness: not a contender yet (docs/benchmarks.md,
-    # "What else of today's peers runs here").
+    # workloads' system prompts and powers of two, and token ids: it keys tokenized requests
+    # only (text ones it balances by load: benchmarks/scenarios/peer_check.py).
     Contender("smg cache_aware tree + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "cache_aware", {"--cache-index": "tree"})),
     Contender("smg cache_aware hash + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "cache_aware", {"--cache-index": "hash", "--cache-boundaries":
-                                                "256,512,1024,1536,2048,3072"})),
+                                                "256,512,1024,1536,2048,3072"}),
+              token_ids=True),
     Contender("smg prefix_hash + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "prefix_hash")),
     Contender("smg least_load (KV pressure) + HiCache + shared file L3", "stock-file",
               RouterSpec("smg", "least_load", {"--least-load-kv-pressure-weight": "0.15"})),
+    # smg's event-driven KV index: cache_aware over what the engines report they hold (their KV
+    # events, streamed over smg's gRPC protocol: the same engines served by ``--smg-grpc-mode``)
+    # instead of what smg itself sent where; its default positional index.
+    Contender("smg cache_aware event index + HiCache + shared file L3 (gRPC)", "stock-file-grpc",
+              RouterSpec("smg", "cache_aware", {"--kv-index": "positional"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
 # ``--quick`` (make demo): ours against the strongest peer of the screen of today's peers
 # (docs/benchmarks.md, "Cache pressure, against the strongest baseline": smg 1.13's least_load
 # with KV pressure over the shared file L3, ahead of sglang-router's cache_aware there).
 DEMO_PAIR = ("smg least_load (KV pressure) + HiCache + shared file L3", CONTENDERS[2].name)
-ENGINE_ORDER = ("stock-hicache", "stock-file", "ours", "ours-unprobed")
+ENGINE_ORDER = ("stock-hicache", "stock-file", "stock-file-grpc", "ours", "ours-unprobed")
 
 
 def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[str, EngineSet]:
@@ -115,6 +119,8 @@ def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[
     return {
         "stock-hicache": local,
         "stock-file": replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir),
+        "stock-file-grpc": replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir,
+                                   grpc=True),
         "ours": ours,
         "ours-unprobed": replace(ours, extra_args=()),
     }

@@ -9,7 +9,10 @@
 Engine kinds
 - ``stock``: plain SGLang on CPU (``python -m sglang_patch.cpu_compat -- ...``), local radix cache
   only. With ``kv_events=True`` it also publishes SGLang's KV events on a loopback ZMQ port (what
-  our router needs to see caches when the pool is off; sglang-router ignores them).
+  our router needs to see caches when the pool is off; sglang-router ignores them). With
+  ``grpc=True`` it serves smg's gRPC protocol instead of HTTP (``--smg-grpc-mode``; URLs
+  ``grpc://``), whose KV-event stream feeds smg's event-driven index
+  (:mod:`radix_global_tools.cluster.smg_grpc`).
 - ``ours``: ``radix-global sglang ... --radix-global ROUTER`` (HiCache write-through into the L3
   shared-memory pool, KV + pool events, registration with the router). Each engine set gets a
   fresh pool id under ``pool_root`` (so no contender inherits another's pool); the pool is
@@ -43,6 +46,7 @@ from typing import Any, NamedTuple
 
 import httpx
 
+from radix_global_tools.cluster import smg_grpc
 from radix_global_tools.cluster.procs import ClusterError, Proc, stop_group, wait_answering
 from sglang_patch import cpu_compat
 from sglang_patch.launch_server import cpu_compute_domain
@@ -69,6 +73,9 @@ class EngineSet:
     # stock only: the folder of SGLang's own ``file`` L3 backend, shared by the set's engines
     # (given with ``--hicache-storage-backend file`` in ``extra_args``)
     storage_dir: str | None = None
+    # stock only: smg's gRPC server instead of SGLang's HTTP one (smg's event-driven KV index
+    # takes its events over it; needs kv_events)
+    grpc: bool = False
     # One core per engine (round robin over this process's cores), like one GPU per instance:
     # unpinned engines each run as many compute threads as there are cores, so two computing at
     # once oversubscribe them and the cluster behaves like neither one server nor two.
@@ -86,6 +93,11 @@ class EngineSet:
             raise ValueError(f"unknown engine kind {self.kind!r}")
         if not 1 <= self.n <= MAX_ENGINES:
             raise ValueError(f"1..{MAX_ENGINES} engines on this machine, not {self.n}")
+        if self.grpc and (self.kind != "stock" or not self.kv_events):
+            raise ValueError("grpc engines are stock engines with kv_events")
+
+    def url(self, port: int, host: str = "127.0.0.1") -> str:
+        return f"{smg_grpc.SCHEME if self.grpc else 'http://'}{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -123,7 +135,8 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
               "--max-total-tokens", str(spec.max_total_tokens), "--log-level", "warning",
               *spec.extra_args]
     if spec.kind == "stock":
-        argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--", *common]
+        argv = [sys.executable, "-m", "sglang_patch.cpu_compat", "--", *common,
+                *(["--smg-grpc-mode"] if spec.grpc else [])]
         if spec.kv_events:
             # bind: on a concrete address SGLang's publisher connects unless told to bind, and
             # the router's subscriber connects too: no event would ever arrive
@@ -215,9 +228,13 @@ class LocalCluster:
 
     def wait_healthy(self, procs: Sequence[Proc], timeout_s: float | None = None,
                      path: str = "/health", accept: tuple[int, ...] = (200,)) -> None:
+        def status(url: str) -> int:  # a gRPC engine's HealthCheck, told as the HTTP codes
+            if smg_grpc.is_grpc(url):
+                return 200 if smg_grpc.healthy(url) else 503
+            return client.get(url).status_code
+
         with httpx.Client(timeout=3.0) as client:
-            wait_answering(procs, lambda url: client.get(url).status_code, path, accept,
-                           timeout_s or self.startup_timeout_s)
+            wait_answering(procs, status, path, accept, timeout_s or self.startup_timeout_s)
 
     def start_engines(self, spec: EngineSet, router_url: str | None = None,
                       tag: str = "") -> Engines:
@@ -231,12 +248,14 @@ class LocalCluster:
         if spec.storage_dir is not None:
             Path(spec.storage_dir).mkdir(parents=True, exist_ok=True)
             env[FILE_BACKEND_DIR_ENV] = spec.storage_dir
+        if spec.grpc:
+            env.update(smg_grpc.ENV)
         procs = []
         for i in range(spec.n):
             port = free_port()
             argv = engine_argv(spec, port, i, router_url, pool_id)
-            procs.append(self._spawn(f"{tag}engine{i}-{spec.kind}-{port}", argv,
-                                     f"http://127.0.0.1:{port}", env, spec.cores(i)))
+            procs.append(self._spawn(f"{tag}engine{i}-{spec.kind}-{port}", argv, spec.url(port),
+                                     env, spec.cores(i)))
         self.wait_healthy(procs)
         return Engines(spec, procs, pool_id)
 
@@ -321,11 +340,16 @@ def _worker_list(data: object) -> list[object]:
 
 
 def flush_caches(urls: Sequence[str], timeout_s: float = 60.0) -> list[str]:
-    """``POST /flush_cache`` on every engine (SGLang drops its radix cache when idle);
-    returns the URLs that refused (busy engines answer 400 until their requests finish)."""
+    """``POST /flush_cache`` on every engine (SGLang drops its radix cache when idle; gRPC
+    engines: ``FlushCache``); returns the URLs that refused (busy engines answer 400 until their
+    requests finish)."""
     failed = []
     with httpx.Client(timeout=timeout_s) as client:
         for url in urls:
+            if smg_grpc.is_grpc(url):
+                if not smg_grpc.flush(url, timeout_s):
+                    failed.append(url)
+                continue
             ok = False
             deadline = time.monotonic() + timeout_s
             while not ok and time.monotonic() < deadline:
