@@ -57,6 +57,13 @@ class ClientOptions:
     model: str | None = None  # sent as "model" when set
     temperature: float = 0.0
     endpoint: Endpoint = Endpoint.GENERATE
+    # /generate only: the prompt as its token ids instead of text (what a router that keys only
+    # tokenized requests needs, e.g. smg's cache_aware hash index)
+    token_ids: bool = False
+
+    def __post_init__(self) -> None:
+        if self.token_ids and self.endpoint is not Endpoint.GENERATE:
+            raise ValueError("token_ids: /generate only (OpenAI completions take text here)")
 
 
 class ReplayReport(NamedTuple):
@@ -123,9 +130,10 @@ async def send_one(client: httpx.AsyncClient, url: str, planned: PlannedRequest,
         body = completion_body(text, planned.output_tokens, opts.temperature, opts.model)
         fold = apply_completion_chunk
     else:
-        body = {"text": text, "stream": True, "sampling_params": {
+        body = {"stream": True, "sampling_params": {
             "max_new_tokens": planned.output_tokens, "ignore_eos": True,
             "temperature": opts.temperature}}
+        body.update({"input_ids": planned.input_ids} if opts.token_ids else {"text": text})
         if opts.model:
             body["model"] = opts.model
         fold = apply_chunk

@@ -67,7 +67,7 @@ class SsePeer:
         if self.reject_every and len(self.bodies) % self.reject_every == 0:
             return JSONResponse({"error": {"message": "ttft_slo"}}, status_code=429)
         want = int(body["sampling_params"]["max_new_tokens"])
-        prompt_tokens = len(body["text"].split())
+        prompt_tokens = len(body["input_ids"]) if "input_ids" in body else len(body["text"].split())
         return StreamingResponse(self._stream(want, prompt_tokens),
                                  media_type="text/event-stream",
                                  headers={"x-radix-worker": "w7", "x-radix-prefix-tokens": "16",

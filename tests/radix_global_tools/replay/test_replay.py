@@ -175,6 +175,19 @@ def test_ttft_tbt_and_usage_are_measured() -> None:
     assert peer.bodies[0]["stream"] is True
 
 
+def test_token_ids_are_sent_instead_of_text_and_the_model_named() -> None:
+    plan = _plan(2, spacing_ms=0, time_scale=1.0)
+    opts = replay.ClientOptions(token_ids=True, model="/m")
+    with SsePeer() as peer:
+        report = replay.replay(plan, peer.url, opts, SloTargets(), progress=False)
+    assert report.summary["ok"] == 2
+    body = peer.bodies[0]
+    assert body["input_ids"] in [p.input_ids for p in plan] and "text" not in body
+    assert body["model"] == "/m"
+    with pytest.raises(ValueError, match="/generate only"):
+        replay.ClientOptions(token_ids=True, endpoint=replay.Endpoint.COMPLETIONS)
+
+
 def test_rejections_and_broken_streams_are_counted() -> None:
     plan = _plan(4, spacing_ms=100, time_scale=1.0)
     with SsePeer() as peer:
