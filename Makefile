@@ -5,7 +5,7 @@ export PYTHONHASHSEED := 0
 # they are budgeted on; the end-to-end tests run one at a time (they time real engines).
 UNIT_WORKERS ?= 2
 
-.PHONY: bootstrap bootstrap-vllm bootstrap-aiperf bootstrap-test-tools demo test test-unit test-e2e lint bench bench-pressure bench-clients model
+.PHONY: bootstrap bootstrap-vllm bootstrap-aiperf bootstrap-test-tools demo test test-unit test-e2e lint bench bench-pressure bench-clients bench-peers model
 
 bootstrap: .venv/.complete
 .venv/.complete: scripts/bootstrap.sh constraints/lock-main.txt pyproject.toml
@@ -27,9 +27,10 @@ demo: bootstrap
 	$(PY) -m benchmarks.scenarios.demo
 
 # The vLLM venv is needed by the router's end-to-end test in front of real vLLM workers.
+# The slowest end-to-end tests are listed: the whole run must stay within its 50-minute budget.
 test: bootstrap bootstrap-vllm bootstrap-test-tools lint
 	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
-	$(PY) -m pytest -m "e2e" -q
+	$(PY) -m pytest -m "e2e" -q --durations=15
 
 test-unit: bootstrap bootstrap-test-tools
 	$(PY) -m pytest -m "not e2e" -q -n $(UNIT_WORKERS)
@@ -52,3 +53,8 @@ bench-pressure: bootstrap
 # times, through make demo's pair, four repeats (~27 minutes).
 bench-clients: bootstrap bootstrap-aiperf
 	$(PY) -m benchmarks.scenarios.client_agreement
+
+# Issue 42's check that each peer's cache-aware mode is configured as its users would run it:
+# second turns reach their history holder; round robin must fail (~6 minutes).
+bench-peers: bootstrap
+	$(PY) -m benchmarks.scenarios.peer_check
