@@ -188,6 +188,10 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or args.repeats < 2:
         raise SystemExit(f"client_agreement: unknown contender(s) {unknown}" if unknown else
                          "client_agreement: --repeats must be >= 2 (one run has no spread)")
+    tokenized = [n for n in args.contenders if by_name[n].token_ids]
+    if tokenized:  # aiperf sends text: both clients would not send the same requests
+        raise SystemExit(f"client_agreement: {tokenized} are sent token ids, which aiperf "
+                         "cannot send")
     cfg = load_config(args.config)
     ensure_model(args.model_dir)
     conv = replace(cfg.conversations,

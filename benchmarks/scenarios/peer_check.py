@@ -51,10 +51,19 @@ from sglang_patch.make_model import ensure_model
 HTTP, GRPC = "http", "grpc"  # the engine sets (``Contender.engines``)
 
 
+# What smg logs (at info) once a gRPC worker's KV-event stream is open: the proof that its
+# event-driven index is fed (no flag turns it on; gRPC workers imply it).
+EVENTS_CONNECTED = "KV event stream connected"
+
+
 def _here(c: Contender) -> Contender:
-    """pressure_bench's contender on this check's engines, named by its router part."""
+    """pressure_bench's contender on this check's engines, named by its router part; over gRPC
+    smg logs at info, for :data:`EVENTS_CONNECTED`."""
     name = c.name.split(" + ")[0]
-    return replace(c, name=name, engines=GRPC if c.engines.endswith("grpc") else HTTP)
+    if not c.engines.endswith("grpc"):
+        return replace(c, name=name, engines=HTTP)
+    return replace(c, name=name, engines=GRPC,
+                   router=replace(c.router, options={**c.router.options, "--log-level": "info"}))
 
 
 # pressure_bench's cache-aware modes, as it runs them (options, token ids)
@@ -91,7 +100,7 @@ def send(url: str, ids: list[int], model: str | None, max_new_tokens: int = 4,
         resp.raise_for_status()
         data = resp.json()
         meta = (data[0] if isinstance(data, list) else data)["meta_info"]
-        return Turn(-1, -1, len(ids), int(meta.get("cached_tokens", 0)))
+        return Turn(-1, -1, len(ids), int(meta["cached_tokens"]))  # none: an error, not a miss
     except (httpx.HTTPError, KeyError, IndexError, TypeError, ValueError) as exc:
         return Turn(-1, -1, len(ids), None, f"{type(exc).__name__}: {str(exc)[:200]}")
 
@@ -105,6 +114,8 @@ def probe(engine_url: str, ids: list[int]) -> int | None:
 
 def check(router_url: str, engines: Engines, n: int, first_tokens: int, more_tokens: int,
           stagger_s: float, token_ids: bool = False) -> dict[str, Any]:
+    """The check on a router in front of ``engines`` (two, caches empty): ``n`` conversations'
+    first and second turns through it, then the probes; the verdict as :func:`judge` gives it."""
     model = model_name(engines)
     firsts = [synthesize_prompt([7_000_000 + 10 * i], first_tokens, first_tokens)
               for i in range(n)]
@@ -121,7 +132,7 @@ def check(router_url: str, engines: Engines, n: int, first_tokens: int, more_tok
         time.sleep(stagger_s)
     for t in threads:
         t.join()
-    turns += [t for t in out if t is not None]
+    turns += [t or Turn(i, 1, len(firsts[i]), None, "no answer") for i, t in enumerate(out)]
     for i, ids in enumerate(firsts):
         more = synthesize_prompt([8_000_000 + 10 * i], more_tokens, more_tokens)
         turns.append(send(router_url, ids + more, model, token_ids=token_ids)._replace(
@@ -133,10 +144,10 @@ def check(router_url: str, engines: Engines, n: int, first_tokens: int, more_tok
 
 def judge(turns: list[Turn], cached: list[list[int | None]], first_tokens: int
           ) -> dict[str, Any]:
-    """The verdict from the turns and the probes (``cached[conversation][engine]``): pass,
-    fail, not shown (every history found, but one engine held them all) or error (a request
-    failed)."""
-    enough = first_tokens // 2  # a page short of the whole prompt is still its history
+    """The verdict from the turns and the probes (``cached[conversation][engine]``, two
+    engines): pass, fail, not shown (every history found, but one engine held them all) or
+    error (a request or probe failed)."""
+    enough = first_tokens // 2  # a hit finds the whole (page-aligned) first turn, a miss ~0
     holders = [[e for e, c in enumerate(row) if c is not None and c >= enough] for row in cached]
     n = len(cached)
     hits = sum(1 for t in turns if t.turn == 2 and (t.cached_tokens or 0) >= enough)
@@ -151,6 +162,7 @@ def judge(turns: list[Turn], cached: list[list[int | None]], first_tokens: int
 
 def run(names: list[str], model_dir: str, run_dir: Path, n: int, first_tokens: int,
         more_tokens: int, stagger_s: float) -> list[dict[str, Any]]:
+    """The check on each named router, one engine start-up per engine set; a row each."""
     plain = EngineSet("stock", model_dir, n=2)
     specs = {HTTP: plain, GRPC: replace(plain, grpc=True)}
     rows = []
@@ -164,6 +176,11 @@ def run(names: list[str], model_dir: str, run_dir: Path, n: int, first_tokens: i
                             c.token_ids)
             finally:
                 cluster.stop(router)
+            if c.engines == GRPC and c.router.policy == "cache_aware":
+                row["kv_events_connected"] = EVENTS_CONNECTED in router.log_path.read_text(
+                    errors="replace")
+                if row["verdict"] == "pass" and not row["kv_events_connected"]:
+                    row["verdict"] = "not shown"  # it routed well, but not from the events
             rows.append({"router": name, "engines": c.engines, "spec": asdict(c.router),
                          "token_ids": c.token_ids, "control": name in NEGATIVE, **info, **row})
             print(line(rows[-1]), flush=True)
@@ -171,6 +188,7 @@ def run(names: list[str], model_dir: str, run_dir: Path, n: int, first_tokens: i
 
 
 def line(row: dict[str, Any]) -> str:
+    """A row of the table ``main`` prints."""
     held = [len([h for h in row["holders"] if e in h]) for e in (0, 1)]
     return (f"| {row['router']} | {row['engines']} | {held[0]} / {held[1]} | "
             f"{row['second_turn_hits']} of {row['conversations']} | {row['verdict']} |")

@@ -94,7 +94,8 @@ CONTENDERS = (
               RouterSpec("smg", "least_load", {"--least-load-kv-pressure-weight": "0.15"})),
     # smg's event-driven KV index: cache_aware over what the engines report they hold (their KV
     # events, streamed over smg's gRPC protocol: the same engines served by ``--smg-grpc-mode``)
-    # instead of what smg itself sent where; its default positional index.
+    # instead of what smg itself sent where; its default positional index. Its block size it
+    # learns from the events (the engines' page size).
     Contender("smg cache_aware event index + HiCache + shared file L3 (gRPC)", "stock-file-grpc",
               RouterSpec("smg", "cache_aware", {"--kv-index": "positional"})),
 )

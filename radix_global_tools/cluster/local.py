@@ -97,6 +97,7 @@ class EngineSet:
             raise ValueError("grpc engines are stock engines with kv_events")
 
     def url(self, port: int, host: str = "127.0.0.1") -> str:
+        """Engine ``port``'s URL: ``grpc://`` for smg's protocol, else ``http://``."""
         return f"{smg_grpc.SCHEME if self.grpc else 'http://'}{host}:{port}"
 
 

@@ -75,15 +75,15 @@ def generate(url: str, input_ids: Sequence[int], max_new_tokens: int,
     import grpc
 
     with _stub(url) as (stub, pb, _):
-        req = pb.GenerateRequest(
-            request_id=f"harness-{uuid.uuid4().hex[:12]}",
-            tokenized=pb.TokenizedInput(input_ids=list(input_ids)),
-            sampling_params=pb.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens,
-                                              ignore_eos=True))
-        try:
+        try:  # (ids out of uint32 range are protobuf's ValueError: a refused request too)
+            req = pb.GenerateRequest(
+                request_id=f"harness-{uuid.uuid4().hex[:12]}",
+                tokenized=pb.TokenizedInput(input_ids=list(input_ids)),
+                sampling_params=pb.SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens,
+                                                  ignore_eos=True))
             for resp in stub.Generate(req, timeout=timeout_s):
                 if resp.HasField("complete"):
                     return int(resp.complete.cached_tokens)
-        except grpc.RpcError:
+        except (grpc.RpcError, ValueError):
             return None
     return None
