@@ -4,8 +4,8 @@ this machine.
 Builds the tiny model when missing, starts 2 CPU engines per contender with deliberately small
 local caches (``benchmarks/data/pressure.toml``: 4,096 device + 8,192 host tokens each) and
 replays 16 multi-turn conversations of the shipped trace sample
-(``benchmarks/data/conversation_multiturn_sample.jsonl``) over 60 s against the strongest peer of
-the screen of today's peers: smg 1.13 ``least_load`` with KV pressure over stock SGLang sharing
+(``benchmarks/data/conversation_multiturn_sample.jsonl``) over 60 s against the strongest of
+today's peer modes, smg 1.13 ``prefix_hash`` over stock SGLang sharing
 SGLang's own ``file`` L3 tier, and our Conductor over workers with the L3 pool. Prints the
 results table and one sentence on what it shows; writes ``benchmarks/results/demo.json`` and its
 plots. Under 5 minutes on an idle 2-core

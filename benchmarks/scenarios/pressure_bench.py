@@ -100,10 +100,10 @@ CONTENDERS = (
               RouterSpec("smg", "cache_aware", {"--kv-index": "positional"})),
 )
 DEFAULT_CONTENDERS = tuple(c.name for c in CONTENDERS[:3])
-# ``--quick`` (make demo): ours against the strongest peer of the screen of today's peers
-# (docs/benchmarks.md, "Cache pressure, against the strongest baseline": smg 1.13's least_load
-# with KV pressure over the shared file L3, ahead of sglang-router's cache_aware there).
-DEMO_PAIR = ("smg least_load (KV pressure) + HiCache + shared file L3", CONTENDERS[2].name)
+# ``--quick`` (make demo): ours against the strongest of today's peer modes (docs/benchmarks.md,
+# "Today's peers": smg 1.13's prefix_hash over the shared file L3, ahead of its other modes,
+# the event-driven index included, in each of three repeats on 2026-12-07).
+DEMO_PAIR = ("smg prefix_hash + HiCache + shared file L3", CONTENDERS[2].name)
 ENGINE_ORDER = ("stock-hicache", "stock-file", "stock-file-grpc", "ours", "ours-unprobed")
 
 
