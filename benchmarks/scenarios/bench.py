@@ -260,7 +260,7 @@ class Runner:
 def model_name(engines: Engines) -> str | None:
     """The "model" each request names, where the router needs one: smg in front of gRPC
     workers serves ``/generate`` only for a model it knows (the ``--model-path`` it was given:
-    ``router_argv``); elsewhere none is sent (SGLang's own ``/generate`` takes no such field)."""
+    ``router_argv``); elsewhere none is sent (no other router needs it)."""
     return engines.spec.model_dir if engines.spec.grpc else None
 
 

@@ -18,6 +18,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
+import grpc
+
 SCHEME = "grpc://"
 # Not run at start-up: the servicer's warm-up sends synthetic token ids that the tiny test model's
 # embedding does not have (IndexError in the scheduler, which then exits); the harness warms each
@@ -31,8 +33,8 @@ def is_grpc(url: str) -> bool:
 
 @contextmanager
 def _stub(url: str) -> Iterator[tuple[Any, Any, Any]]:
-    """The scheduler stub and the two message modules, over a channel closed on exit."""
-    import grpc
+    """The scheduler stub and the two message modules, over a channel closed on exit.
+    (``smg_grpc_proto`` is a test dependency: imported only where an engine speaks it.)"""
     from smg_grpc_proto.generated import common_pb2
     from smg_grpc_proto.generated import sglang_scheduler_pb2 as pb
     from smg_grpc_proto.generated import sglang_scheduler_pb2_grpc as pb_grpc
@@ -46,8 +48,6 @@ def _stub(url: str) -> Iterator[tuple[Any, Any, Any]]:
 
 def healthy(url: str, timeout_s: float = 3.0) -> bool:
     """True when the engine answers ``HealthCheck`` with ``healthy``."""
-    import grpc
-
     with _stub(url) as (stub, pb, _):
         try:
             return bool(stub.HealthCheck(pb.HealthCheckRequest(), timeout=timeout_s).healthy)
@@ -57,8 +57,6 @@ def healthy(url: str, timeout_s: float = 3.0) -> bool:
 
 def flush(url: str, timeout_s: float = 60.0) -> bool:
     """``FlushCache``, waiting up to ``timeout_s`` for the engine to go idle first."""
-    import grpc
-
     with _stub(url) as (stub, _, common):
         try:
             resp = stub.FlushCache(common.FlushCacheRequest(timeout_s=timeout_s),
@@ -72,8 +70,6 @@ def generate(url: str, input_ids: Sequence[int], max_new_tokens: int,
              timeout_s: float = 600.0) -> int | None:
     """One greedy request of ``input_ids``, ``max_new_tokens`` long: the prompt tokens the engine
     found cached (its ``cached_tokens``), or None when the request failed."""
-    import grpc
-
     with _stub(url) as (stub, pb, _):
         try:  # (ids out of uint32 range are protobuf's ValueError: a refused request too)
             req = pb.GenerateRequest(

@@ -18,8 +18,8 @@ from sglang_patch.ports import free_port
 
 
 class FakeScheduler(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
-    def __init__(self, healthy: bool = True, fail: bool = False) -> None:
-        self.healthy, self.fail = healthy, fail
+    def __init__(self, healthy: bool = True, fail: bool = False, flushed: bool = True) -> None:
+        self.healthy, self.fail, self.flushed = healthy, fail, flushed
         self.requests: list[Any] = []
 
     def HealthCheck(self, request: Any, context: Any) -> Any:
@@ -29,7 +29,7 @@ class FakeScheduler(sglang_scheduler_pb2_grpc.SglangSchedulerServicer):
         self.requests.append(request)
         if self.fail:
             context.abort(grpc.StatusCode.UNAVAILABLE, "busy")
-        return common_pb2.FlushCacheResponse(success=True)
+        return common_pb2.FlushCacheResponse(success=self.flushed)
 
     def Generate(self, request: Any, context: Any) -> Iterator[Any]:
         self.requests.append(request)
@@ -72,6 +72,7 @@ def test_health_flush_and_generate_over_the_protocol(serve: Any) -> None:
 
 def test_refusals_and_a_dead_engine_are_answers_not_exceptions(serve: Any) -> None:
     assert not smg_grpc.healthy(serve(FakeScheduler(healthy=False)))
+    assert not smg_grpc.flush(serve(FakeScheduler(flushed=False)), timeout_s=1.0)  # still busy
     failing = serve(FakeScheduler(fail=True))
     assert not smg_grpc.flush(failing, timeout_s=1.0)
     assert smg_grpc.generate(failing, [201], 1) is None
