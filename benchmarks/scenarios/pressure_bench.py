@@ -117,11 +117,11 @@ def engine_specs(cfg: PressureConfig, model_dir: str, storage_dir: str) -> dict[
                "--hicache-storage-prefetch-policy", "wait_complete")
     ours = replace(local, kind="ours", extra_args=("--radix-global-pool-load-probe-tokens", "512"),
                    pool_capacity_gb=cfg.pool_capacity_gb, hicache_ratio=cfg.hicache_ratio)
+    shared_file = replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir)
     return {
         "stock-hicache": local,
-        "stock-file": replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir),
-        "stock-file-grpc": replace(local, extra_args=(*hicache, *file_l3), storage_dir=storage_dir,
-                                   grpc=True),
+        "stock-file": shared_file,
+        "stock-file-grpc": replace(shared_file, grpc=True),
         "ours": ours,
         "ours-unprobed": replace(ours, extra_args=()),
     }
