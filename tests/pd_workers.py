@@ -74,7 +74,7 @@ def wait_healthy(workers: Sequence[Worker], timeout: float) -> None:
         while not _healthy(w.url):
             assert w.proc.poll() is None, f"{w.name} exited:\n{w.tail()}"
             assert time.monotonic() < deadline, f"{w.name} not healthy:\n{w.tail()}"
-            time.sleep(1.0)
+            time.sleep(0.25)  # a start-up ends at any moment: poll often
 
 
 def kill(w: Worker) -> None:

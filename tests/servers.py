@@ -156,7 +156,7 @@ def sglang_server(
                 raise ServerStartError(
                     f"SGLang not healthy after {startup_timeout:.0f} s; log {log}:\n"
                     f"{server.log_tail()}", proc.pid, log)
-            time.sleep(1.0)
+            time.sleep(0.25)  # a start-up ends at any moment: poll often
         yield server
     finally:
         _stop(proc, stop_timeout)

@@ -121,7 +121,7 @@ def vllm_servers(
                 raise ServerStartError(
                     f"vLLM not healthy after {startup_timeout:.0f} s; log {server.log_path}:\n"
                     f"{server.log_tail()}", server.pid, server.log_path)
-            time.sleep(1.0)
+            time.sleep(0.25)  # a start-up ends at any moment: poll often
         yield running
     finally:
         for proc in procs:

@@ -154,7 +154,9 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
             *(["--radix-global-pool-root", spec.pool_root] if spec.pool_root else []),
             "--radix-global-pool-capacity-gb", str(spec.pool_capacity_gb),
             "--hicache-ratio", str(spec.hicache_ratio),
-            "--hicache-storage-prefetch-policy", "wait_complete",
+            # the harness waits for every prefetch unless the engine set chose a policy
+            *([] if "--hicache-storage-prefetch-policy" in spec.extra_args
+              else ["--hicache-storage-prefetch-policy", "wait_complete"]),
             "--radix-global-heartbeat-interval-s", "1"]
 
 

@@ -70,7 +70,7 @@ def wait_answering(procs: Sequence[Started], get: Callable[[str], int], path: st
             raise ClusterError(f"{p.name} not answering {path} after {timeout_s} s; log "
                                f"{p.log_path}:\n{p.log_tail()}")
         if waiting:
-            time.sleep(0.5)
+            time.sleep(0.2)
 
 
 def stop_group(popen: subprocess.Popen[bytes], timeout_s: float) -> None:

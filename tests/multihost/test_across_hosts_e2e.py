@@ -18,6 +18,8 @@ byte between the parts crosses a veth link; nothing listens on the root namespac
    on its command line (``--workers``): it finds the worker's KV events from ``/server_info``
    (SGLang's ``tcp://*:5557``, made ``tcp://<s's address>:5557``) and routes a conversation's
    second turn to its cached history.
+4. The negative control of ``test_mooncake_pool_e2e.py``: a history computed on A, in A's shm
+   pool, gives B no storage tokens.
 One engine start-up per host for the first two tests (the module fixture); the second test fails
 a host, so they run in this order.
 """
@@ -270,3 +272,27 @@ def test_router_only_in_front_of_stock_sglang_on_another_host(up: Cluster) -> No
     assert second.status_code == 200, second.text
     assert int(second.headers["x-radix-prefix-tokens"]) >= 200
     assert cached_tokens(second) >= int(second.headers["x-radix-prefix-tokens"]) - PAGE
+
+
+def test_a_hosts_shm_pool_is_not_loaded_by_another_host(up: Cluster) -> None:
+    """The negative control of ``test_mooncake_pool_e2e.py``: with a shm pool per host, a
+    history computed on A (its pages in A's pool, indexed by R) gives B no storage tokens:
+    nothing of a pool crosses the hosts but the network, so the storage tokens the Mooncake test
+    sees are the store's."""
+    c, router = up.cluster, up.router
+    url = {w["worker_id"]: w["url"] for w in c.workers(router)}
+    first = text(41, 400)
+
+    def generate(worker: str, prompt: str) -> dict[str, Any]:
+        r = c.request("POST", url[worker] + "/generate", timeout=240.0, json={
+            "text": prompt, "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
+        assert r.status_code == 200, r.text
+        return dict(r.json()["meta_info"])
+
+    stored = int(index_stats(c, router)["pages_stored"])
+    prompt_tokens = generate("w-a", first)["prompt_tokens"]
+    wait_stored(c, router, stored, 2 * (prompt_tokens // PAGE - 1))  # A's GPU tier and pool
+    meta = generate("w-b", first + " " + text(42, 20))
+    print("B after A computed the history:", meta)
+    assert meta["cached_tokens"] == 0, meta
+    assert not (meta.get("cached_tokens_details") or {}).get("storage"), meta

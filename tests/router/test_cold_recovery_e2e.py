@@ -17,6 +17,7 @@ the same disk folder start. Checks:
    history (the storage assertion of check 2 fails on it).
 5. A worker of a model with the same config but other weights (one byte of the weights file
    changed), on the same disk, never loads conversation 2's pages.
+Checks 4 and 5 run on two sites started together (4's pool is an empty one of its own).
 """
 
 from __future__ import annotations
@@ -132,7 +133,7 @@ def test_a_host_that_lost_its_memory_comes_back_warm_from_disk(tiny_model_dir: P
             assert r.json()["meta_info"]["cached_tokens"] == 0
             return list(r.json()["output_ids"])
 
-        refs = [cold(ids) for ids in convos]
+        refs = [cold(ids) for ids in convos[:2]]
         # 2. turn 3 fetches the history from disk, planned by the conductor
         r = site.client.post("/generate", json=body(convos[0], rid="t3"))
         meta = r.json()["meta_info"]
@@ -150,31 +151,29 @@ def test_a_host_that_lost_its_memory_comes_back_warm_from_disk(tiny_model_dir: P
         site.close()
         destroy_pool(pool_id)
 
-    # 4. negative control: the same reboot without the disk tier
-    site = Site(tiny_model_dir, pool_id, None)
-    try:
-        site.ready()
-        r = site.client.post("/generate", json=body(convos[3]))
-        print("without the disk tier:", r.json()["meta_info"])
-        assert storage(r.json()["meta_info"]) == 0
-    finally:
-        site.close()
-        destroy_pool(pool_id)
-
-    # 5. same config, other weights, same disk: nothing loads
+    # 4 and 5 start together (one start-up's wait for both). 4. negative control: the same
+    # reboot without the disk tier (an empty pool of its own); 5. same config, other weights,
+    # same disk: nothing loads
     other = tmp_path / "other-weights"
     shutil.copytree(tiny_model_dir, other)
     weights = other / "model.safetensors"
     data = bytearray(weights.read_bytes())
     data[-1] ^= 0x01
     weights.write_bytes(bytes(data))
-    site = Site(other, pool_id, disk)
+    sites: list[Site] = []
     try:
-        info = site.ready()
-        assert info["namespace"] != ns
-        r = httpx.post(site.worker.url + "/generate", json=body(convos[2]), timeout=300)
+        sites.append(plain := Site(tiny_model_dir, f"{pool_id}-nodisk", None))
+        sites.append(reweighted := Site(other, pool_id, disk))
+        plain.ready()
+        r = plain.client.post("/generate", json=body(convos[3]))
+        print("without the disk tier:", r.json()["meta_info"])
+        assert storage(r.json()["meta_info"]) == 0
+        assert reweighted.ready()["namespace"] != ns
+        r = httpx.post(reweighted.worker.url + "/generate", json=body(convos[2]), timeout=300)
         print("other weights:", r.json()["meta_info"])
         assert storage(r.json()["meta_info"]) == 0
     finally:
-        site.close()
+        for site in sites:
+            site.close()
+        destroy_pool(f"{pool_id}-nodisk")
         destroy_pool(pool_id)

@@ -65,3 +65,17 @@ def test_a_stock_engines_kv_events_reach_the_router() -> None:
     server = {"kv_events_config": json.dumps(config)}
     info, _, _ = info_from_server_info("http://127.0.0.1:30001", server, ModelOverrides())
     assert info.kv_events_endpoint == config["endpoint"]
+
+
+def test_our_engines_wait_for_prefetches_unless_the_engine_set_chose_a_policy() -> None:
+    """The harness's ``wait_complete`` is a default: an engine set naming its own prefetch policy
+    (the economics check's ``timeout``, ``tests/multihost/test_mooncake_pool_e2e.py``) gets
+    exactly that one, not two flags of which argparse would keep the harness's."""
+    def policies(extra: tuple[str, ...]) -> list[str]:
+        argv = engine_argv(EngineSet("ours", "/models/tiny", extra_args=extra), 30001, 0,
+                           "http://127.0.0.1:8000", "shm-x")
+        return [argv[i + 1] for i, a in enumerate(argv)
+                if a == "--hicache-storage-prefetch-policy"]
+
+    assert policies(()) == ["wait_complete"]
+    assert policies(("--hicache-storage-prefetch-policy", "timeout")) == ["timeout"]
