@@ -10,14 +10,24 @@ cold run (HF transformers), the router predicted the fetch (``x-radix-prefix-tok
 pool pages the first worker published), and the receiving host's link carried at least the
 history's KV bytes (the pages lived in the first host's segment).
 
+A store's run over its segments (issue 44, docs/interfaces.md "Mooncake Store as the L3 pool"):
+the pages the second turn added are in the other host's segment, the first turn's in the first
+host's. With both engines' own caches flushed, the third turn is planned as one fetch of the
+whole run across both segments and the engine loads exactly that (negative control, run once by
+hand: with ``--policy-option store_runs=false`` the router plans the first segment's run only,
+400 tokens against the 464 loaded).
+
 What the cache was worth, with known values (issue 41, docs/interfaces.md "What the cache is
-worth, live"): a second conversation Z's first turn is computed on the same host (sent to its
+worth, live"): a second conversation Z's first turn is computed on the first host (sent to its
 engine directly). With that host's cable throttled to 0.5 Mbit/s, Z's second turn is routed to
 the other host with a fetch planned, the fetch outlasts the engine's 10 s prefetch timeout, and
 the engine recomputes (no storage tokens, output equal to a cold run); then one request is
 refused for an SLO no engine can meet. The router's counters (prompt, available, captured,
 planned, delivered by tier, late, storage bytes, decisions) equal the values the requests were
-built to give: late is exactly Z's history.
+built to give: late is exactly Z's history (negative control: with the late term not booked
+the test fails). The throttled read outlives Mooncake's 10 s read lease and fails, and the
+reader's backend then skips the first host's replicas for 60 s: that is why the store run is
+checked before it.
 
 Then the first host fails (cable, then processes): its worker and its segment leave the
 router's index together within the heartbeat timeout, and the other host still answers.
@@ -50,8 +60,8 @@ PAGE = 16
 KEYS = Path(__file__).with_name("mooncake_keys.py")
 FILL_ROUNDS = 6  # bounded: each writes 2.5x the store
 REPO = Path(__file__).resolve().parents[2]
-# Both workers give up a prefetch after 10 s (SGLang's "timeout" policy; a fetch over an
-# unthrottled cable takes well under a second); a throttled history takes over a minute.
+# Both workers give up a prefetch after 10 s (SGLang's "timeout" policy): a fetch over an
+# unthrottled cable takes well under a second, a throttled history (2.5 MB at 0.5 Mbit/s) ~40 s.
 PREFETCH = ("--hicache-storage-prefetch-policy", "timeout",
             "--hicache-storage-backend-extra-config", json.dumps({"prefetch_timeout_base": 10}))
 THROTTLE_MBIT = 0.5
@@ -59,12 +69,13 @@ THROTTLE_MBIT = 0.5
 
 class Known(NamedTuple):
     """What the economics must say after the known requests (docs/interfaces.md, "What the
-    cache is worth, live"): X's cold first turn, X's second turn fetched (``history`` tokens),
-    Z's second turn planned to fetch ``z_history`` tokens and recomputed, one refusal."""
+    cache is worth, live"): of the ``accepted`` requests', ``prompt`` tokens, ``loaded`` were
+    planned from the pool and loaded, ``late`` planned and recomputed; one refusal."""
 
     prompt: int
-    history: int
-    z_history: int
+    loaded: int
+    late: int
+    accepted: int
     kv_bytes: int
 
 
@@ -82,7 +93,7 @@ def check_known_economics(metrics: str, k: Known) -> None:
                    if s.name == name and s.labels.get("model", "tiny") == "tiny"
                    and all(s.labels.get(key) == v for key, v in labels.items()))
 
-    fetched = k.history + k.z_history
+    planned = k.loaded + k.late  # nothing else was cached: every prefix came from the pool
     got = {"prompt": total("radix_global_prompt_tokens_total"),
            "available": total("radix_global_available_prefix_tokens_total"),
            "captured": total("radix_global_captured_prefix_tokens_total"),
@@ -93,9 +104,9 @@ def check_known_economics(metrics: str, k: Known) -> None:
            "bytes": total("radix_global_storage_loaded_bytes_total"),
            "accepted": total("radix_global_decisions_total", outcome="accepted"),
            "refused": total("radix_global_decisions_total", outcome="ttft_slo")}
-    want = {"prompt": k.prompt, "available": fetched, "captured": fetched, "planned": fetched,
-            "storage": k.history, "delivered": k.history, "late": k.z_history,
-            "bytes": k.history * k.kv_bytes, "accepted": 3, "refused": 1}
+    want = {"prompt": k.prompt, "available": planned, "captured": planned, "planned": planned,
+            "storage": k.loaded, "delivered": k.loaded, "late": k.late,
+            "bytes": k.loaded * k.kv_bytes, "accepted": k.accepted, "refused": 1}
     print("economics:", got)
     assert got == want, (got, want)
 
@@ -116,15 +127,19 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
 
     tok = TokenizerCache().get(str(tiny_model_dir))
 
-    def conversation(seed: int) -> tuple[list[int], list[int]]:
-        history = [{"role": "system", "content": " ".join(
+    def conversation(seed: int) -> list[list[int]]:
+        chat = [{"role": "system", "content": " ".join(
             synthetic_word(i * seed) for i in range(400))}, {"role": "user", "content": "first"}]
-        later = [{"role": "assistant", "content": "ok"}, {"role": "user", "content": "second"}]
-        return tok.encode_chat(history), tok.encode_chat([*history, *later])
+        turns = [tok.encode_chat(chat)]
+        for question in (" ".join(synthetic_word(i * seed + 1) for i in range(60)), "third"):
+            chat += [{"role": "assistant", "content": "ok"}, {"role": "user", "content": question}]
+            turns.append(tok.encode_chat(chat))
+        return turns
 
-    turn1, turn2 = conversation(13)
-    z1, z2 = conversation(17)
-    reference, z_reference = greedy(str(tiny_model_dir), turn2), greedy(str(tiny_model_dir), z2)
+    turn1, turn2, turn3 = conversation(13)
+    z1, z2, _ = conversation(17)
+    reference, z_reference, reference3 = (greedy(str(tiny_model_dir), ids)
+                                          for ids in (turn2, z2, turn3))
     kv_bytes = kv_size.for_worker(str(tiny_model_dir), {"dtype": "float32"})  # as run
     assert kv_bytes
 
@@ -176,6 +191,28 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             stats = c.request("GET", router.url + "/admin/stats", admin=True).json()
             assert stats["recent"][-1]["engine_storage_tokens"] == storage(answer)
 
+            # A store's run over its segments (issue 44, docs/interfaces.md "Mooncake Store as
+            # the L3 pool"): X's first turn is in home's segment, the pages its second turn
+            # added in other's. With both engines' own caches flushed (the index sees no GPU or
+            # host copy left), X's third turn is planned and loaded whole, across both segments.
+            deadline = time.monotonic() + 60  # an engine refuses while it still moves pages
+            for proc in workers:
+                while (r := c.request("POST", proc.url + "/flush_cache")).status_code != 200:
+                    assert time.monotonic() < deadline, (proc.host, r.text)
+                    time.sleep(1.0)
+            deadline = time.monotonic() + 30
+            while any(index_stats(c, router.url)["tier_pages"].get(t) for t in ("gpu", "host")):
+                assert time.monotonic() < deadline, index_stats(c, router.url)["tier_pages"]
+                time.sleep(0.5)
+            # the router counts what it routed as held until 5 s after the request finished
+            # (conductor's routed_settle_s: KV events come after the batch); the flush came
+            # sooner
+            time.sleep(5.5)
+            worker, _, fetch, answer = generate(turn3)
+            print(f"store run: fetch {fetch}, storage {storage(answer)} of {len(turn3)}")
+            assert worker == other and answer["output_ids"] == reference3
+            assert fetch == storage(answer) == whole_pages(len(turn2)), answer["meta_info"]
+
             # Z's second turn: the home host's cable throttled, its fetch outlasts the engine's
             # prefetch timeout, the engine recomputes (late: planned, not loaded)
             hosts.shape(home[2:], THROTTLE_MBIT)
@@ -191,12 +228,13 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
                 "sampling_params": {"max_new_tokens": 4, "temperature": 0}})
             assert refused.status_code == 429, refused.text
             check_known_economics(c.request("GET", router.url + "/metrics").text, Known(
-                prompt=len(turn1) + len(turn2) + len(z2),
-                history=whole_pages(len(turn1)), z_history=whole_pages(len(z1)),
-                kv_bytes=kv_bytes))
+                prompt=len(turn1) + len(turn2) + len(turn3) + len(z2),
+                loaded=whole_pages(len(turn1)) + whole_pages(len(turn2)),
+                late=whole_pages(len(z1)), accepted=4, kv_bytes=kv_bytes))
 
             # the home host dies: its worker and its segment (the history's pool pages) leave
-            # R's index together once the heartbeat timeout passed
+            # R's index together once the heartbeat timeout passed (the worker holds nothing
+            # since the flush: the segment is the holder that goes)
             holders = index_stats(c, router.url)["holders"]
             hosts.fail(home[2:])
             c.forget(home[2:])
@@ -204,7 +242,7 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             while {w["worker_id"] for w in c.workers(router)} != {other}:
                 assert time.monotonic() < deadline, c.workers(router)
                 time.sleep(0.3)
-            assert index_stats(c, router.url)["holders"] == holders - 2
+            assert index_stats(c, router.url)["holders"] == holders - 1
             # B still answers the conversation, from what it loaded, equal to the cold run
             worker, _, _, again = generate(turn2)
             assert worker == other and again["output_ids"] == reference
