@@ -30,6 +30,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NamedTuple, TypeVar
 
@@ -41,6 +42,8 @@ from radix_global_tools.cluster.netns import netns_executor
 from radix_global_tools.cluster.procs import ClusterError, log_tail, stop_group, wait_answering
 from sglang_patch.launch_plan import default_pool_id
 from sglang_patch.sem_sweep import semaphores, sweep_semaphores
+
+ENGINE_NAMES = ("worker", "stock")  # the processes that are SGLang engines
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -163,7 +166,7 @@ class HostCluster:
 
     def _start_engine(self, host: str, name: str, argv: list[str], cores: set[int] | None,
                       env: dict[str, str] | None = None) -> HostProc:
-        if sum(p.name in ("worker", "stock") for p in self.procs) >= MAX_ENGINES:
+        if sum(p.name in ENGINE_NAMES for p in self.procs) >= MAX_ENGINES:
             raise ClusterError(f"at most {MAX_ENGINES} engines on this machine")
         return self._spawn(host, name, argv, self.hosts.url(host, WORKER_PORT), cores, env)
 
@@ -211,6 +214,12 @@ class HostCluster:
         sweep_semaphores(self.sems, groups=[p.popen.pid for p in gone])
 
     def close(self) -> None:
+        """Stop every process: the engines together (each takes seconds to leave on SIGTERM),
+        then the rest, last started first."""
+        engines = [p for p in self.procs if p.name in ENGINE_NAMES]
+        if engines:
+            with ThreadPoolExecutor(len(engines)) as pool:
+                list(pool.map(self.stop, engines))
         for proc in reversed(list(self.procs)):
             self.stop(proc)
         self._client_pool.submit(self._http.close).result()
