@@ -43,7 +43,8 @@ from radix_global_tools.cluster.procs import ClusterError, log_tail, stop_group,
 from sglang_patch.launch_plan import default_pool_id
 from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 
-ENGINE_NAMES = ("worker", "stock")  # the processes that are SGLang engines
+# SGLang engines: each takes seconds to leave on SIGTERM, so close() stops them together
+ENGINE_NAMES = ("worker", "stock")
 
 ROUTER_PORT = 30080
 WORKER_PORT = 30000
@@ -217,10 +218,14 @@ class HostCluster:
         """Stop every process: the engines together (each takes seconds to leave on SIGTERM),
         then the rest, last started first."""
         engines = [p for p in self.procs if p.name in ENGINE_NAMES]
-        if engines:
-            with ThreadPoolExecutor(len(engines)) as pool:
-                list(pool.map(self.stop, engines))
-        for proc in reversed(list(self.procs)):
-            self.stop(proc)
+        try:
+            if engines:
+                with ThreadPoolExecutor(len(engines)) as pool:
+                    list(pool.map(lambda p: stop_group(p.popen, self.stop_timeout_s), engines))
+                sweep_semaphores(self.sems, groups=[p.popen.pid for p in engines])
+                self.procs = [p for p in self.procs if p not in engines]
+        finally:
+            for proc in reversed(list(self.procs)):
+                self.stop(proc)
         self._client_pool.submit(self._http.close).result()
         self._client_pool.shutdown()

@@ -155,10 +155,12 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
             "--radix-global-pool-capacity-gb", str(spec.pool_capacity_gb),
             "--hicache-ratio", str(spec.hicache_ratio),
             # the harness waits for every prefetch unless the engine set chose a policy
-            *([] if "--hicache-storage-prefetch-policy" in spec.extra_args
-              else ["--hicache-storage-prefetch-policy", "wait_complete"]),
+            *([] if any(a.split("=", 1)[0] == PREFETCH_POLICY for a in spec.extra_args)
+              else [PREFETCH_POLICY, "wait_complete"]),
             "--radix-global-heartbeat-interval-s", "1"]
 
+
+PREFETCH_POLICY = "--hicache-storage-prefetch-policy"
 
 # Run as modules: both packages install a `smg` script.
 PEER_MODULES = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}

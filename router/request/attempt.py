@@ -117,6 +117,9 @@ class Attempt:
             "predicted_ttft_s": d.predicted_ttft_s, "ttft_s": ttft_s,
             "held_s": self.routed.held_s,
             "engine_cached_tokens": cached, "engine_storage_tokens": storage}
+        if d.fetch_pieces:  # which segment each part of a store's run was planned from
+            record["fetch_pieces"] = [[p.holder, p.first_page, p.end_page]
+                                      for p in d.fetch_pieces]
         if self.pd is not None:
             record["decode_worker_id"] = self.pd.decode.info.worker_id
         booked = finish(st, self.inbound, ok, Outcome.OK if ok else Outcome.FAILED, record)

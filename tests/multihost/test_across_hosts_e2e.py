@@ -20,8 +20,8 @@ byte between the parts crosses a veth link; nothing listens on the root namespac
    second turn to its cached history.
 4. The negative control of ``test_mooncake_pool_e2e.py``: a history computed on A, in A's shm
    pool, gives B no storage tokens.
-One engine start-up per host for the first two tests (the module fixture); the second test fails
-a host, so they run in this order.
+One engine start-up per host for every test (the module fixture); the second test fails a host
+and waits for it to rejoin, so they run in this order.
 """
 
 from __future__ import annotations
@@ -281,6 +281,7 @@ def test_a_hosts_shm_pool_is_not_loaded_by_another_host(up: Cluster) -> None:
     sees are the store's."""
     c, router = up.cluster, up.router
     url = {w["worker_id"]: w["url"] for w in c.workers(router)}
+    assert set(url) == {"w-a", "w-b"}, url  # test 2's host rejoined
     first = text(41, 400)
 
     def generate(worker: str, prompt: str) -> dict[str, Any]:

@@ -2,7 +2,7 @@
 
 Hosts ``a`` and ``b`` run one real SGLang CPU worker each (``radix-global sglang
 --radix-global-pool mooncake://M:50051``: each contributes a segment and writes its pages
-there), ``m`` the Mooncake master, ``r`` the router. A conversation's first turn is computed
+there), ``m`` the Mooncake master, ``r`` the router. A conversation X's first turn is computed
 where the router sends it;
 that worker is then drained, so the second turn must go to the other host. There the engine
 loads the history from Mooncake Store: it reports storage tokens, its greedy output equals a
@@ -80,7 +80,7 @@ class Known(NamedTuple):
 
 
 def whole_pages(tokens: int) -> int:
-    """The prefix of a first turn of ``tokens`` its second turn finds: whole pages only."""
+    """The prefix of a turn of ``tokens`` the conversation's next turn finds: whole pages."""
     return tokens // PAGE * PAGE
 
 
@@ -88,8 +88,10 @@ def check_known_economics(metrics: str, k: Known) -> None:
     """The router's counters for the model, over all workers, equal the known values."""
     from prometheus_client.parser import text_string_to_metric_families
 
-    def total(name: str, **labels: str) -> float:
-        return sum(s.value for f in text_string_to_metric_families(metrics) for s in f.samples
+    samples = [s for f in text_string_to_metric_families(metrics) for s in f.samples]
+
+    def total(name: str, **labels: str) -> float:  # the planned fetch has no model label
+        return sum(s.value for s in samples
                    if s.name == name and s.labels.get("model", "tiny") == "tiny"
                    and all(s.labels.get(key) == v for key, v in labels.items()))
 
@@ -172,8 +174,10 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             # GPU tier and the pool's
             want = 2 * (len(turn1) // PAGE - 1) + 2 * (len(z1) // PAGE - 1)
             deadline = time.monotonic() + 30
-            while stored(c, router.url) < want and time.monotonic() < deadline:
+            while stored(c, router.url) < want:
+                assert time.monotonic() < deadline, (stored(c, router.url), want)
                 time.sleep(0.5)
+            pool_pages = index_stats(c, router.url)["tier_pages"]["pool"]
             assert c.request("POST", f"{router.url}/admin/workers/{home}/drain",
                              admin=True).status_code == 200
 
@@ -195,6 +199,13 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             # the L3 pool"): X's first turn is in home's segment, the pages its second turn
             # added in other's. With both engines' own caches flushed (the index sees no GPU or
             # host copy left), X's third turn is planned and loaded whole, across both segments.
+            # the pages the second turn added reach the store (other's segment) before the
+            # flush
+            added = (whole_pages(len(turn2)) - whole_pages(len(turn1))) // PAGE
+            deadline = time.monotonic() + 30
+            while index_stats(c, router.url)["tier_pages"]["pool"] < pool_pages + added:
+                assert time.monotonic() < deadline, index_stats(c, router.url)["tier_pages"]
+                time.sleep(0.5)
             deadline = time.monotonic() + 60  # an engine refuses while it still moves pages
             for proc in workers:
                 while (r := c.request("POST", proc.url + "/flush_cache")).status_code != 200:
@@ -209,9 +220,13 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             # sooner
             time.sleep(5.5)
             worker, _, fetch, answer = generate(turn3)
-            print(f"store run: fetch {fetch}, storage {storage(answer)} of {len(turn3)}")
+            pieces = c.request("GET", router.url + "/admin/stats",
+                               admin=True).json()["recent"][-1].get("fetch_pieces")
+            print(f"store run: fetch {fetch}, storage {storage(answer)} of {len(turn3)}, "
+                  f"pieces {pieces}")
             assert worker == other and answer["output_ids"] == reference3
             assert fetch == storage(answer) == whole_pages(len(turn2)), answer["meta_info"]
+            assert pieces is not None and len({h for h, _, _ in pieces}) == 2, pieces
 
             # Z's second turn: the home host's cable throttled, its fetch outlasts the engine's
             # prefetch timeout, the engine recomputes (late: planned, not loaded)
@@ -220,6 +235,8 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
                 worker, _, z_fetch, z_answer = generate(z2)
             finally:
                 hosts.shape(home[2:], None)
+            # the throttled cable carried the home worker's heartbeats too: it must not have left
+            assert {w["worker_id"] for w in c.workers(router)} == {home, other}
             print(f"throttled: fetch {z_fetch}, meta {z_answer['meta_info']}")
             assert worker == other and z_answer["output_ids"] == z_reference
             assert z_fetch > 0 and storage(z_answer) == 0, z_answer["meta_info"]

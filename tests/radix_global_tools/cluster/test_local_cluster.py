@@ -74,8 +74,10 @@ def test_our_engines_wait_for_prefetches_unless_the_engine_set_chose_a_policy() 
     def policies(extra: tuple[str, ...]) -> list[str]:
         argv = engine_argv(EngineSet("ours", "/models/tiny", extra_args=extra), 30001, 0,
                            "http://127.0.0.1:8000", "shm-x")
-        return [argv[i + 1] for i, a in enumerate(argv)
-                if a == "--hicache-storage-prefetch-policy"]
+        flag = "--hicache-storage-prefetch-policy"
+        return [argv[i + 1] if a == flag else a.split("=", 1)[1]
+                for i, a in enumerate(argv) if a.split("=", 1)[0] == flag]
 
     assert policies(()) == ["wait_complete"]
     assert policies(("--hicache-storage-prefetch-policy", "timeout")) == ["timeout"]
+    assert policies(("--hicache-storage-prefetch-policy=timeout",)) == ["timeout"]
