@@ -56,6 +56,7 @@ from sglang_patch.sem_sweep import semaphores, sweep_semaphores
 CPU_FLAGS = (*cpu_compat.CPU_SERVER_FLAGS, "--dtype", "float32")
 MAX_ENGINES = 3
 FILE_BACKEND_DIR_ENV = "SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"  # SGLang's HiCacheFile reads it
+PREFETCH_POLICY = "--hicache-storage-prefetch-policy"
 
 
 @dataclass(frozen=True)
@@ -159,8 +160,6 @@ def engine_argv(spec: EngineSet, port: int, index: int, router_url: str | None,
               else [PREFETCH_POLICY, "wait_complete"]),
             "--radix-global-heartbeat-interval-s", "1"]
 
-
-PREFETCH_POLICY = "--hicache-storage-prefetch-policy"
 
 # Run as modules: both packages install a `smg` script.
 PEER_MODULES = {"sglang-router": "sglang_router.launch_router", "smg": "smg.launch_router"}
