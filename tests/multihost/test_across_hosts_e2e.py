@@ -39,6 +39,7 @@ from typing import Any, NamedTuple
 
 import httpx
 import pytest
+from engine_answers import greedy
 
 from radix_global.trace import synthetic_word
 from radix_global_tools.cluster.host_cluster import HostCluster, HostProc
@@ -75,17 +76,10 @@ def greedy_reference(model_dir: str, messages: list[dict[str, str]]) -> tuple[li
                                                                                list[int]]:
     """The chat prompt's token ids and HF transformers' greedy 4 tokens after it: a cold run
     (equal to SGLang's on CPU, ``tests/sglang_patch/test_sglang_server.py``)."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
     from router.keying.tokenize import TokenizerCache
 
     ids = TokenizerCache().get(model_dir).encode_chat(messages)  # as the router renders it
-    hf = AutoModelForCausalLM.from_pretrained(model_dir).eval()
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=4, do_sample=False,
-                          pad_token_id=0)[0, len(ids):].tolist()
-    return ids, out
+    return ids, greedy(model_dir, ids)
 
 
 def index_stats(c: HostCluster, router: HostProc) -> dict[str, Any]:
