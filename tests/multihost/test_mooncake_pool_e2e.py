@@ -48,6 +48,7 @@ from typing import NamedTuple
 
 import pytest
 from engine_answers import greedy, storage
+from waits import until
 
 from radix_global import kv_size
 from radix_global.keys import page_digests
@@ -173,11 +174,8 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
             # both first turns' pages reach the store (write-through) and R's index, on the
             # GPU tier and the pool's
             want = 2 * (len(turn1) // PAGE - 1) + 2 * (len(z1) // PAGE - 1)
-            deadline = time.monotonic() + 30
-            while stored(c, router.url) < want:
-                assert time.monotonic() < deadline, (stored(c, router.url), want)
-                time.sleep(0.5)
-            pool_pages = index_stats(c, router.url)["tier_pages"]["pool"]
+            until(lambda: stored(c, router.url) >= want, lambda: (stored(c, router.url), want))
+            pool_pages = int(index_stats(c, router.url)["tier_pages"]["pool"])
             assert c.request("POST", f"{router.url}/admin/workers/{home}/drain",
                              admin=True).status_code == 200
 
@@ -197,24 +195,18 @@ def test_a_prefix_computed_on_one_host_is_fetched_on_another(
 
             # A store's run over its segments (issue 44, docs/interfaces.md "Mooncake Store as
             # the L3 pool"): X's first turn is in home's segment, the pages its second turn
-            # added in other's. With both engines' own caches flushed (the index sees no GPU or
-            # host copy left), X's third turn is planned and loaded whole, across both segments.
-            # the pages the second turn added reach the store (other's segment) before the
-            # flush
+            # added in other's (waited for). With both engines' own caches flushed (the index
+            # sees no GPU or host copy left), X's third turn is planned and loaded whole, across
+            # both segments.
+            def tiers() -> dict[str, int]:
+                return dict(index_stats(c, router.url)["tier_pages"])
+
             added = (whole_pages(len(turn2)) - whole_pages(len(turn1))) // PAGE
-            deadline = time.monotonic() + 30
-            while index_stats(c, router.url)["tier_pages"]["pool"] < pool_pages + added:
-                assert time.monotonic() < deadline, index_stats(c, router.url)["tier_pages"]
-                time.sleep(0.5)
-            deadline = time.monotonic() + 60  # an engine refuses while it still moves pages
-            for proc in workers:
-                while (r := c.request("POST", proc.url + "/flush_cache")).status_code != 200:
-                    assert time.monotonic() < deadline, (proc.host, r.text)
-                    time.sleep(1.0)
-            deadline = time.monotonic() + 30
-            while any(index_stats(c, router.url)["tier_pages"].get(t) for t in ("gpu", "host")):
-                assert time.monotonic() < deadline, index_stats(c, router.url)["tier_pages"]
-                time.sleep(0.5)
+            until(lambda: tiers()["pool"] >= pool_pages + added, tiers)
+            for proc in workers:  # an engine refuses while it still moves pages
+                until(lambda p=proc: c.request("POST", p.url + "/flush_cache").status_code == 200,
+                      f"{proc.host} never flushed", timeout_s=60, every_s=1.0)
+            until(lambda: not any(tiers().get(t) for t in ("gpu", "host")), tiers)
             # the router counts what it routed as held until 5 s after the request finished
             # (conductor's routed_settle_s: KV events come after the batch); the flush came
             # sooner

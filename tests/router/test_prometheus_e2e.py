@@ -9,12 +9,12 @@ import json
 import shutil
 import subprocess
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from waits import until
 
 from radix_global.index_http import serve_metrics
 from radix_global.service import IndexServer, ServiceConfig
@@ -72,13 +72,6 @@ def _query(base: str, expr: str) -> list[dict[str, Any]]:
     return list(r.json()["data"]["result"])
 
 
-def _until(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout  # waits, not bounds: CI is shared
-    while not predicate():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.5)
-
-
 def test_every_dashboard_panel_has_data_from_a_real_prometheus(upstreams, router_factory,
                                                                 tmp_path):
     peer, server = upstreams()
@@ -107,9 +100,10 @@ def test_every_dashboard_panel_has_data_from_a_real_prometheus(upstreams, router
                 ups = _query(base, "count_over_time(up[1m])")
                 return len(ups) == 2 and all(float(u["value"][1]) >= 3 for u in ups)
 
-            _until(ready, 60, "prometheus never became ready")
+            until(ready, "prometheus never became ready", timeout_s=60)
 
-            _until(scraped_twice, 60, "prometheus never scraped both targets three times")
+            until(scraped_twice, "prometheus never scraped both targets three times",
+                  timeout_s=60)
             assert all(u["value"][1] == "1" for u in _query(base, "up")), _query(base, "up")
             stats = router.state.admission.stats()["models"]["tiny"]
             accepted = _query(base, 'sum(radix_global_decisions_total{outcome="accepted"})')
