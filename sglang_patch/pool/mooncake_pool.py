@@ -32,7 +32,8 @@ Where it cannot keep it, the contract is loosened (Mooncake does not tell its cl
 - A dead client's pages may stay listed by the master for minutes (measured: 2.5 minutes after
   its client expired), and a read of one stalls until the transport gives up: reads skip the
   replicas on hosts known lost (``sglang_patch/pool/lost_hosts.py``; docs/interfaces.md,
-  "Mooncake Store as the L3 pool": reads around a lost host).
+  "Mooncake Store as the L3 pool": reads around a lost host). A read in flight to a host that
+  dies stalls at most ``read_stall_s`` (``sglang_patch/pool/mooncake_stall.py``).
 - Silent evictions are found by :meth:`MooncakePagePool.vanished`. It probes the pages this
   client wrote, in the order of :class:`~sglang_patch.pool.probe_queue.ProbeQueue` (pages in
   demand first: read, found or written again through this client since their last probe; then
@@ -89,6 +90,7 @@ from sglang_patch.pool.mooncake_calls import (
     address_of,
     plan_calls,
 )
+from sglang_patch.pool.mooncake_stall import DEFAULT_READ_STALL_S, bound_stalls
 from sglang_patch.pool.probe_queue import ProbeQueue
 
 NO_VERIFY_ENV = "RADIX_GLOBAL_POOL_NO_VERIFY"
@@ -112,8 +114,10 @@ def _digest(views: Sequence[memoryview]) -> bytes:
     return h.digest()
 
 
-def mooncake_store() -> Any:
-    """A new Mooncake client (the import is deferred: the shm pool never needs it)."""
+def mooncake_store(read_stall_s: float = DEFAULT_READ_STALL_S) -> Any:
+    """A new Mooncake client whose transfers give up on a silent peer after ``read_stall_s``
+    (:func:`bound_stalls`; the import is deferred: the shm pool never needs it)."""
+    bound_stalls(read_stall_s, os.environ)
     from mooncake.store import MooncakeDistributedStore
 
     return MooncakeDistributedStore()
@@ -135,7 +139,8 @@ class MooncakePagePool(PagePool):
                  segment_bytes: int = DEFAULT_SEGMENT_BYTES,
                  store_factory: Callable[[], Any] | None = None,
                  zero_copy_min_chunk: int = ZERO_COPY_MIN_CHUNK,
-                 probe_spread: int = DEFAULT_PROBE_SPREAD) -> None:
+                 probe_spread: int = DEFAULT_PROBE_SPREAD,
+                 read_stall_s: float = DEFAULT_READ_STALL_S) -> None:
         if page_bytes <= 0 or segment_bytes < max(MIN_SEGMENT_BYTES,
                                                   page_bytes + CHECKSUM_BYTES):
             raise PoolError(f"a Mooncake segment of {segment_bytes} bytes: at least "
@@ -150,7 +155,7 @@ class MooncakePagePool(PagePool):
         if probe_spread <= 0:
             raise PoolError(f"pool_resync_spread must be > 0, got {probe_spread}")
         self._probes = ProbeQueue(self.capacity_pages, probe_spread)
-        self._store = (store_factory or mooncake_store)()
+        self._store = store_factory() if store_factory else mooncake_store(read_stall_s)
         # Mooncake's own buffer, for the calls that allocate (we always pass registered
         # memory): the minimum
         local_buffer = max(16 << 20, 4 * self._slot_bytes)

@@ -5,6 +5,7 @@ Mooncake's listeners bind every interface, so never outside one).
     python mooncake_driver.py MASTER HOSTNAME read N    # get N pages, print a JSON verdict
     python mooncake_driver.py MASTER HOSTNAME fill N    # put N pages into a small segment,
                                                         # then compare vanished() to the store
+    python mooncake_driver.py MASTER HOSTNAME stall N   # read page 0, then 1..N-1 when told
 
 Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
 filled from seed ``i``. ``write`` and ``read`` move the first half of the pages one call each,
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 
 import numpy as np
 
@@ -88,6 +90,22 @@ def read(pool: MooncakePagePool, n: int) -> None:
                       "lost_hosts": pool.lost_hosts()}), flush=True)
 
 
+def stall(pool: MooncakePagePool, n: int) -> None:
+    """Read page 0 (the session to its host opens), print ``{"ready": ...}``, wait for a stdin
+    line, then read pages 1..n-1 in one call and print how long it took and what came back."""
+    dests = [[np.zeros(PAGE // CHUNKS, dtype=np.uint8) for _ in range(CHUNKS)]
+             for _ in range(n)]
+    print(json.dumps({"ready": pool.get_into(key(0), dests[0])}), flush=True)
+    sys.stdin.readline()
+    start = time.monotonic()
+    got = pool.get_many([PageIO(key(i), dests[i]) for i in range(1, n)])
+    elapsed = time.monotonic() - start
+    wrong = [i for i, ok in enumerate(got, 1)
+             if ok and not all((d == p).all() for d, p in zip(dests[i], page(i), strict=True))]
+    print(json.dumps({"elapsed_s": elapsed, "got": sum(got), "wrong": wrong,
+                      "lost_hosts": pool.lost_hosts()}), flush=True)
+
+
 def fill(pool: MooncakePagePool, n: int) -> None:
     """More pages than the segment holds: Mooncake evicts some, silently."""
     stored = [i for i in range(n) if pool.put(key(i), page(i), tag=i).stored]
@@ -102,7 +120,7 @@ def main(master: str, hostname: str, mode: str, n: int) -> None:
     pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment,
                             zero_copy_min_chunk=PAGE // CHUNKS, probe_spread=1)  # all in a round
     try:
-        {"write": write, "read": read, "fill": fill}[mode](pool, n)
+        {"write": write, "read": read, "fill": fill, "stall": stall}[mode](pool, n)
     finally:
         pool.close()
 

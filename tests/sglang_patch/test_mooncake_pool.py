@@ -25,12 +25,22 @@ from typing import Any
 import pytest
 
 from radix_global_tools.cluster.hosts import HostSet
+from sglang_patch.pool.mooncake_stall import DEFAULT_READ_STALL_S
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 DRIVER = Path(__file__).with_name("mooncake_driver.py")
 REPO = Path(__file__).resolve().parents[2]
 N = 8
 PAGE = 64 * 1024
+SLOW_MBIT = 0.25  # A's cable while B reads from it
+# Mooncake's TCP lanes per peer (MC_TCP_LANES_PER_PEER): transfers past them queue, and in this
+# build a queued transfer to a dead peer waits for the store's fixed 60 s batch deadline
+# (docs/interfaces.md, the stall's bound)
+LANES = 4
+CUT_AFTER_S = 2.0  # into B's read, A's cable is pulled
+# the bound, plus the rest of a read cut short (queued transfers, the lost host's skips), well
+# under the transport's own 30 s
+LIMIT_S = CUT_AFTER_S + DEFAULT_READ_STALL_S + 8
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -126,3 +136,52 @@ def test_silent_evictions_are_found_by_the_resync_probe(tmp_path: Path) -> None:
         got = json.loads(done.stdout.strip().splitlines()[-1])
     assert got["missing"], got  # evictions happened, silently
     assert got["vanished"] == got["missing"] and got["again"] == [], got
+
+
+def test_a_read_in_flight_to_a_dead_host_gives_up_within_the_bound(tmp_path: Path) -> None:
+    """B is reading A's pages over a slow cable when A's cable is pulled: no reset comes back,
+    and the transport's deadlines (``sglang_patch/pool/mooncake_stall.py``) end the read
+    ``DEFAULT_READ_STALL_S`` after the last byte, a miss for every page it did not get and A
+    taken as lost; never a wrong page. Negative control, run by hand: this test with
+    ``MC_TCP_STATUS_TIMEOUT_SEC=30 MC_TCP_PROGRESS_TIMEOUT_SEC=30`` in pytest's environment
+    (an operator's value wins; 30 s is the transport's own default) fails on ``LIMIT_S``."""
+    n = 1 + LANES  # page 0, then one transfer per lane: ~8 s at SLOW_MBIT, in flight at the cut
+    bin_dir = Path(sys.executable).parent
+    with HostSet(["m", "a", "b"], tmp_path) as hosts:
+        master = f"{hosts['m'].address}:50051"
+        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
+                                    "--metrics_port=9003"])
+        time.sleep(2.0)
+        writer = subprocess.Popen(
+            hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address, "write",
+                             str(n)]),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=_env())
+        procs = [writer]
+        try:
+            assert writer.stdout is not None
+            assert json.loads(writer.stdout.readline() or "{}").get("ready"), "writer failed"
+            reader = subprocess.Popen(
+                hosts.argv("b", [sys.executable, str(DRIVER), master, hosts["b"].address,
+                                 "stall", str(n)]),
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                text=True, env=_env())
+            procs.append(reader)
+            assert reader.stdout is not None and reader.stdin is not None
+            assert json.loads(reader.stdout.readline() or "{}").get("ready"), "reader failed"
+            hosts.shape("a", SLOW_MBIT)
+            reader.stdin.write("go\n")
+            reader.stdin.flush()
+            time.sleep(CUT_AFTER_S)
+            hosts.link("a", False)
+            out, err = reader.communicate(timeout=120)
+            got = json.loads(out.strip().splitlines()[-1])
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                p.wait(timeout=10)
+    print(got)
+    assert got["wrong"] == [] and got["got"] < n - 1, got
+    assert got["lost_hosts"] == [hosts["a"].address], got
+    assert got["elapsed_s"] < LIMIT_S, (got, err[-2000:])
