@@ -164,6 +164,7 @@ class RouterState:
             config.coordination, config.engine_load, registry=self.registry,
             driver=self.routing, client=self.proxy.client, prefixes=self.shared_prefixes,
             aliases=self.aliases, profile=lambda entry, coef: self.profiler.shared(entry, coef),
+            links=self.places,
             heartbeat_ttl_s=config.health.heartbeat_timeout_s,
             router_id=config.coordination.router_id
             or f"{socket.gethostname()}:{config.listen.port}",

@@ -114,12 +114,14 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         if loads_url and self._first_rank:
             self._loads = LoadReporter(self.pool.pool_id, http_send(str(loads_url), token))
         copies_url = self.config.get("pool_copies_url")
-        # one shard only: a tensor-parallel worker's other ranks would not copy theirs
-        if copies_url and self._first_rank and not self._suffix \
-                and hasattr(self.pool, "copy_here"):
+        # one shard copies (a tensor-parallel worker's other ranks would not copy theirs); every
+        # rank hears the hosts the routers know lost, since each reads its own shard's pages
+        copy_in = (self.copy_in if self._first_rank and not self._suffix
+                   and hasattr(self.pool, "copy_here") else None)
+        told_lost = getattr(self.pool, "told_lost", None)
+        if copies_url and (copy_in or told_lost):
             self._copies = CopyOrders(self.namespace, copy_fetch(
-                str(copies_url), self.pool.pool_id, token), self.copy_in,
-                on_lost=getattr(self.pool, "told_lost", None))
+                str(copies_url), self.pool.pool_id, token), copy_in, on_lost=told_lost)
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
             self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy

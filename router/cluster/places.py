@@ -20,7 +20,8 @@ from radix_global.options import opt
 from radix_global.pool_ids import segment_host
 from radix_global.registration import WorkerInfo, check_place
 from radix_global.types import HolderId, PoolId, WorkerId
-from router.routing.topology import Topology
+from router.routing.link_fit import LinkStats
+from router.routing.topology import LinkKey, Topology
 
 log = logging.getLogger(__name__)
 ROOT = "domain:"
@@ -101,6 +102,18 @@ class Places:
             return False
         topo.observe_transfer(holder, worker, nbytes, seconds)
         return True
+
+    def own_links(self) -> dict[LinkKey, LinkStats]:
+        """What this router measured, for its peers (nothing while learning is off)."""
+        return self.topology.own_links() if self.config.learn else {}
+
+    def share(self, router: str, links: dict[LinkKey, LinkStats]) -> None:
+        """A peer router's measured links (ignored while learning is off)."""
+        if self.config.learn:
+            self.topology.share(router, links)
+
+    def unshare(self, router: str) -> None:
+        self.topology.unshare(router)
 
     def domain_of(self, holder: HolderId) -> str | None:
         """``holder``'s fault domain: its host's whole place ("" under the root); None when

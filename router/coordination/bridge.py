@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Protocol
 
 from radix_global.registration import encode_worker_info
 from radix_global.types import Namespace, PageKey
@@ -26,13 +27,25 @@ from router.coordination.records import Kind, RecordError
 from router.keying.alias_book import AliasBook, AliasEntry
 from router.keying.prefix_specs import PrefixSpec, SharedPrefixError, parse_spec
 from router.keying.shared_prefixes import SharedPrefixes
+from router.routing.link_fit import LinkStats
+from router.routing.topology import LinkKey
 
 log = logging.getLogger("radix_global.router.coordination")
 
 ProfileSink = Callable[[WorkerEntry, tuple[float, ...]], None]
+
+
+class LinkSink(Protocol):
+    """Where measured links go and come from (``router/cluster/places.py::Places``)."""
+
+    def own_links(self) -> dict[LinkKey, LinkStats]: ...
+    def share(self, router: str, links: dict[LinkKey, LinkStats]) -> None: ...
+    def unshare(self, router: str) -> None: ...
+
 ALIAS_TTL_S = 24 * 3600.0  # a recorded chain head is asked again within a day or forgotten
 ALIAS_LOOKUP_S = 0.3  # below the 0.5 s a worker's pool backend waits for the answer
 MAX_PROFILES = 65536
+MAX_LINK_ROUTERS = 256  # routers whose measured links count here
 
 
 def alias_id(namespace: Namespace, head: PageKey) -> str:
@@ -58,8 +71,9 @@ class SharedView:
 
     def __init__(self, registry: WorkerRegistry, prefixes: SharedPrefixes,
                  forget_aliases: Callable[[str], None], profile: ProfileSink,
-                 clock: Callable[[], float], heartbeat_ttl_s: float) -> None:
-        self.registry, self.prefixes = registry, prefixes
+                 clock: Callable[[], float], heartbeat_ttl_s: float,
+                 links: LinkSink | None = None) -> None:
+        self.registry, self.prefixes, self.links = registry, prefixes, links
         self.forget_aliases, self.profile, self.clock = forget_aliases, profile, clock
         self.heartbeat_ttl_s = heartbeat_ttl_s
         self.admitted: dict[str, bytes] = {}  # worker id -> its record, admitted here
@@ -70,6 +84,7 @@ class SharedView:
         self.taken_drains: set[str] = set()  # drains taken from the service
         # fitted profiles read from the service, for workers that join later
         self.profiles: dict[tuple[str, str], tuple[float, ...]] = {}
+        self.taken_links: set[str] = set()  # routers whose measured links count here
 
     def worker_seen(self, record: rec.WorkerRecord, ident: str) -> None:
         info = rec.worker_info(record, ident)
@@ -137,6 +152,19 @@ class SharedView:
         if entry is not None and entry.info.namespace == record.namespace:
             self.profile(entry, coef)
 
+    def links_seen(self, router_id: str, links: dict[LinkKey, LinkStats]) -> None:
+        if self.links is not None:
+            if router_id not in self.taken_links and len(self.taken_links) >= MAX_LINK_ROUTERS:
+                raise RecordError(f"links of {router_id[:120]!r}: already {MAX_LINK_ROUTERS} "
+                                  "routers' links")
+            self.taken_links.add(router_id)
+            self.links.share(router_id, links)
+
+    def links_gone(self, router_id: str) -> None:
+        if self.links is not None and router_id in self.taken_links:
+            self.taken_links.discard(router_id)
+            self.links.unshare(router_id)
+
     def present(self, kind: Kind, ids: set[str]) -> None:
         if kind is Kind.WORKER:
             # every worker but this router's command-line ones lives by its record: one whose
@@ -153,6 +181,9 @@ class SharedView:
         elif kind is Kind.PREFIX:
             for name in self.taken_prefixes - ids:
                 self.prefix_gone(name)
+        elif kind is Kind.LINK:
+            for router_id in self.taken_links - ids:
+                self.links_gone(router_id)
 
     def owned(self) -> list[tuple[Kind, str, bytes, float | None]]:
         out: list[tuple[Kind, str, bytes, float | None]] = [

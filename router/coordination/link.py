@@ -38,14 +38,16 @@ from router.coordination.config import CoordinationConfig
 from router.coordination.lease import Lease
 from router.coordination.reader import Reader, SharedState
 from router.coordination.records import Keys, Kind
+from router.routing.link_fit import LinkStats
 from router.routing.load_view import PeerLoads, SlotLoad
 from router.routing.queue_model import Slot
+from router.routing.topology import LinkKey
 
 log = logging.getLogger("radix_global.router.coordination")
 T = TypeVar("T")
 R = TypeVar("R", bound=msgspec.Struct)
-RESYNCED = (Kind.PROFILE, Kind.WORKER, Kind.DRAIN, Kind.PREFIX, Kind.LOAD)  # profiles first:
-# a worker joining here is priced with its fitted profile
+# profiles first: a worker joining here is priced with its fitted profile
+RESYNCED = (Kind.PROFILE, Kind.WORKER, Kind.DRAIN, Kind.PREFIX, Kind.LOAD, Kind.LINK)
 _ABSENT = object()
 
 
@@ -56,11 +58,14 @@ class CoordinationConflict(RuntimeError):
 class Coordinator:
     def __init__(self, config: CoordinationConfig, router_id: str, version: str, digest: str,
                  shared: SharedState, own_load: Callable[[], Mapping[Slot, SlotLoad]],
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 own_links: Callable[[], Mapping[LinkKey, LinkStats]] = dict) -> None:
         assert config.url is not None
         self.config, self.router_id = config, router_id
         self.version, self.digest = version, digest
         self.shared, self.own_load, self.clock = shared, own_load, clock
+        self.own_links = own_links
+        self._links_published = b""
         self.keys = Keys(config.cluster)
         self.peers = PeerLoads(config.load_expire_s)
         self.reader = Reader(router_id, shared, self.peers, clock)
@@ -123,10 +128,12 @@ class Coordinator:
         self._tasks = []
         with contextlib.suppress(RedisError, OSError, TimeoutError):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
-                for kind in (Kind.ROUTER, Kind.LOAD):
+                for kind in (Kind.ROUTER, Kind.LOAD, Kind.LINK):
                     await self._delete(kind, self.router_id)
                 await self.lease.release()
                 await self._notify(Kind.LOAD, self.router_id)
+                if self._links_published:
+                    await self._notify(Kind.LINK, self.router_id)
         with contextlib.suppress(Exception):
             async with asyncio.timeout(self.config.op_timeout_s * 2):
                 await self.redis.aclose()
@@ -308,6 +315,7 @@ class Coordinator:
     async def _resync_round(self) -> None:
         if not await self._call("announce", self._announce()):
             return
+        await self._call("put_link", self._publish_links())
         if self._rejoin:  # the service is back, maybe empty: write back what this router owns
             self._rejoin, self._keep = False, 2
             for kind, ident, value, ttl in self.shared.owned():
@@ -315,6 +323,19 @@ class Coordinator:
             log.warning("coordination service answers again: rejoined")
         await self._call("resync", self.resync(),
                          max(self.config.resync_s, self.config.op_timeout_s * 4))
+
+    async def _publish_links(self) -> bool:
+        """This router's measured links, every resync (their time to live is three), with a
+        change notice when they changed."""
+        links = self.own_links()
+        if not links:
+            return True
+        value = rec.encode(rec.link_record(self.router_id, links))
+        notice = (rec.Notice(self.router_id, Kind.LINK, self.router_id).encode()
+                  if value != self._links_published else None)
+        await self._put(Kind.LINK, self.router_id, value, self.config.resync_s * 3, notice)
+        self._links_published = value
+        return True
 
     async def _publish(self) -> None:
         now = self.clock()

@@ -19,8 +19,10 @@ import msgspec
 from radix_global.types import PageKey
 from router.coordination import records as rec
 from router.coordination.records import Kind, RecordError
+from router.routing.link_fit import LinkStats
 from router.routing.load_view import PeerLoads
 from router.routing.queue_model import Slot
+from router.routing.topology import LinkKey
 
 log = logging.getLogger("radix_global.router.coordination")
 R = TypeVar("R", bound=msgspec.Struct)
@@ -38,6 +40,8 @@ class SharedState(Protocol):
     def prefix_seen(self, record: rec.PrefixRecord) -> None: ...
     def prefix_gone(self, name: str) -> None: ...
     def profile_seen(self, record: rec.ProfileRecord) -> None: ...
+    def links_seen(self, router_id: str, links: dict[LinkKey, LinkStats]) -> None: ...
+    def links_gone(self, router_id: str) -> None: ...
 
     def present(self, kind: Kind, ids: set[str]) -> None:
         """A complete read found exactly ``ids`` of ``kind``: what the router took from the
@@ -78,6 +82,8 @@ class Reader:
         elif kind is Kind.LOAD:
             self.peers.drop(ident)
             self._peer_load()
+        elif kind is Kind.LINK:
+            self.shared.links_gone(ident)
 
     def present(self, kind: Kind, ids: set[str]) -> None:
         if kind is Kind.LOAD:
@@ -118,6 +124,8 @@ class Reader:
             self.shared.prefix_seen(rec.decode(raw, rec.PrefixRecord, ident))
         elif kind is Kind.PROFILE:
             self.shared.profile_seen(rec.decode(raw, rec.ProfileRecord))
+        elif kind is Kind.LINK and ident != self.router_id:
+            self.shared.links_seen(ident, rec.link_stats(rec.decode(raw, rec.LinkRecord, ident)))
         elif kind is Kind.LOAD and ident != self.router_id:
             load = rec.decode(raw, rec.LoadRecord, ident)
             slots, tips = rec.load_slots(load), rec.load_tips(load)  # all checked first

@@ -18,8 +18,10 @@ import msgspec
 
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
 from radix_global.types import PageKey, WorkerId
+from router.routing.link_fit import LinkStats
 from router.routing.load_view import SlotLoad
 from router.routing.queue_model import Slot
+from router.routing.topology import LinkKey, link_key
 
 SCHEMA = 1
 MAX_RECORD_BYTES = 1 << 20  # a shared prefix of 65,536 token ids as JSON; everything else is less
@@ -27,6 +29,8 @@ MAX_LOAD_SLOTS = 1 << 16  # slots one router may report load for
 MAX_ROUTED_TIPS = 256  # routed prompts' tips in one load record (the oldest dropped beyond)
 INT64 = (-(1 << 63), (1 << 63) - 1)  # a page key's range
 PROFILE_COEFS = 4  # router/routing/prefill_model.py's prior
+MAX_LINKS = 4096  # measured links and memory paths in one router's record
+MAX_NODE_NAME = 200
 
 
 class RecordError(ValueError):
@@ -44,6 +48,7 @@ class Kind(StrEnum):
     ALIAS = "alias"
     PROFILE = "profile"
     LEASE = "lease"
+    LINK = "link"
 
 
 class Notice(NamedTuple):
@@ -193,7 +198,49 @@ class ProfileRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             raise ValueError(f"coef must be {PROFILE_COEFS} finite numbers")
 
 
+class LinkStatsRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One measured link's fit sums (``router/routing/link_fit.py::LinkStats``); ``a`` == ``b``:
+    that host's memory path."""
+
+    a: str
+    b: str
+    samples: int
+    w: float
+    x: float
+    y: float
+    xx: float
+    xy: float
+
+
+class LinkRecord(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """What one router measured on the cluster's links (docs/interfaces.md, "Where hosts
+    are": several routers)."""
+
+    v: int
+    router_id: str
+    links: list[LinkStatsRecord]
+
+
 R = TypeVar("R", bound=msgspec.Struct)
+
+
+def link_record(router_id: str, links: Mapping[LinkKey, LinkStats]) -> LinkRecord:
+    return LinkRecord(SCHEMA, router_id, [LinkStatsRecord(a, b, *stats)
+                                          for (a, b), stats in sorted(links.items())])
+
+
+def link_stats(record: LinkRecord) -> dict[LinkKey, LinkStats]:
+    """A peer's measured links; :class:`RecordError` for a long node name or a number that is
+    negative or not finite."""
+    out: dict[LinkKey, LinkStats] = {}
+    for e in record.links:
+        sums = (e.w, e.x, e.y, e.xx, e.xy)
+        if (max(len(e.a), len(e.b)) > MAX_NODE_NAME or e.samples < 0
+                or not all(math.isfinite(n) and n >= 0 for n in sums)):
+            raise RecordError(f"LinkRecord of {record.router_id[:120]!r}: bad link "
+                              f"{e.a[:120]!r}-{e.b[:120]!r}")
+        out[link_key(e.a, e.b)] = LinkStats(e.samples, *sums)
+    return out
 
 
 def load_record(router_id: str, seq: int, loads: Mapping[Slot, SlotLoad],
@@ -251,6 +298,8 @@ def decode(raw: bytes | str | None, kind: type[R], ident: str | None = None,
                 if hasattr(record, f)), None)
     if ident is not None and own is not None and own != ident:
         raise RecordError(f"{kind.__name__}: key names {ident[:120]!r}, record {str(own)[:120]!r}")
+    if isinstance(record, LinkRecord) and len(record.links) > MAX_LINKS:
+        raise RecordError(f"LinkRecord: {len(record.links)} links, over {MAX_LINKS}")
     if isinstance(record, LoadRecord) and (len(record.slots) > MAX_LOAD_SLOTS
                                            or len(record.routed) > MAX_ROUTED_TIPS):
         raise RecordError(f"LoadRecord: {len(record.slots)} slots, {len(record.routed)} routed "

@@ -18,7 +18,7 @@ import httpx
 from radix_global.types import PageKey, WorkerId
 from router.cluster.engine_loads import EngineLoad, EngineLoadConfig, EngineLoadPoller
 from router.cluster.registry import WorkerEntry, WorkerRegistry
-from router.coordination.bridge import ProfileSink, SharedView, SharedWrites
+from router.coordination.bridge import LinkSink, ProfileSink, SharedView, SharedWrites
 from router.coordination.config import CoordinationConfig
 from router.coordination.link import Coordinator
 from router.keying.alias_book import AliasBook
@@ -40,6 +40,7 @@ class LoadView:
     def __init__(self, coordination: CoordinationConfig, engines: EngineLoadConfig, *,
                  registry: WorkerRegistry, driver: PolicyDriver, client: httpx.AsyncClient,
                  prefixes: SharedPrefixes, aliases: AliasBook, profile: ProfileSink,
+                 links: LinkSink,
                  heartbeat_ttl_s: float, router_id: str, version: str, digest: str,
                  clock: Callable[[], float] = time.monotonic,
                  wall: Callable[[], float] = time.time) -> None:
@@ -50,9 +51,9 @@ class LoadView:
         self.shared: SharedView | None = None
         if coordination.url is not None:
             self.shared = SharedView(registry, prefixes, aliases.forget, profile, clock,
-                                     heartbeat_ttl_s)
+                                     heartbeat_ttl_s, links)
             self.link = Coordinator(coordination, router_id, version, digest, self.shared,
-                                    self.own, clock)
+                                    self.own, clock, own_links=links.own_links)
             self.writes = SharedWrites(self.link, self.shared)
             driver.on_change = self.link.changed
             driver.on_routed = self.link.routed

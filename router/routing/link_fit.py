@@ -10,12 +10,48 @@ bytes to their seconds, with no overhead. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import NamedTuple
 
 
 class LinkEstimate(NamedTuple):
     bandwidth_Bps: float
     overhead_s: float
+
+
+class LinkStats(NamedTuple):
+    """A fit's sums: samples seen, decayed weight, bytes, seconds, bytes², bytes x seconds.
+    Sums add: the stats of fits that each saw some of a link's samples, added, are one fit of
+    them all (each weighed by its own fit's decay), which is how routers share a link."""
+
+    samples: int
+    w: float
+    x: float
+    y: float
+    xx: float
+    xy: float
+
+
+NO_STATS = LinkStats(0, 0.0, 0.0, 0.0, 0.0, 0.0)
+
+
+def summed(stats: Iterable[LinkStats]) -> LinkStats:
+    return LinkStats(*(sum(column) for column in zip(NO_STATS, *stats, strict=True)))
+
+
+def estimate_of(stats: LinkStats, min_samples: int) -> LinkEstimate | None:
+    """The link the sums describe; None until ``min_samples`` samples weigh in."""
+    if stats.samples < min_samples or stats.y <= 0 or stats.w <= 0:
+        return None
+    w = stats.w
+    mx, my = stats.x / w, stats.y / w
+    var = stats.xx / w - mx * mx
+    if var > (1e-3 * mx) ** 2:  # sizes differ enough to tell a slope from a constant
+        slope = (stats.xy / w - mx * my) / var
+        overhead = my - slope * mx
+        if slope > 0 and overhead >= 0:
+            return LinkEstimate(1.0 / slope, overhead)
+    return LinkEstimate(stats.x / stats.y, 0.0)
 
 
 class LinkFit:
@@ -36,16 +72,9 @@ class LinkFit:
         self._xx = self._xx * d + nbytes * nbytes
         self._xy = self._xy * d + nbytes * seconds
 
+    def stats(self) -> LinkStats:
+        return LinkStats(self.samples, self._w, self._x, self._y, self._xx, self._xy)
+
     def estimate(self) -> LinkEstimate | None:
         """The link as measured; None until ``min_samples`` samples weigh in."""
-        if self.samples < self.min_samples or self._y <= 0:
-            return None
-        w = self._w
-        mx, my = self._x / w, self._y / w
-        var = self._xx / w - mx * mx
-        if var > (1e-3 * mx) ** 2:  # sizes differ enough to tell a slope from a constant
-            slope = (self._xy / w - mx * my) / var
-            overhead = my - slope * mx
-            if slope > 0 and overhead >= 0:
-                return LinkEstimate(1.0 / slope, overhead)
-        return LinkEstimate(self._x / self._y, 0.0)
+        return estimate_of(self.stats(), self.min_samples)

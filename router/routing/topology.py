@@ -5,7 +5,9 @@ link bandwidth on the fewest-hops path between their nodes (the bottleneck); two
 node use that node's local bandwidth (a host memory copy, ``local_bandwidth_Bps`` until measured).
 A measured transfer is a sample of the bottleneck link (or of the node's memory path): once a
 link has enough of them, its bandwidth and per-transfer overhead are what they say
-(:class:`router.routing.link_fit.LinkFit`), so a congested link shows up as slow.
+(:class:`router.routing.link_fit.LinkFit`), so a congested link shows up as slow. Other
+routers' sums for a link (:meth:`Topology.share`) add to this router's own: the link is fitted
+on every router's samples (docs/interfaces.md, "Where hosts are": several routers).
 Pure (networkx only): no I/O.
 """
 
@@ -18,9 +20,15 @@ from typing import Any
 import networkx as nx
 
 from radix_global.types import HolderId
-from router.routing.link_fit import LinkFit
+from router.routing.link_fit import LinkEstimate, LinkFit, LinkStats, estimate_of, summed
 
 GBPS = 1e9 / 8  # bytes per second in one gigabit per second
+LinkKey = tuple[str, str]  # a link's two node names, sorted; (n, n): node n's memory path
+
+
+def link_key(a: Hashable, b: Hashable) -> LinkKey:
+    u, v = str(a), str(b)
+    return (u, v) if u <= v else (v, u)
 
 
 class TopologyError(ValueError):
@@ -39,6 +47,7 @@ class Topology:
         self._local: dict[Hashable, LinkFit] = {}  # node -> its memory path's measurements
         self.local_bandwidth_Bps = local_bandwidth_Bps
         self._fit = fit
+        self._peers: dict[str, dict[LinkKey, LinkStats]] = {}  # router -> its sums per link
 
     def add_link(self, a: Hashable, b: Hashable, bandwidth_Bps: float) -> None:
         """A (full-duplex) link; adding it again sets its bandwidth anew (what was measured on
@@ -49,6 +58,7 @@ class Topology:
             return
         self._graph.add_edge(a, b, bandwidth=float(bandwidth_Bps), configured=float(bandwidth_Bps),
                              overhead=0.0, fit=self._fit())
+        self._refit(a, b)
         self._changed()
 
     def cut(self, a: Hashable, b: Hashable) -> None:
@@ -122,27 +132,72 @@ class Topology:
             fit.observe(nbytes, seconds)
             self._bottlenecks.clear()
             return
-        edge = self._graph.edges[self._slowest(nodes)]
-        edge["fit"].observe(nbytes, seconds)
-        measured = edge["fit"].estimate()
-        if measured is not None:
-            edge["bandwidth"], edge["overhead"] = measured
-            self._bottlenecks.clear()
+        u, v = self._slowest(nodes)
+        self._graph.edges[u, v]["fit"].observe(nbytes, seconds)
+        self._refit(u, v)
+
+    def own_links(self) -> dict[LinkKey, LinkStats]:
+        """This router's measured links and memory paths, as sums (what it shares)."""
+        out = {link_key(n, n): fit.stats() for n, fit in self._local.items() if fit.samples}
+        out.update({link_key(u, v): d["fit"].stats()
+                    for u, v, d in self._graph.edges(data=True) if d["fit"].samples})
+        return out
+
+    def share(self, router: str, links: dict[LinkKey, LinkStats]) -> None:
+        """``router``'s latest sums, in place of its earlier ones; a link this topology lacks
+        is kept for when it appears."""
+        old = self._peers.get(router, {})
+        if links:
+            self._peers[router] = links
+        else:
+            self._peers.pop(router, None)
+        changed = old.keys() | links.keys()
+        for u, v in list(self._graph.edges):
+            if link_key(u, v) in changed:
+                self._refit(u, v)
+        self._bottlenecks.clear()  # memory paths are fitted when asked for
+
+    def unshare(self, router: str) -> None:
+        """``router``'s sums no longer count (it stopped, or its record is gone)."""
+        self.share(router, {})
+
+    def peers(self) -> list[str]:
+        return sorted(self._peers)
+
+    def _peer_samples(self, key: LinkKey) -> int:
+        return sum(links[key].samples for links in self._peers.values() if key in links)
+
+    def _stats(self, key: LinkKey, fit: LinkFit) -> LinkStats:
+        return summed([fit.stats(), *(links[key] for links in self._peers.values()
+                                      if key in links)])
+
+    def _refit(self, u: Hashable, v: Hashable) -> None:
+        """Price the link ``u``-``v`` on every router's sums (as configured until they weigh
+        in)."""
+        self._bottlenecks.clear()
+        edge = self._graph.edges[u, v]
+        measured = estimate_of(self._stats(link_key(u, v), edge["fit"]), edge["fit"].min_samples)
+        edge["bandwidth"], edge["overhead"] = (
+            measured if measured is not None else (edge["configured"], 0.0))
 
     def report(self) -> dict[str, Any]:
         """Links (bandwidth now and as configured, measured overhead), the memory paths measured
         enough to be estimated, placements."""
-        local = {str(n): (fit.estimate(), fit.samples) for n, fit in self._local.items()}
+        shared = {n for n in self._graph.nodes if self._peer_samples(link_key(n, n))}
+        local = {n: self._local_estimate(n) for n in self._local.keys() | shared}
         return {
             "links": [{"a": str(u), "b": str(v), "bandwidth_Bps": d["bandwidth"],
                        "configured_Bps": d["configured"], "overhead_s": d["overhead"],
-                       "samples": d["fit"].samples}
+                       "samples": d["fit"].samples,
+                       "peer_samples": self._peer_samples(link_key(u, v))}
                       for u, v, d in self._graph.edges(data=True)],
-            "local": {node: {"bandwidth_Bps": e.bandwidth_Bps, "overhead_s": e.overhead_s,
-                          "samples": n}
-                      for node, (e, n) in local.items() if e is not None},
+            "local": {str(n): {"bandwidth_Bps": e.bandwidth_Bps, "overhead_s": e.overhead_s,
+                               "samples": self._local[n].samples if n in self._local else 0,
+                               "peer_samples": self._peer_samples(link_key(n, n))}
+                      for n, e in local.items() if e is not None},
             "local_default_Bps": self.local_bandwidth_Bps,
             "placed": {h: str(n) for h, n in self._placement.items()},
+            "peers": self.peers(),
         }
 
     def link(self, src: HolderId, dst: HolderId) -> tuple[float, float]:
@@ -156,8 +211,7 @@ class Topology:
         nodes = self.path(src, dst)
         found: tuple[float, float] = (self.local_bandwidth_Bps, 0.0)
         if len(nodes) == 1:
-            fit = self._local.get(nodes[0])
-            measured = fit.estimate() if fit is not None else None
+            measured = self._local_estimate(nodes[0])
             if measured is not None:
                 found = (measured.bandwidth_Bps, measured.overhead_s)
         else:
@@ -165,6 +219,10 @@ class Topology:
             found = (edge["bandwidth"], edge["overhead"])
         self._bottlenecks[key] = found
         return found
+
+    def _local_estimate(self, node: Hashable) -> LinkEstimate | None:
+        fit = self._local.get(node) or self._fit()
+        return estimate_of(self._stats(link_key(node, node), fit), fit.min_samples)
 
     def _slowest(self, nodes: list[Hashable]) -> tuple[Hashable, Hashable]:
         """The path's bottleneck link; among equal ones the nearest the path's middle: links

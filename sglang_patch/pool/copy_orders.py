@@ -11,7 +11,8 @@ handling fails is logged and the next one goes on. Nothing raises into SGLang.
 
 The same answer names the hosts whose segment died with its worker (``lost_hosts``; "Reads
 around a lost host"): handed to ``on_lost`` each round, so the pool stops reading the replicas
-the store still lists there.
+the store still lists there. A poller without ``handle`` (a tensor-parallel rank that copies
+nothing) only listens for those.
 """
 
 from __future__ import annotations
@@ -91,7 +92,7 @@ def valid_keys(order: Any, namespace: str) -> list[str] | None:
 
 
 class CopyOrders:
-    def __init__(self, namespace: str, fetch: Fetch, handle: Callable[[list[str]], int],
+    def __init__(self, namespace: str, fetch: Fetch, handle: Callable[[list[str]], int] | None,
                  interval_s: float = 2.0,
                  on_lost: Callable[[list[str]], None] | None = None) -> None:
         if interval_s <= 0:
@@ -119,7 +120,9 @@ class CopyOrders:
                 self._on_lost(answer.lost_hosts)
             except Exception:  # a bug there must not stop the orders
                 log.exception("lost hosts not applied")
-        copied = 0
+        copied, handle = 0, self._handle
+        if handle is None:  # a listener only
+            return 0
         for order in answer.orders:
             keys = valid_keys(order, self.namespace)
             if keys is None:
@@ -128,7 +131,7 @@ class CopyOrders:
                     log.warning("copy order dropped: not {namespace, keys: [64 hex digits]}")
                 continue
             try:
-                copied += self._handle(keys)
+                copied += handle(keys)
             except Exception:  # the store or a bug: this order only
                 self.failed += 1
                 log.exception("copy order of %d pages failed", len(keys))

@@ -111,3 +111,15 @@ def test_the_routers_lost_hosts_reach_the_pool_every_round() -> None:
     poller.poll()
     poller.close()
     assert told == [["10.0.0.3", "10.0.0.4"], ["10.0.0.4"]]
+
+
+def test_a_poller_without_a_handler_only_hears_the_lost_hosts():
+    """A tensor-parallel rank that copies nothing still skips the hosts the routers know lost
+    (it reads its own shard's pages); the orders are not its to carry out."""
+    told: list[list[str]] = []
+    order = {"namespace": "m@1", "keys": ["0" * 64]}
+    poller = CopyOrders("m@1", lambda: Answer([order, "junk"], ["10.0.0.3"]), None,
+                        interval_s=3600, on_lost=told.append)
+    assert poller.poll() == 0
+    poller.close()
+    assert told == [["10.0.0.3"]] and poller.malformed == 0 and poller.copied == 0

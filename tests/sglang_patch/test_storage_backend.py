@@ -52,12 +52,12 @@ class _HostPool:
         self.kv_buffer = torch.randn(shape, generator=g).to(torch.bfloat16)
 
 
-def _backend(pool_id: str, **extra):
+def _backend(pool_id: str, tp: tuple[int, int] = (0, 1), **extra):
     from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
 
     from sglang_patch.storage import RadixGlobalPoolStorage
 
-    cfg = HiCacheStorageConfig(tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0,
+    cfg = HiCacheStorageConfig(tp_rank=tp[0], tp_size=tp[1], pp_rank=0, pp_size=1, attn_cp_rank=0,
                                attn_cp_size=1, is_mla_model=False, enable_storage_metrics=False,
                                is_page_first_layout=False, model_name="tiny",
                                extra_config={"pool_id": pool_id, "namespace": "tiny@1",
@@ -319,7 +319,7 @@ def _check_mooncake_pages_move_in_one_call() -> None:
     objects: dict[str, bytes] = {}
     stores: list[FakeStore] = []
 
-    def factory() -> FakeStore:
+    def factory(read_stall_s: float = 0.0) -> FakeStore:
         stores.append(FakeStore(objects))
         return stores[-1]
 
@@ -352,8 +352,19 @@ def _check_mooncake_pages_move_in_one_call() -> None:
     (events,) = published
     assert [(e["block_hashes"], e["parent_block_hash"]) for e in events] == [
         ([page_key_of(keys[0]), page_key_of(keys[1])], None)]
-    writer.close()
-    reader.close()
+    # a tensor-parallel rank other than the first copies nothing but hears the hosts the
+    # routers know lost: it reads its own shard ("Reads around a lost host")
+    from sglang_patch import storage
+    from sglang_patch.pool.copy_orders import Answer
+
+    order = {"namespace": "tiny@1", "keys": keys[:1]}
+    storage.copy_fetch = lambda url, pool_id, token: lambda: Answer([order], ["10.0.0.9"])
+    ranked = _backend("mooncake-t", tp=(1, 2), pool_copies_url="http://r:1", **extra)
+    ranked.register_mem_pool_host(_HostPool(seed=9))
+    assert ranked._copies is not None and ranked._copies.poll() == 0
+    assert ranked.pool.lost_hosts() == ["10.0.0.9"] and stores[-1].copies == []
+    for backend in (writer, reader, ranked):
+        backend.close()
 
 
 def _all_checks(prefix: str, port: int) -> None:

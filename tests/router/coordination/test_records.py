@@ -8,6 +8,7 @@ from radix_global.registration import WorkerInfo, encode_worker_info
 from radix_global.types import PageKey, WorkerId
 from router.coordination import records as rec
 from router.coordination.records import Keys, Kind, RecordError
+from router.routing.link_fit import LinkStats
 from router.routing.load_view import SlotLoad
 
 INFO = WorkerInfo(worker_id="w1", url="http://127.0.0.1:1", model="m", namespace="m@1",
@@ -144,3 +145,23 @@ def test_a_peers_load_is_applied_from_its_notice_without_a_read():
     assert told == [(slot, 42)] and coord.peers.routers() == ["peer"]
     asyncio.run(coord._notice(b"peer nosuchkind:x"))
     assert coord.refused["notice"] == 1
+
+
+def test_link_records_round_trip_and_refuse_bad_numbers():
+    links = {("domain:r1", "host:10.0.0.2"): LinkStats(4, 3.9, 4e6, 4e-3, 5e12, 5.0),
+             ("host:10.0.0.2", "host:10.0.0.2"): LinkStats(1, 1.0, 1.0, 1.0, 1.0, 1.0)}
+    raw = rec.encode(rec.link_record("r0", links))
+    assert rec.link_stats(rec.decode(raw, rec.LinkRecord, "r0")) == links
+    with pytest.raises(RecordError, match="names"):
+        rec.decode(raw, rec.LinkRecord, "r1")
+    for bad in ({"a": "x" * 201}, {"samples": -1}, {"w": float("nan")}, {"xy": -1.0},
+                {"y": float("inf")}):
+        entry = {"a": "a", "b": "b", "samples": 4, "w": 1.0, "x": 1.0, "y": 1.0, "xx": 1.0,
+                 "xy": 1.0, **bad}
+        record = rec.LinkRecord(rec.SCHEMA, "r0", [rec.LinkStatsRecord(**entry)])
+        with pytest.raises(RecordError, match="bad link"):
+            rec.link_stats(record)
+    many = rec.LinkRecord(rec.SCHEMA, "r0", [rec.LinkStatsRecord("a", "b", 1, 1, 1, 1, 1, 1)]
+                          * (rec.MAX_LINKS + 1))
+    with pytest.raises(RecordError, match="links, over"):
+        rec.decode(rec.encode(many), rec.LinkRecord, "r0")

@@ -17,7 +17,7 @@ import httpx
 import pytest
 from redis_server import RedisServer
 
-from radix_global.types import WorkerId
+from radix_global.types import PageKey, PoolId, WorkerId
 from router.cluster.slots import worker_states
 from router.coordination.config import CoordinationConfig
 from router.coordination.link import Coordinator
@@ -238,6 +238,9 @@ def test_the_service_down_routers_keep_routing_and_rejoin(router_factory, upstre
     ("rg:default:load:evil", b'{"v": 1, "router_id": "evil", "seq": 1, '
                              b'"slots": [["w1", 0, -5, 0, 0, 0, 0]]}'),
     ("rg:default:prefix:p", b'{"v": 1, "name": "q", "spec": {}}'),
+    ("rg:default:link:evil", b'{"v": 1, "router_id": "evil", "links": [{"a": "x", "b": "y", '
+                             b'"samples": 4, "w": 1, "x": -1, "y": 1, "xx": 1, "xy": 1}]}'),
+    ("rg:default:link:evil", b'{"v": 1, "router_id": "other", "links": []}'),
     ("rg:default:profile:w1:tiny@1", b'{"v": 1, "worker_id": "w1", "namespace": "tiny@1", '
                                       b'"coef": [1.0, "NaN"]}'),
     ("rg:default:profile:w1:tiny@1", b'{"v": 1, "worker_id": "w1", "namespace": "tiny@1", '
@@ -333,3 +336,52 @@ def test_a_request_held_for_anothers_prefill_leaves_when_that_prefill_ends(
         first.join(10)
         if second.ident is not None:  # started
             second.join(10)
+
+
+def test_a_link_one_router_measured_prices_the_others_fetches(router_factory, upstreams,
+                                                               redis_server):
+    """Links shared (docs/interfaces.md, "Where hosts are": several routers): the loads a
+    worker reports to r0 measure its host's memory path at r0, and r1 prices on it; r0 stops,
+    and r1 is back to the configured figure. With learning off in both, nothing is shared.
+    Negative control, run by hand: without ``Kind.LINK`` among the kinds a router reads
+    (``router/coordination/link.py::RESYNCED``) this fails waiting for r0's memory path at r1."""
+    for learn in (False, True):
+        _, server = upstreams()
+        a, b = routers(router_factory, redis_server, topology_learn=learn,
+                       coordination_cluster=f"learn-{learn}".lower())
+        register(a, server.url, pool_id="shm-h", place="rack-1")
+        wait_for(lambda b=b: b.state.registry.find("w1"), what="w1 at r1")
+        _report_loads(a)
+        if not learn:
+            time.sleep(3 * FAST["coordination_resync_s"])
+            assert _memory_path(a) == {} and _memory_path(b) == {}
+            assert redis_server.client().get("rg:learn-false:link:r0") is None
+    seen = wait_for(lambda: _memory_path(b).get("peer_samples") == 4 and _memory_path(b),
+                    what="r0's memory path at r1")
+    assert seen["bandwidth_Bps"] == pytest.approx(1e9) and seen["samples"] == 0
+    assert seen["overhead_s"] == pytest.approx(1e-3)
+    assert b.state.places.topology.bandwidth_Bps(PoolId("shm-h"), WorkerId("w1")) == \
+        pytest.approx(1e9)
+    a.server.stop()
+    wait_for(lambda: _memory_path(b) == {}, what="r0's links gone from r1")
+    assert b.state.places.topology.peers() == []
+
+
+def _report_loads(router: Any) -> None:
+    """Four loads from w1's pool, planned by ``router``: 1 ms a load, then 1 GB/s."""
+    state = router.state
+    state.loads.planned.add("shm-h", [PageKey(7), PageKey(8)], PoolId("shm-h"), WorkerId("w1"),
+                            state.clock())
+    loads = [{"first": key, "pages": 2, "bytes": n * 10**6, "seconds": 1e-3 + n * 1e-3}
+             for key, n in ((7, 1), (8, 2), (7, 3), (8, 4))]
+    with router.client() as c:
+        r = c.post("/admin/pool-loads", json={"pool_id": "shm-h", "loads": loads})
+    want = 4 if router.state.config.topology.learn else 0
+    assert r.status_code == 200 and r.json()["applied"] == want, r.text
+
+
+def _memory_path(router: Any) -> dict[str, Any]:
+    """``router``'s measured memory path of the host every test peer runs on."""
+    with router.client() as c:
+        local = c.get("/admin/stats").json()["topology"]["local"]
+    return dict(local.get("host:127.0.0.1", {}))

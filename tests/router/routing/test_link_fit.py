@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from router.routing.link_fit import LinkFit
+from router.routing.link_fit import LinkFit, estimate_of, summed
 
 
 @settings(max_examples=60, deadline=None)
@@ -62,3 +62,22 @@ def test_older_samples_fade() -> None:
         fit.observe(1000 * (1 + i % 3), (1 + i % 3) * 10.0)  # 100 B/s
     est = fit.estimate()
     assert est is not None and est.bandwidth_Bps == pytest.approx(100.0, rel=0.02)
+
+
+@settings(max_examples=60, deadline=None)
+@given(samples=st.lists(st.tuples(st.integers(1, 1 << 30), st.floats(1e-4, 10.0)), min_size=1,
+                        max_size=30),
+       cut=st.integers(0, 30))
+def test_the_sums_of_two_fits_are_one_fit_of_all_their_samples(samples, cut) -> None:
+    """Routers share a link by adding their fits' sums: without decay, the sums of two fits
+    that each saw part of the samples are those of one fit that saw them all."""
+    whole, first, second = (LinkFit(half_life=float("inf")) for _ in range(3))
+    for i, (nbytes, seconds) in enumerate(samples):
+        whole.observe(nbytes, seconds)
+        (first if i < cut else second).observe(nbytes, seconds)
+    together = summed([first.stats(), second.stats()])
+    assert together.samples == whole.stats().samples
+    assert together == pytest.approx(whole.stats(), rel=1e-9)
+    got, want = estimate_of(together, 4), whole.estimate()
+    assert (got is None) == (want is None)
+    assert got is None or got == pytest.approx(want, rel=1e-6, abs=1e-9)

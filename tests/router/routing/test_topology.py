@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from radix_global.types import PoolId, WorkerId
-from router.routing.link_fit import LinkFit
+from router.routing.link_fit import LinkFit, LinkStats
 from router.routing.topology import GBPS, Topology, TopologyError, star_cluster
 
 A, B, P = WorkerId("a"), WorkerId("b"), PoolId("p")
@@ -68,7 +68,8 @@ def test_a_measured_local_copy_moves_only_that_hosts_memory_path() -> None:
     assert t.bandwidth_Bps(P, A) == pytest.approx(50.0)
     assert t.bandwidth_Bps(PoolId("q"), B) == 100.0  # the other host's memory: as configured
     assert t.report()["local"] == {"h0": {"bandwidth_Bps": pytest.approx(50.0),
-                                          "overhead_s": 0.0, "samples": 1.0}}
+                                          "overhead_s": 0.0, "samples": 1.0,
+                                          "peer_samples": 0}}
 
 
 def test_configuring_a_link_again_keeps_what_was_measured_unless_its_figure_changes() -> None:
@@ -96,3 +97,71 @@ def test_a_dropped_node_takes_its_links_and_cut_paths_are_recomputed() -> None:
     t.drop_node("h1")
     assert t.neighbours("h1") == [] and not t.knows(A)
     assert t.neighbours("h0") == [("switch", "tor")]
+
+
+def _two_hosts(fit=quick) -> Topology:
+    t = Topology(local_bandwidth_Bps=100.0, fit=fit)
+    t.add_link("h0", "tor", 200.0)
+    t.add_link("h1", "tor", 100.0)
+    t.place(P, "h0")
+    t.place(A, "h1")
+    return t
+
+
+def test_a_peers_measured_link_prices_this_routers_fetches_until_it_is_gone() -> None:
+    """Several routers (docs/interfaces.md, "Where hosts are"): one router measured h1's link,
+    the other prices on it; its record gone, the link is as configured again."""
+    measured = _two_hosts()
+    measured.observe_transfer(P, A, nbytes=50, seconds=1.0)
+    links = measured.own_links()
+    assert set(links) == {("h1", "tor")}
+    other = _two_hosts()
+    assert other.bandwidth_Bps(P, A) == 100.0
+    other.share("r0", links)
+    assert other.bandwidth_Bps(P, A) == pytest.approx(50.0)
+    (link,) = [x for x in other.report()["links"] if x["a"] == "h1" or x["b"] == "h1"]
+    assert (link["samples"], link["peer_samples"]) == (0, 1)
+    assert other.own_links() == {}  # a peer's sums are not this router's to share again
+    other.unshare("r0")
+    assert other.bandwidth_Bps(P, A) == 100.0 and other.peers() == []
+
+
+def test_every_routers_samples_make_one_fit() -> None:
+    """Each of two routers saw two of a link's four loads (10 ms + 1 byte/s), fewer than a
+    fit needs; together they price the link as one router that saw all four."""
+    def fit() -> LinkFit:
+        return LinkFit(half_life=float("inf"), min_samples=4)
+
+    loads = [(size, 0.01 + size) for size in (1, 2, 3, 4)]
+    alone, r0, r1 = _two_hosts(fit), _two_hosts(fit), _two_hosts(fit)
+    for nbytes, seconds in loads:
+        alone.observe_transfer(P, A, nbytes, seconds)
+    for nbytes, seconds in loads[:2]:
+        r0.observe_transfer(P, A, nbytes, seconds)
+    for nbytes, seconds in loads[2:]:
+        r1.observe_transfer(P, A, nbytes, seconds)
+    assert r0.bandwidth_Bps(P, A) == 100.0  # 2 samples: under min_samples
+    r0.share("r1", r1.own_links())
+    assert r0.link(P, A) == pytest.approx(alone.link(P, A))
+    assert r0.link(P, A) == pytest.approx((1.0, 0.01))
+
+
+def test_a_peers_link_this_topology_lacks_counts_once_the_link_is_added() -> None:
+    t = Topology(fit=quick)
+    t.share("r0", {("h1", "tor"): LinkStats(1, 1.0, 50.0, 1.0, 2500.0, 50.0)})
+    t.add_link("h0", "tor", 200.0)
+    t.add_link("h1", "tor", 100.0)
+    t.place(P, "h0")
+    t.place(A, "h1")
+    assert t.bandwidth_Bps(P, A) == pytest.approx(50.0)
+
+
+def test_a_peers_memory_path_prices_a_copy_on_that_host() -> None:
+    t = Topology(local_bandwidth_Bps=100.0, fit=quick)
+    t.place(P, "h0")
+    t.place(A, "h0")
+    t.share("r0", {("h0", "h0"): LinkStats(1, 1.0, 50.0, 1.0, 2500.0, 50.0)})
+    assert t.bandwidth_Bps(P, A) == pytest.approx(50.0)
+    assert t.report()["local"]["h0"]["peer_samples"] == 1
+    t.unshare("r0")
+    assert t.bandwidth_Bps(P, A) == 100.0
