@@ -48,18 +48,16 @@ nodes: that is what makes prefixes hot); it changes no other state.
 
 from __future__ import annotations
 
-import heapq
-import sys
-from collections.abc import Iterable, Mapping, Sequence
-from itertools import chain
+from collections.abc import Sequence
 
-from radix_global.ops import HolderMatch, IndexRefusal, MatchResult, StoreSpan
-from radix_global.types import HolderId, Namespace, PageKey, PoolId, WorkerId
+from radix_global.ops import IndexRefusal, MatchResult, StoreSpan
+from radix_global.types import HolderId, PageKey, PoolId, WorkerId
 from router.routing.admission import SloConfig, check_ttft, reject
 from router.routing.contract import (
     CandidateEstimate,
     ClusterView,
     Decision,
+    FetchPiece,
     PolicyConfigError,
     RejectReason,
     RouteRequest,
@@ -70,9 +68,9 @@ from router.routing.contract import (
     prefill_candidates,
     slot_load,
 )
-from router.routing.idle_slots import IdleSlots
 from router.routing.pool_runs import pool_pages, pool_runs, store_spans, with_shared_prefix
 from router.routing.routed_prefixes import RoutedPrefixes
+from router.routing.shortlist import Shortlist, Shortlisted, routed_pages
 from router.routing.slot_table import SlotTable
 from router.routing.store_fetch import store_pieces
 
@@ -116,9 +114,7 @@ class ConductorPolicy(RoutingPolicy):
         self.routed_settle_s = routed_settle_s
         self._open: dict[str, tuple[Slot, Sequence[PageKey]]] = {}  # routed, not finished
         self._turn = 0
-        # per namespace: the slot table's candidates it was built for, the idle order, and
-        # the cost model's idle change count it has seen
-        self._idle: dict[Namespace, tuple[tuple[WorkerState, ...], IdleSlots, int]] = {}
+        self._shortlist = Shortlist(self._routed)
         self.index_errors = 0  # matches refused by the index (e.g. unknown namespace)
 
     def choose(
@@ -136,14 +132,15 @@ class ConductorPolicy(RoutingPolicy):
         k = self.price_top_k
         # other routers' routings of this prompt's prefixes: one scan of its keys
         tips = self._routed.tips(req.page_keys, now) if self._routed is not None else {}
-        priced: list[tuple[int, WorkerState, float | None, int | None]]
+        priced: list[Shortlisted]
         if k is None:
             priced = [(i, c, None, self._routed_pages(c, req, now, tips))
                       for i, c in enumerate(candidates)]
         else:
             # a table's shortcut pays where it skips slots; with k or fewer it would skip none
             table = workers if isinstance(workers, SlotTable) and n > k else None
-            priced = self._shortlist(req, candidates, match, view, now, k, tips, table)
+            priced = self._shortlist.slots(req, candidates, match, view, now, k, tips,
+                                           self._turn, table)
         estimates = [self.estimate(req, c, match, view, now, pools, queue, routed, shared)
                      for _, c, queue, routed in priced]
         best = self._pick(estimates, [p[0] for p in priced], n)
@@ -219,11 +216,10 @@ class ConductorPolicy(RoutingPolicy):
         local_tokens = min(n, local_pages * ps)
         if queue is None:
             queue = view.cost.queue_s(worker, now)
-        load = slot_load(worker, view)
         prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens)
         recompute = CandidateEstimate(
             worker.worker_id, worker.dp_rank, local_tokens, 0, None, queue, prefill, 0.0,
-            queue + prefill, load,
+            queue + prefill, slot_load(worker, view),
         )
         # each run priced on its own holder: a longer run may sit behind a slower link or disk
         fetches = [(pool, min(n, pages * ps) - local_tokens) for pool, pages in runs
@@ -242,51 +238,19 @@ class ConductorPolicy(RoutingPolicy):
         if budget and view.cost.prefetch_reserved_tokens(
                 worker.slot, worker.pool_fetch_min_tokens) >= budget:
             return recompute  # its waiting requests hold the prefetch budget: it declines
-        options = []
-        for pool, fetch_tokens in fetches:
-            transfer = view.cost.transfer_s(pool, worker, fetch_tokens, now)
-            prefill_f = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
-            options.append(CandidateEstimate(
-                worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens, pool,
-                queue, prefill_f, transfer, queue + transfer + prefill_f, load,
-            ))
+        options = [_fetching(recompute, view, n, tokens, pool,
+                             view.cost.transfer_s(pool, worker, tokens, now))
+                   for pool, tokens in fetches]
         if store_tokens:
-            options.append(self._store_fetch(worker, spans, local_tokens, store_tokens, n, ps,
-                                             queue, load, view, now))
+            options.append(_store_fetch(worker, spans, recompute, store_tokens, req, view, now))
         fetch = min(options, key=lambda e: e.ttft_s)  # a tie: the first, the worker's own pool
         if self.compare_fetch_cost and fetch.ttft_s >= recompute.ttft_s:
             return recompute
         return fetch
 
-    def _store_fetch(self, worker: WorkerState, spans: tuple[StoreSpan, ...], local_tokens: int,
-                     fetch_tokens: int, n: int, ps: int, queue: float, load: int,
-                     view: ClusterView, now: float) -> CandidateEstimate:
-        """The fetch of ``fetch_tokens``, a store's run from its segments past
-        ``local_tokens``."""
-        assert worker.pool_id is not None  # store_spans finds spans for a segment only
-
-        pieces = store_pieces(
-            spans, worker.pool_id, local_tokens // ps,
-            lambda holder, tokens: view.cost.transfer_s(holder, worker, tokens, now),
-            lambda first, end: min(n, end * ps) - max(local_tokens, first * ps))
-        transfer = max(p.transfer_s for p in pieces)  # the segments send in parallel
-        pages: dict[PoolId, int] = {}
-        for p in pieces:
-            pages[p.holder] = pages.get(p.holder, 0) + p.end_page - p.first_page
-        biggest = max(pages, key=lambda h: pages[h])
-        prefill = view.cost.prefill_s(worker.worker_id, n, local_tokens + fetch_tokens)
-        return CandidateEstimate(worker.worker_id, worker.dp_rank, local_tokens, fetch_tokens,
-                                 biggest, queue, prefill, transfer, queue + transfer + prefill,
-                                 load, pieces)
-
     def _routed_pages(self, worker: WorkerState, req: RouteRequest, now: float,
                       tips: dict[Slot, int] | None = None) -> int:
-        """Leading pages of ``req`` routed to ``worker``'s slot, by this router or (``tips``:
-        :meth:`RoutedPrefixes.tips` of ``req``) another."""
-        if self._routed is None:
-            return 0
-        mine = self._routed.match(worker.slot, req.page_keys, now)
-        return max(mine, tips.get(worker.slot, 0)) if tips else mine
+        return routed_pages(self._routed, worker, req, now, tips)
 
     def _worth_fetching(self, local_pages: int, pool_pages: int) -> bool:
         if pool_pages <= local_pages:
@@ -306,86 +270,6 @@ class ConductorPolicy(RoutingPolicy):
             # E.g. no worker of this namespace registered with the index yet: route cache-blind.
             self.index_errors += 1
             return None
-
-    def _shortlist(
-        self, req: RouteRequest, candidates: Sequence[WorkerState], match: MatchResult | None,
-        view: ClusterView, now: float, k: int, tips: dict[Slot, int],
-        table: SlotTable | None = None,
-    ) -> list[tuple[int, WorkerState, float | None, int | None]]:
-        """(position, slot, queue, routed pages) of the slots worth pricing, in slot order: every
-        local prefix holder (index or routed memory) and the ``k`` others with the shortest queue
-        (then least load, then rotation). From a ``table``: the slots that may differ from idle
-        ones, priced, and the first ``k`` idle ones in that order, not priced."""
-        held = match.matched if match is not None else {}
-        routed_slots = self._routed.slots() if self._routed is not None else frozenset()
-        keep: list[tuple[int, WorkerState, float | None, int | None]] = []
-        # (queue, load, rotation, position, slot): the order ``_pick`` breaks ties in (load,
-        # then rotation), so idle equal slots are shortlisted in the rotation the exhaustive
-        # choice would follow; the rotation is unique, so the slot itself is never compared.
-        others: list[tuple[float, int, int, int, WorkerState]] = []
-        n, turn = len(candidates), self._turn
-        walk: Iterable[int] = range(n)
-        if table is not None:
-            walk = self._not_idle(req, table, held, view, now, tips)
-            idle = self._idle_slots(table, req.namespace, view)
-            others = [(idle.cost(i), 0, (i - turn) % n, i, candidates[i])
-                      for i in idle.first(k, turn, walk)]
-        for i in walk:
-            c = candidates[i]
-            slot = c.slot
-            own = held.get(slot)
-            queue = view.cost.queue_s(c, now)
-            routed = self._routed_pages(c, req, now, tips) \
-                if slot in routed_slots or slot in tips else 0
-            if (own is not None and own.host > 0) or routed > 0:
-                keep.append((i, c, queue, routed))
-            else:
-                others.append((queue, slot_load(c, view), (i - turn) % n, i, c))
-        if len(others) > k:
-            others = heapq.nsmallest(k, others)  # O(n log k), not a sort of every slot
-        keep.extend((i, c, queue, 0) for queue, _, _, i, c in others)
-        keep.sort(key=lambda t: t[0])
-        return keep
-
-    def _not_idle(self, req: RouteRequest, table: SlotTable,
-                  held: Mapping[tuple[HolderId, int], HolderMatch],
-                  view: ClusterView, now: float, tips: dict[Slot, int]) -> set[int]:
-        """The positions of ``table``'s candidates for ``req`` that the shortlist must look at
-        one by one: prefix holders, and slots with work in flight or reported (any router's,
-        the engine's, their compute domain's)."""
-        ns = req.namespace
-        slots: list[Slot] = [s for s, m in held.items() if m.host > 0]  # type: ignore[misc]
-        if self._routed is not None:
-            slots += self._routed.holders(req.page_keys, now)
-        busy_slots, busy_workers = view.cost.busy()
-        out = {p for s in chain(slots, tips, busy_slots, table.loaded())
-               if (p := table.position(ns, s)) is not None}
-        per_worker = table.worker_positions(ns)
-        for worker in busy_workers:
-            out.update(per_worker.get(worker, ()))
-        return out
-
-    def _idle_slots(self, table: SlotTable, ns: Namespace, view: ClusterView) -> IdleSlots:
-        """The idle order of ``table``'s candidates of ``ns``: built once per table, then
-        updated for the workers whose fit changed since the last decision."""
-        base, cost = table.base(ns), view.cost
-        cached = self._idle.get(ns)
-        if cached is None or cached[0] is not base:
-            count, _ = cost.idle_changes(sys.maxsize)  # the count alone: nothing is newer
-            idle = IdleSlots([cost.idle_queue_s(s.worker_id) for s in base])
-        else:
-            idle = cached[1]
-            count, changed = cost.idle_changes(cached[2])
-            if changed is None:  # a worker was removed: every idle queue is read again
-                idle = IdleSlots([cost.idle_queue_s(s.worker_id) for s in base])
-                changed = []
-            per_worker = table.worker_positions(ns)
-            for worker in changed:
-                value = cost.idle_queue_s(worker)
-                for p in per_worker.get(worker, ()):
-                    idle.update(p, value)
-        self._idle[ns] = (base, idle, count)
-        return idle
 
     def _pick(self, estimates: list[CandidateEstimate], positions: list[int] | None = None,
               n: int | None = None) -> CandidateEstimate:
@@ -411,3 +295,36 @@ def _available(req: RouteRequest, view: ClusterView, match: MatchResult | None) 
     if match is not None and match.store_runs:
         pages = max(pages, *(spans[-1].end_page for spans in match.store_runs.values()))
     return min(pages, max(0, req.input_tokens - 1) // req.page_size) * req.page_size
+
+
+def _fetching(recompute: CandidateEstimate, view: ClusterView, n: int, fetch_tokens: int,
+              holder: PoolId, transfer_s: float,
+              pieces: tuple[FetchPiece, ...] = ()) -> CandidateEstimate:
+    """``recompute``'s slot fetching ``fetch_tokens`` more (from ``holder``, in ``transfer_s``)
+    before the prefill of the ``n``-token prompt."""
+    prefill = view.cost.prefill_s(recompute.worker_id, n,
+                                  recompute.local_prefix_tokens + fetch_tokens)
+    return recompute._replace(fetch_tokens=fetch_tokens, fetch_from=holder, prefill_s=prefill,
+                              transfer_s=transfer_s,
+                              ttft_s=recompute.queue_s + transfer_s + prefill,
+                              fetch_pieces=pieces)
+
+
+def _store_fetch(worker: WorkerState, spans: tuple[StoreSpan, ...],
+                 recompute: CandidateEstimate, fetch_tokens: int, req: RouteRequest,
+                 view: ClusterView, now: float) -> CandidateEstimate:
+    """The fetch of ``fetch_tokens``, a store's run from its segments past what ``recompute``
+    holds locally: each piece from its segment, in parallel; named for the segment with the
+    most pages."""
+    assert worker.pool_id is not None  # store_spans finds spans for a segment only
+    n, ps, local_tokens = req.input_tokens, req.page_size, recompute.local_prefix_tokens
+    pieces = store_pieces(
+        spans, worker.pool_id, local_tokens // ps,
+        lambda holder, tokens: view.cost.transfer_s(holder, worker, tokens, now),
+        lambda first, end: min(n, end * ps) - max(local_tokens, first * ps))
+    pages: dict[PoolId, int] = {}
+    for p in pieces:
+        pages[p.holder] = pages.get(p.holder, 0) + p.end_page - p.first_page
+    biggest = max(pages, key=lambda h: pages[h])
+    return _fetching(recompute, view, n, fetch_tokens, biggest,
+                     max(p.transfer_s for p in pieces), pieces)

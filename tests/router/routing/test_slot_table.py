@@ -1,7 +1,8 @@
 """The slot table (``router/routing/slot_table.py``): a decision from a table is the decision
 from the list of the same slots, whatever happened before it. The reference is the walk over
-every slot (``ConductorPolicy._shortlist`` given a list); the table's shortlist looks only at
-the slots that may differ from idle ones and takes the idle ones from ``IdleSlots``."""
+every slot (``router/routing/shortlist.py::Shortlist.slots`` given a list); the table's
+shortlist looks only at the slots that may differ from idle ones and takes the idle ones from
+``IdleSlots``."""
 
 from __future__ import annotations
 
