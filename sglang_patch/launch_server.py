@@ -34,8 +34,10 @@ from radix_global.registration import RegistrationError, WorkerInfo
 from sglang_patch.launch_args import flag_of, help_text, parse_argv
 from sglang_patch.launch_plan import LaunchError, LaunchPlan, plan_launch
 from sglang_patch.load_probe import LoadProbeError, probe_load
+from sglang_patch.pool.base import PoolError
 from sglang_patch.pool.disk_folder import FOLDER_MODE, UnsafeDiskFolder, check_folder
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
+from sglang_patch.pool.mooncake_stall import DEFAULT_READ_STALL_S, bound_stalls
 from sglang_patch.ports import endpoint_taken
 from sglang_patch.register import (
     TOKEN_ENV,
@@ -107,6 +109,14 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
     if (address is not None and not address.is_loopback and "SGLANG_HOST_IP" not in env
             and "HOST_IP" not in env):
         env["SGLANG_HOST_IP"] = str(address)
+    if plan.backend_config.get("pool") == "mooncake":
+        # the stall bound in the engine's environment from its start: every Mooncake
+        # transport of the process reads it, and none runs yet to race a change of it
+        raw = plan.backend_config.get("pool_read_stall_s", DEFAULT_READ_STALL_S)
+        try:
+            bound_stalls(float(str(raw)), env)
+        except (ValueError, PoolError) as exc:
+            raise LaunchError(f"pool_read_stall_s {raw!r}: {exc}") from None
     return env
 
 

@@ -121,7 +121,8 @@ class RadixGlobalPoolStorage(HiCacheStorage):
         told_lost = getattr(self.pool, "told_lost", None)
         if copies_url and (copy_in or told_lost):
             self._copies = CopyOrders(self.namespace, copy_fetch(
-                str(copies_url), self.pool.pool_id, token), copy_in, on_lost=told_lost)
+                str(copies_url), self.pool.pool_id, token, orders=copy_in is not None),
+                copy_in, on_lost=told_lost)
         kv = getattr(mem_pool_host, "kv_buffer", None)
         if isinstance(kv, torch.Tensor) and kv.device.type == "cpu" and kv.is_contiguous():
             self.pool.register_memory(bytes_view(kv))  # large chunks then move without a copy

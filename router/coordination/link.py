@@ -66,6 +66,7 @@ class Coordinator:
         self.shared, self.own_load, self.clock = shared, own_load, clock
         self.own_links = own_links
         self._links_published = b""
+        self._links_cut = False  # logged that the links were more than a record holds
         self.keys = Keys(config.cluster)
         self.peers = PeerLoads(config.load_expire_s)
         self.reader = Reader(router_id, shared, self.peers, clock)
@@ -315,7 +316,6 @@ class Coordinator:
     async def _resync_round(self) -> None:
         if not await self._call("announce", self._announce()):
             return
-        await self._call("put_link", self._publish_links())
         if self._rejoin:  # the service is back, maybe empty: write back what this router owns
             self._rejoin, self._keep = False, 2
             for kind, ident, value, ttl in self.shared.owned():
@@ -323,13 +323,22 @@ class Coordinator:
             log.warning("coordination service answers again: rejoined")
         await self._call("resync", self.resync(),
                          max(self.config.resync_s, self.config.op_timeout_s * 4))
+        if not self.degraded:  # after the resync: a failed write must not fake a rejoin
+            await self._call("put_link", self._publish_links())
 
     async def _publish_links(self) -> bool:
         """This router's measured links, every resync (their time to live is three), with a
-        change notice when they changed."""
-        links = self.own_links()
+        change notice when they changed; the most sampled ``MAX_LINKS`` of them (a record with
+        more is refused by every peer)."""
+        links = dict(self.own_links())
         if not links:
             return True
+        if len(links) > rec.MAX_LINKS:
+            if not self._links_cut:
+                log.warning("coordination: %d measured links, sharing the %d most sampled",
+                            len(links), rec.MAX_LINKS)
+                self._links_cut = True
+            links = dict(sorted(links.items(), key=lambda kv: -kv[1].samples)[:rec.MAX_LINKS])
         value = rec.encode(rec.link_record(self.router_id, links))
         notice = (rec.Notice(self.router_id, Kind.LINK, self.router_id).encode()
                   if value != self._links_published else None)

@@ -70,6 +70,8 @@ class Reader:
             self._apply(kind, ident, raw)
         except Exception as exc:  # any record the router cannot take: never a crash, never
             self.refuse(kind, ident, exc)  # half-applied state of a background loop
+            if kind is Kind.LINK and ident != self.router_id:
+                self.shared.links_gone(ident)  # its last good sums must not count for ever
 
     def gone(self, kind: Kind, ident: str) -> None:
         """A notice for a key that is absent now: deleted."""

@@ -31,6 +31,7 @@ INT64 = (-(1 << 63), (1 << 63) - 1)  # a page key's range
 PROFILE_COEFS = 4  # router/routing/prefill_model.py's prior
 MAX_LINKS = 4096  # measured links and memory paths in one router's record
 MAX_NODE_NAME = 200
+MAX_LINK_SUM = 1e40  # past any link's sums (bytes² of a TB a load, decayed over ~46 loads)
 
 
 class RecordError(ValueError):
@@ -230,13 +231,15 @@ def link_record(router_id: str, links: Mapping[LinkKey, LinkStats]) -> LinkRecor
 
 
 def link_stats(record: LinkRecord) -> dict[LinkKey, LinkStats]:
-    """A peer's measured links; :class:`RecordError` for a long node name or a number that is
-    negative or not finite."""
+    """A peer's measured links; :class:`RecordError` for a long node name, or sums no fit
+    keeps: no sample, a weight under the newest sample's 1, no bytes or seconds, a number
+    negative, not finite or past :data:`MAX_LINK_SUM`."""
     out: dict[LinkKey, LinkStats] = {}
     for e in record.links:
         sums = (e.w, e.x, e.y, e.xx, e.xy)
-        if (max(len(e.a), len(e.b)) > MAX_NODE_NAME or e.samples < 0
-                or not all(math.isfinite(n) and n >= 0 for n in sums)):
+        if (max(len(e.a), len(e.b)) > MAX_NODE_NAME or e.samples < 1 or e.w < 1
+                or e.x <= 0 or e.y <= 0
+                or not all(math.isfinite(n) and 0 <= n <= MAX_LINK_SUM for n in sums)):
             raise RecordError(f"LinkRecord of {record.router_id[:120]!r}: bad link "
                               f"{e.a[:120]!r}-{e.b[:120]!r}")
         out[link_key(e.a, e.b)] = LinkStats(e.samples, *sums)

@@ -242,7 +242,11 @@ def admin_routes(state: RouterState) -> list[Route]:
         pool_id = request.query_params.get("pool_id", "")
         if not any(e.info.pool_id == pool_id for e in state.registry.all()):
             return error_response(404, f"no registered worker has pool {pool_id!r}")
-        return JSONResponse({"orders": state.copies.take(pool_id),
+        take = request.query_params.get("orders", "1")
+        if take not in ("0", "1"):
+            return error_response(400, f"orders must be 0 or 1, got {take[:20]!r}")
+        # orders=0: a rank that only listens for the lost hosts leaves the orders waiting
+        return JSONResponse({"orders": state.copies.take(pool_id) if take == "1" else [],
                              "lost_hosts": state.lost_hosts.hosts()})
 
     async def stats_ep(request: Request) -> Response:

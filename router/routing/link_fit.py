@@ -10,6 +10,7 @@ bytes to their seconds, with no overhead. Pure.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -40,18 +41,21 @@ def summed(stats: Iterable[LinkStats]) -> LinkStats:
 
 
 def estimate_of(stats: LinkStats, min_samples: int) -> LinkEstimate | None:
-    """The link the sums describe; None until ``min_samples`` samples weigh in."""
+    """The link the sums describe; None until ``min_samples`` samples weigh in, or when they
+    describe no link (no bytes, or numbers past a float's range: sums read from a peer)."""
     if stats.samples < min_samples or stats.y <= 0 or stats.w <= 0:
         return None
     w = stats.w
     mx, my = stats.x / w, stats.y / w
     var = stats.xx / w - mx * mx
-    if var > (1e-3 * mx) ** 2:  # sizes differ enough to tell a slope from a constant
+    found = LinkEstimate(stats.x / stats.y, 0.0)
+    if var > (1e-3 * mx) * (1e-3 * mx):  # sizes differ enough to tell a slope from a constant
         slope = (stats.xy / w - mx * my) / var
         overhead = my - slope * mx
         if slope > 0 and overhead >= 0:
-            return LinkEstimate(1.0 / slope, overhead)
-    return LinkEstimate(stats.x / stats.y, 0.0)
+            found = LinkEstimate(1.0 / slope, overhead)
+    ok = 0 < found.bandwidth_Bps < math.inf and 0 <= found.overhead_s < math.inf
+    return found if ok else None
 
 
 class LinkFit:

@@ -48,10 +48,11 @@ class Topology:
         self.local_bandwidth_Bps = local_bandwidth_Bps
         self._fit = fit
         self._peers: dict[str, dict[LinkKey, LinkStats]] = {}  # router -> its sums per link
+        self._min_samples = fit().min_samples
 
     def add_link(self, a: Hashable, b: Hashable, bandwidth_Bps: float) -> None:
-        """A (full-duplex) link; adding it again sets its bandwidth anew (what was measured on
-        it is forgotten)."""
+        """A (full-duplex) link; adding it again with another figure sets its bandwidth anew
+        (what this router measured on it is forgotten; its peers' sums still count)."""
         if not bandwidth_Bps > 0:
             raise ValueError(f"link {a}-{b}: bandwidth must be > 0")
         if self._graph.has_edge(a, b) and self._graph.edges[a, b]["configured"] == bandwidth_Bps:
@@ -151,7 +152,7 @@ class Topology:
             self._peers[router] = links
         else:
             self._peers.pop(router, None)
-        changed = old.keys() | links.keys()
+        changed = {k for k in old.keys() | links.keys() if old.get(k) != links.get(k)}
         for u, v in list(self._graph.edges):
             if link_key(u, v) in changed:
                 self._refit(u, v)
@@ -221,8 +222,11 @@ class Topology:
         return found
 
     def _local_estimate(self, node: Hashable) -> LinkEstimate | None:
-        fit = self._local.get(node) or self._fit()
-        return estimate_of(self._stats(link_key(node, node), fit), fit.min_samples)
+        fit = self._local.get(node)
+        key = link_key(node, node)
+        stats = self._stats(key, fit) if fit is not None else summed(
+            links[key] for links in self._peers.values() if key in links)
+        return estimate_of(stats, self._min_samples)
 
     def _slowest(self, nodes: list[Hashable]) -> tuple[Hashable, Hashable]:
         """The path's bottleneck link; among equal ones the nearest the path's middle: links

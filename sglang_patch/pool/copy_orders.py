@@ -44,12 +44,14 @@ MAX_KEYS_PER_ORDER = 65_536
 
 
 def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: float = 2.0,
-               transport: httpx.BaseTransport | None = None) -> Fetch:
+               transport: httpx.BaseTransport | None = None, orders: bool = True) -> Fetch:
     """``GET /admin/pool-copies`` at every router in ``router_url``: their orders together (a
-    404, the worker not registered there, answers none); raises only when none answered."""
+    404, the worker not registered there, answers none); raises only when none answered.
+    ``orders`` False: the lost hosts only, the orders left for the rank that copies."""
     headers = {"Authorization": f"Bearer {token}"} if token else {}
     client = httpx.Client(timeout=timeout_s, transport=transport, headers=headers)
     urls = [u + "/admin/pool-copies" for u in router_urls(router_url)]
+    params = {"pool_id": pool_id, "orders": "1" if orders else "0"}
 
     def fetch() -> Answer:
         orders: list[Any] = []
@@ -58,7 +60,7 @@ def http_fetch(router_url: str, pool_id: str, token: str | None, timeout_s: floa
         answered = 0
         for url in urls:
             try:
-                resp = client.get(url, params={"pool_id": pool_id})
+                resp = client.get(url, params=params)
                 if resp.status_code == 404:  # not registered there yet (or again): no orders
                     answered += 1
                     continue

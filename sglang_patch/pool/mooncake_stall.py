@@ -3,9 +3,11 @@
 
 A read in flight to a host whose cable is pulled gets no reset back: Mooncake's TCP transport
 waits for the peer's status frame (``MC_TCP_STATUS_TIMEOUT_SEC``) or for more payload
-(``MC_TCP_PROGRESS_TIMEOUT_SEC``, sliding with every byte), 30 s each by default, and the pool's
-lock is held all that time. Both are read from the process environment, so the pool sets them
-before its client starts. A value the operator set already is kept.
+(``MC_TCP_PROGRESS_TIMEOUT_SEC``, sliding with every slice received, 64 KiB), 30 s each by
+default, and the pool's lock is held all that time. Both are read from the process
+environment, so the pool sets them before its client starts (the launch wrapper sets them for
+the engine process already). A value the operator set is kept. A lane slower than a slice per
+bound is cut too: 64 KiB in 5 s is 105 kbit/s.
 """
 
 from __future__ import annotations
@@ -17,9 +19,9 @@ from collections.abc import MutableMapping
 from sglang_patch.pool.base import PoolError
 
 STALL_ENV = ("MC_TCP_STATUS_TIMEOUT_SEC", "MC_TCP_PROGRESS_TIMEOUT_SEC")
-# Long enough that a frame queued behind a slow link's backlog is not cut (the transport's
-# 30 s was measured as the stall of a read in flight to a dead host: docs/benchmarks.md,
-# "A read in flight to a dead host"); short enough to stay under SGLang's prefetch timeouts.
+# A slice (64 KiB) in 5 s is 105 kbit/s a lane, far under any live link's; the transport's
+# 30 s was measured as the stall of a read in flight to a dead host (docs/benchmarks.md,
+# "Copies across fault domains").
 DEFAULT_READ_STALL_S = 5
 log = logging.getLogger(__name__)
 
@@ -29,7 +31,8 @@ def bound_stalls(seconds: float, environ: MutableMapping[str, str]) -> dict[str,
     whole seconds: Mooncake reads an integer) and return every one's value in force. Raises
     :class:`PoolError` for a bound that is not a positive number, or an operator's value that
     Mooncake would ignore (it falls back to its 30 s for anything but a positive integer)."""
-    if not (isinstance(seconds, int | float) and math.isfinite(seconds) and seconds > 0):
+    if isinstance(seconds, bool) or not (isinstance(seconds, int | float)
+                                         and math.isfinite(seconds) and seconds > 0):
         raise PoolError(f"pool_read_stall_s must be a positive number of seconds, got {seconds!r}")
     out: dict[str, int] = {}
     for name in STALL_ENV:
@@ -39,7 +42,7 @@ def bound_stalls(seconds: float, environ: MutableMapping[str, str]) -> dict[str,
             log.info("%s=%s from the environment, not pool_read_stall_s %s", name,
                      environ[name], seconds)
         value = environ[name]
-        if not value.isdigit() or int(value) <= 0:
+        if not (value.isascii() and value.isdigit()) or int(value) <= 0:
             raise PoolError(f"{name}={value!r}: Mooncake wants a positive whole number of "
                             f"seconds (it would fall back to 30)")
         out[name] = int(value)

@@ -7,6 +7,9 @@ Mooncake's listeners bind every interface, so never outside one).
                                                         # then compare vanished() to the store
     python mooncake_driver.py MASTER HOSTNAME stall N   # read page 0, then 1..N-1 when told
 
+A fifth argument sets the page size (``PAGE`` bytes by default), for the writer and its readers
+alike.
+
 Pages are ``PAGE`` bytes in ``CHUNKS`` chunks (a layer-first page is several buffers), page ``i``
 filled from seed ``i``. ``write`` and ``read`` move the first half of the pages one call each,
 packed through the staging slots (``put`` / ``get_into`` of private arrays), and the second half
@@ -115,7 +118,9 @@ def fill(pool: MooncakePagePool, n: int) -> None:
                       "again": pool.vanished(limit=n)}), flush=True)
 
 
-def main(master: str, hostname: str, mode: str, n: int) -> None:
+def main(master: str, hostname: str, mode: str, n: int, page_bytes: int = PAGE) -> None:
+    global PAGE
+    PAGE = page_bytes
     segment = SEGMENT if mode != "fill" else 16 << 20  # Mooncake's smallest
     pool = MooncakePagePool("mooncake-test", PAGE, master, hostname, segment,
                             zero_copy_min_chunk=PAGE // CHUNKS, probe_spread=1)  # all in a round
@@ -126,4 +131,4 @@ def main(master: str, hostname: str, mode: str, n: int) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    main(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]), *map(int, sys.argv[5:6]))

@@ -123,3 +123,16 @@ def test_a_poller_without_a_handler_only_hears_the_lost_hosts():
     assert poller.poll() == 0
     poller.close()
     assert told == [["10.0.0.3"]] and poller.malformed == 0 and poller.copied == 0
+
+
+def test_a_listener_asks_the_routers_to_keep_the_orders():
+    seen: list[str | None] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.params.get("orders"))
+        return httpx.Response(200, json={"orders": [], "lost_hosts": []})
+
+    for orders in (True, False):
+        http_fetch("http://r1:1", "p", None, transport=httpx.MockTransport(answer),
+                   orders=orders)()
+    assert seen == ["1", "0"]

@@ -365,6 +365,15 @@ def test_a_disk_tier_goes_under_a_mooncake_segment_too(tmp_path):
                        "--radix-global-pool-disk", str(disk)], ports=(1, 2, 3))
     assert extra_config(plan)["pool_disk"] == str(disk)
     assert plan.backend_config["pool_copies_url"] == "http://r:1"  # a segment takes copies
+    # the stall bound is in the engine's environment from its start (an operator's wins)
+    from sglang_patch.launch_server import server_env
+    from sglang_patch.pool.mooncake_stall import STALL_ENV
+
+    env = server_env(plan)
+    assert [env[name] for name in STALL_ENV] == ["5", "5"]
+    plan.backend_config["pool_read_stall_s"] = "soon"
+    with pytest.raises(LaunchError, match="pool_read_stall_s 'soon'"):
+        server_env(plan)
     info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
     assert info.pool_disk_id == "mooncake-10.77.0.5-50051@10.77.0.2:31000+disk"
 

@@ -32,7 +32,8 @@ DRIVER = Path(__file__).with_name("mooncake_driver.py")
 REPO = Path(__file__).resolve().parents[2]
 N = 8
 PAGE = 64 * 1024
-SLOW_MBIT = 0.25  # A's cable while B reads from it
+STALL_PAGE = 1 << 20  # 16 of Mooncake's 64 KiB TCP slices
+SLOW_MBIT = 4.0  # A's cable while B reads: 1 Mbit/s a lane, a page in ~8 s, a slice in 0.5 s
 # Mooncake's TCP lanes per peer (MC_TCP_LANES_PER_PEER): transfers past them queue, and in this
 # build a queued transfer to a dead peer waits for the store's fixed 60 s batch deadline
 # (docs/interfaces.md, the stall's bound)
@@ -139,49 +140,58 @@ def test_silent_evictions_are_found_by_the_resync_probe(tmp_path: Path) -> None:
 
 
 def test_a_read_in_flight_to_a_dead_host_gives_up_within_the_bound(tmp_path: Path) -> None:
-    """B is reading A's pages over a slow cable when A's cable is pulled: no reset comes back,
-    and the transport's deadlines (``sglang_patch/pool/mooncake_stall.py``) end the read
-    ``DEFAULT_READ_STALL_S`` after the last byte, a miss for every page it did not get and A
-    taken as lost; never a wrong page. Negative control, run by hand: this test with
-    ``MC_TCP_STATUS_TIMEOUT_SEC=30 MC_TCP_PROGRESS_TIMEOUT_SEC=30`` in pytest's environment
-    (an operator's value wins; 30 s is the transport's own default) fails on ``LIMIT_S``."""
-    n = 1 + LANES  # page 0, then one transfer per lane: ~8 s at SLOW_MBIT, in flight at the cut
+    """B reads A's pages over a slow cable, one transfer per lane (``LANES``), each slice
+    (64 KiB) well inside the bound. With the cable in, every page arrives (a slow live link is
+    not cut). With the cable pulled mid-read no reset comes back, and the transport's deadlines
+    (``sglang_patch/pool/mooncake_stall.py``) end the read ``DEFAULT_READ_STALL_S`` after the
+    last slice: a miss for every page it did not get, A taken as lost, never a wrong page.
+    Negative control, run by hand: this test with ``MC_TCP_STATUS_TIMEOUT_SEC=30
+    MC_TCP_PROGRESS_TIMEOUT_SEC=30`` in pytest's environment (an operator's value wins; 30 s
+    is the transport's own default) fails on ``LIMIT_S``."""
+    n, page = 1 + LANES, STALL_PAGE
     bin_dir = Path(sys.executable).parent
     with HostSet(["m", "a", "b"], tmp_path) as hosts:
         master = f"{hosts['m'].address}:50051"
         hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
                                     "--metrics_port=9003"])
         time.sleep(2.0)
-        writer = subprocess.Popen(
-            hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address, "write",
-                             str(n)]),
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            env=_env())
-        procs = [writer]
-        try:
-            assert writer.stdout is not None
-            assert json.loads(writer.stdout.readline() or "{}").get("ready"), "writer failed"
-            reader = subprocess.Popen(
-                hosts.argv("b", [sys.executable, str(DRIVER), master, hosts["b"].address,
-                                 "stall", str(n)]),
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                text=True, env=_env())
-            procs.append(reader)
-            assert reader.stdout is not None and reader.stdin is not None
-            assert json.loads(reader.stdout.readline() or "{}").get("ready"), "reader failed"
-            hosts.shape("a", SLOW_MBIT)
+
+        def driver(host: str, mode: str) -> subprocess.Popen[str]:
+            argv = [sys.executable, str(DRIVER), master, hosts[host].address, mode, str(n),
+                    str(page)]
+            proc = subprocess.Popen(hosts.argv(host, argv), stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                    env=_env())
+            procs.append(proc)
+            assert proc.stdout is not None
+            assert json.loads(proc.stdout.readline() or "{}").get("ready"), f"{mode} failed"
+            return proc
+
+        def read(cut: bool) -> tuple[dict[str, Any], str]:
+            reader = driver("b", "stall")
+            assert reader.stdin is not None
             reader.stdin.write("go\n")
             reader.stdin.flush()
-            time.sleep(CUT_AFTER_S)
-            hosts.link("a", False)
+            if cut:
+                time.sleep(CUT_AFTER_S)
+                hosts.link("a", False)
             out, err = reader.communicate(timeout=120)
-            got = json.loads(out.strip().splitlines()[-1])
+            return dict(json.loads(out.strip().splitlines()[-1])), err
+
+        procs: list[subprocess.Popen[str]] = []
+        try:
+            driver("a", "write")
+            hosts.shape("a", SLOW_MBIT)
+            live, _ = read(cut=False)
+            cut, err = read(cut=True)
         finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()
                 p.wait(timeout=10)
-    print(got)
-    assert got["wrong"] == [] and got["got"] < n - 1, got
-    assert got["lost_hosts"] == [hosts["a"].address], got
-    assert got["elapsed_s"] < LIMIT_S, (got, err[-2000:])
+    print("live:", live, "cut:", cut)
+    assert live["got"] == n - 1 and live["wrong"] == [] and live["lost_hosts"] == [], live
+    assert cut["elapsed_s"] > CUT_AFTER_S, cut  # it was in flight when the cable went
+    assert cut["wrong"] == [] and cut["got"] < n - 1, cut
+    assert cut["lost_hosts"] == [hosts["a"].address], cut
+    assert cut["elapsed_s"] < LIMIT_S, (cut, err[-2000:])

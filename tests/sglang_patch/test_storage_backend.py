@@ -358,11 +358,18 @@ def _check_mooncake_pages_move_in_one_call() -> None:
     from sglang_patch.pool.copy_orders import Answer
 
     order = {"namespace": "tiny@1", "keys": keys[:1]}
-    storage.copy_fetch = lambda url, pool_id, token: lambda: Answer([order], ["10.0.0.9"])
+    asked: list[bool] = []
+
+    def fetch(url, pool_id, token, orders=True):
+        asked.append(orders)
+        return lambda: Answer([order], ["10.0.0.9"])
+
+    storage.copy_fetch = fetch
     ranked = _backend("mooncake-t", tp=(1, 2), pool_copies_url="http://r:1", **extra)
     ranked.register_mem_pool_host(_HostPool(seed=9))
     assert ranked._copies is not None and ranked._copies.poll() == 0
     assert ranked.pool.lost_hosts() == ["10.0.0.9"] and stores[-1].copies == []
+    assert asked == [False]  # it leaves the orders to the rank that copies
     for backend in (writer, reader, ranked):
         backend.close()
 

@@ -46,8 +46,13 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
         # the control asks as long (a round every 0.2 s when on), and must get nothing
         deadline, orders = time.monotonic() + (5 if copies else 1.5), []
         while not orders and time.monotonic() < deadline:
+            # a rank that only listens for lost hosts leaves the order to the one that copies
+            listening = c.get("/admin/pool-copies", params={"pool_id": SEG["b"], "orders": "0"})
+            assert listening.json() == {"orders": [], "lost_hosts": []}
             orders = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
             time.sleep(0.1)
+        assert c.get("/admin/pool-copies", params={"pool_id": SEG["b"], "orders": "no"}
+                     ).status_code == 400
         time.sleep(0.5)  # more rounds: the order is on its way, not made again
         later = c.get("/admin/pool-copies", params={"pool_id": SEG["b"]}).json()["orders"]
         mine_answer = c.get("/admin/pool-copies", params={"pool_id": SEG["a"]}).json()

@@ -154,8 +154,9 @@ def test_link_records_round_trip_and_refuse_bad_numbers():
     assert rec.link_stats(rec.decode(raw, rec.LinkRecord, "r0")) == links
     with pytest.raises(RecordError, match="names"):
         rec.decode(raw, rec.LinkRecord, "r1")
-    for bad in ({"a": "x" * 201}, {"samples": -1}, {"w": float("nan")}, {"xy": -1.0},
-                {"y": float("inf")}):
+    for bad in ({"a": "x" * 201}, {"samples": -1}, {"samples": 0}, {"w": float("nan")},
+                {"w": 0.5}, {"x": 0.0}, {"y": 0.0}, {"xy": -1.0}, {"y": float("inf")},
+                {"xx": 1e41}):
         entry = {"a": "a", "b": "b", "samples": 4, "w": 1.0, "x": 1.0, "y": 1.0, "xx": 1.0,
                  "xy": 1.0, **bad}
         record = rec.LinkRecord(rec.SCHEMA, "r0", [rec.LinkStatsRecord(**entry)])

@@ -9,8 +9,10 @@ import pytest
 
 from router.coordination import bridge
 from router.coordination.bridge import SharedView
-from router.coordination.records import Kind, RecordError
+from router.coordination.reader import Reader
+from router.coordination.records import Kind, RecordError, encode, link_record
 from router.routing.link_fit import LinkStats
+from router.routing.load_view import PeerLoads
 
 LINKS = {("a", "b"): LinkStats(4, 4.0, 4.0, 4.0, 4.0, 4.0)}
 
@@ -62,3 +64,16 @@ def test_without_a_topology_nothing_is_taken():
     shared = view(None)
     shared.links_seen("r1", LINKS)
     assert shared.taken_links == set()
+
+
+def test_a_peer_whose_record_turns_unreadable_stops_counting():
+    """Its key is still listed, so no complete read would take its last good sums out."""
+    sink = Sink()
+    shared = view(sink)
+    reader = Reader("me", shared, PeerLoads(10.0), time.monotonic)
+    good = encode(link_record("r1", LINKS))
+    reader.apply(Kind.LINK, "r1", good)
+    reader.apply(Kind.LINK, "me", encode(link_record("me", LINKS)))  # its own: not applied
+    assert set(sink.shared) == {"r1"}
+    reader.apply(Kind.LINK, "r1", b"not json")
+    assert sink.shared == {} and reader.refused["link"] == 1

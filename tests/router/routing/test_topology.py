@@ -6,7 +6,7 @@ import pytest
 
 from radix_global.types import PoolId, WorkerId
 from router.routing.link_fit import LinkFit, LinkStats
-from router.routing.topology import GBPS, Topology, TopologyError, star_cluster
+from router.routing.topology import GBPS, Topology, TopologyError, link_key, star_cluster
 
 A, B, P = WorkerId("a"), WorkerId("b"), PoolId("p")
 
@@ -165,3 +165,31 @@ def test_a_peers_memory_path_prices_a_copy_on_that_host() -> None:
     assert t.report()["local"]["h0"]["peer_samples"] == 1
     t.unshare("r0")
     assert t.bandwidth_Bps(P, A) == 100.0
+
+
+@pytest.mark.parametrize("stats", [
+    LinkStats(4, 1.0, 0.0, 1.0, 0.0, 0.0),  # no bytes: a bandwidth of 0 would divide by it
+    LinkStats(4, 1.0, 1e300, 1.0, 1e300, 1e300),  # squares past a float's range
+    LinkStats(4, 1e-300, 1.0, 1.0, 1.0, 1.0),
+])
+def test_sums_a_peer_should_never_send_do_not_break_pricing(stats: LinkStats) -> None:
+    """(The coordination reader refuses these: ``records.link_stats``.) Pricing stays a
+    positive finite figure, and learning and the report go on."""
+    t = _two_hosts()
+    t.share("r0", {("h1", "tor"): stats})
+    bandwidth, overhead = t.link(P, A)
+    assert 0 < bandwidth < float("inf") and 0 <= overhead < float("inf")
+    if stats.x == 0:  # describes no link: as configured
+        assert (bandwidth, overhead) == (100.0, 0.0)
+    t.observe_transfer(P, A, nbytes=50, seconds=1.0)
+    assert t.report()["links"]
+
+
+def test_a_peers_link_is_found_whichever_way_the_edge_was_added() -> None:
+    t = Topology(fit=quick)
+    t.add_link("tor", "h1", 100.0)
+    t.add_link("h0", "tor", 200.0)
+    t.place(P, "h0")
+    t.place(A, "h1")
+    t.share("r0", {link_key("h1", "tor"): LinkStats(1, 1.0, 50.0, 1.0, 2500.0, 50.0)})
+    assert t.bandwidth_Bps(P, A) == pytest.approx(50.0)
