@@ -168,9 +168,10 @@ class Topology:
     def _peer_samples(self, key: LinkKey) -> int:
         return sum(links[key].samples for links in self._peers.values() if key in links)
 
-    def _stats(self, key: LinkKey, fit: LinkFit) -> LinkStats:
-        return summed([fit.stats(), *(links[key] for links in self._peers.values()
-                                      if key in links)])
+    def _stats(self, key: LinkKey, fit: LinkFit | None) -> LinkStats:
+        """This router's sums of the link (``fit``; None: not measured here) and its peers'."""
+        own = [fit.stats()] if fit is not None else []
+        return summed([*own, *(links[key] for links in self._peers.values() if key in links)])
 
     def _refit(self, u: Hashable, v: Hashable) -> None:
         """Price the link ``u``-``v`` on every router's sums (as configured until they weigh
@@ -222,10 +223,7 @@ class Topology:
         return found
 
     def _local_estimate(self, node: Hashable) -> LinkEstimate | None:
-        fit = self._local.get(node)
-        key = link_key(node, node)
-        stats = self._stats(key, fit) if fit is not None else summed(
-            links[key] for links in self._peers.values() if key in links)
+        stats = self._stats(link_key(node, node), self._local.get(node))
         return estimate_of(stats, self._min_samples)
 
     def _slowest(self, nodes: list[Hashable]) -> tuple[Hashable, Hashable]:
