@@ -96,6 +96,13 @@ class CopyPlanner:
         self.copies = {k: c for k, c in self.copies.items()
                        if now - c.at <= grace_s or holds(c)}
 
+    def promote(self, sole: Callable[[Copy], bool]) -> None:
+        """Stop counting the copies that ``sole`` says are their run's only holder in the
+        store now (the original's domain failed): they are no extra copy any more, and the
+        budget they held goes to the copies that restore the domains, a returning rack's first
+        (``docs/interfaces.md``, "Copies across fault domains": when a rack returns)."""
+        self.copies = {k: c for k, c in self.copies.items() if not sole(c)}
+
     def plan(self, namespace: Namespace, now: float, hot: Sequence[HotPrefix],
              holders_of: Callable[[tuple[PageKey, ...]], Sequence[HolderId]],
              domain_of: Callable[[HolderId], str | None], targets: Sequence[Target],

@@ -103,3 +103,20 @@ def test_the_budget_is_also_a_share_of_the_segments_capacity() -> None:
     planner = CopyPlanner(CopyConfig(interval_s=1, max_pages=100, max_share=0.25))
     orders, outcomes = plan(planner, [hot(1), hot(2)], held, capacity_pages=28)  # 7 pages
     assert len(orders) == 1 and outcomes[CopyOutcome.OVER_BUDGET] == 1
+
+
+def test_a_copy_that_became_its_runs_only_holder_frees_the_budget() -> None:
+    """Rack r1 (a's segment, the original) failed: c's copy is the only holder now, no extra
+    copy. It stops counting, and the budget goes to a new copy in another domain (wa: r1's
+    worker is back, the least loaded then by id); while it counted, that copy was over the
+    budget (the control)."""
+    planner = CopyPlanner(CopyConfig(interval_s=1, max_pages=4))
+    plan(planner, [hot(1)], {1: [SEG["a"]]})
+    assert planner.pages() == 4  # ordered into c's segment (r2)
+    after = {1: [SEG["c"]]}  # a's segment is gone with its rack
+    _, outcomes = plan(planner, [hot(1)], after, now=10.0)
+    assert outcomes == {CopyOutcome.OVER_BUDGET: 1}  # the copy still counts: the control
+    planner.promote(lambda c: c.target == SEG["c"])
+    assert planner.pages() == 0
+    orders, _ = plan(planner, [hot(1)], after, now=11.0)
+    assert [o.target.worker_id for o in orders] == ["wa"]

@@ -82,6 +82,15 @@ def test_a_hot_prefix_in_one_rack_is_ordered_into_the_other(upstreams, router_fa
     time.sleep(1.0)  # five more rounds
     assert router.state.index.hot_prefixes(ns, 1, time.monotonic())[0].hit_rate < before
     assert 'radix_global_copy_orders_total{outcome="ordered"} 1.0' in metrics
+    # rack r1 fails: its segment leaves with wa, and b's copy is the prefix's only holder,
+    # no extra copy: it stops counting against the budget (a returning rack gets a copy)
+    with router.client() as c:
+        assert c.delete("/admin/workers/wa").status_code == 200
+    deadline = time.monotonic() + 5
+    while router.state.copies.stats()["pages"]:
+        assert time.monotonic() < deadline, router.state.copies.stats()
+        time.sleep(0.1)
+    assert router.state.copies.stats()["held"] == 0
 
 
 def test_the_segments_capacity_is_what_their_workers_registered() -> None:
