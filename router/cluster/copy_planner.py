@@ -100,7 +100,7 @@ class CopyPlanner:
         """Stop counting the copies that ``sole`` says are their run's only holder in the
         store now (the original's domain failed): they are no extra copy any more, and the
         budget they held goes to the copies that restore the domains, a returning rack's first
-        (``docs/interfaces.md``, "Copies across fault domains": when a rack returns)."""
+        (``docs/interfaces.md``, "Where hosts are": copies across fault domains)."""
         self.copies = {k: c for k, c in self.copies.items() if not sole(c)}
 
     def plan(self, namespace: Namespace, now: float, hot: Sequence[HotPrefix],
