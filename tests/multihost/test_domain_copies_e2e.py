@@ -6,14 +6,17 @@ Host ``a`` (rack r1) and host ``c`` (rack r2) each run a worker; ``m`` the maste
 router sit on the core. Two system prompts, P1 (hotter: 5 requests) and P2 (2), are served by
 ``a`` alone (``c`` joins later, and serves neither before the failure), so their pages sit in
 ``a``'s segment only. The router's copy rounds order P1 into ``c``'s segment; the copy budget
-(``--copies-max-pages``) is P1's length, so exactly one copy is ordered and P2 has none: the
-negative control, in the same run. Rack r1 fails (host ``a``: processes killed, cable out).
+(``--copies-max-pages``) is P1's length and one page, so exactly one copy is ordered and P2
+has none: the negative control, in the same run. Rack r1 fails (host ``a``: processes killed, cable out).
 Then a new turn of each prompt goes to ``c``: P1's prefix is loaded from ``c``'s own segment
-(storage tokens), its output equal to a cold run (HF transformers); P2's is recomputed.
+(storage tokens), its output equal to a cold run (HF transformers); P2's is recomputed. Then
+rack r1 returns with an empty segment: c's copy, P1's only holder now, stops counting against
+the budget, and a second copy is ordered into r1 and made (held).
 """
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 
@@ -62,7 +65,10 @@ def test_a_hot_prompt_survives_its_racks_failure_through_its_copy(
             router = c.start_router("r", options=[
                 "--profile-max-tokens", "0", "--heartbeat-timeout-s", "4",
                 "--health-check-interval-s", "0.5", "--copies-interval-s", "1",
-                "--copies-min-hit-rate-per-s", "0.001", "--copies-max-pages", str(budget)])
+                "--copies-min-hit-rate-per-s", "0.001",
+                # P1's prompt and one page: after the failure its hot run is the prompt and
+                # the first page of the turn c served (P2 stays over the budget throughout)
+                "--copies-max-pages", str(budget + 1)])
 
             def worker(host: str, core: int, rack: str) -> HostProc:
                 return c.start_worker(host, router, {core}, mooncake=master,
@@ -118,5 +124,18 @@ def test_a_hot_prompt_survives_its_racks_failure_through_its_copy(
                 assert chosen == "w-c" and answer["output_ids"] == references[k]
             assert got[1] >= (budget - 1) * PAGE  # from c's own segment: the copy
             assert got[2] == 0  # no copy (over the budget): recomputed
+
+            # rack r1 returns, empty. c's copy of P1 is P1's only holder now, no extra copy:
+            # it no longer fills the budget, and the rounds give r1 a copy again
+            hosts.restore("a")
+            back = worker("a", 0, "r1")
+            c.wait_http([back])
+            c.wait_workers(router, {"w-a", "w-c"})
+            deadline = time.monotonic() + 60
+            while not ((copies := stats()["copies"])["outcomes"].get("ordered") == 2
+                       and copies["held"] == 1):
+                assert time.monotonic() < deadline, json.dumps(copies)
+                time.sleep(1.0)
+            print("copies after r1 returned:", copies)
         finally:
             c.close()
