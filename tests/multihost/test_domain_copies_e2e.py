@@ -7,11 +7,11 @@ router sit on the core. Two system prompts, P1 (hotter: 5 requests) and P2 (2), 
 ``a`` alone (``c`` joins later, and serves neither before the failure), so their pages sit in
 ``a``'s segment only. The router's copy rounds order P1 into ``c``'s segment; the copy budget
 (``--copies-max-pages``) is P1's length and one page, so exactly one copy is ordered and P2
-has none: the negative control, in the same run. Rack r1 fails (host ``a``: processes killed, cable out).
-Then a new turn of each prompt goes to ``c``: P1's prefix is loaded from ``c``'s own segment
-(storage tokens), its output equal to a cold run (HF transformers); P2's is recomputed. Then
-rack r1 returns with an empty segment: c's copy, P1's only holder now, stops counting against
-the budget, and a second copy is ordered into r1 and made (held).
+has none: the negative control, in the same run. Rack r1 fails (host ``a``: processes killed,
+cable out). Then a new turn of each prompt goes to ``c``: P1's prefix is loaded from ``c``'s
+own segment (storage tokens), its output equal to a cold run (HF transformers); P2's is
+recomputed. Then rack r1 returns with an empty segment: c's copy, P1's only holder now, stops
+counting against the budget, and a second copy is ordered into r1 and made (held).
 """
 
 from __future__ import annotations

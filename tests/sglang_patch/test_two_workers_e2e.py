@@ -29,6 +29,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,7 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
+from waits import until
 
 from radix_global import keys, trace
 from radix_global.registration import RegistrationError, WorkerInfo, decode_worker_info
@@ -138,11 +140,7 @@ def wrapper_worker(model: Path, args: list[str], env: dict[str, str] | None = No
         _kill_tree(descendants)
 
 
-def wait_until(cond: Any, what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.2)
+wait_until = partial(until, timeout_s=60.0, every_s=0.2)
 
 
 def generate(url: str, ids: list[int], salt: str | None = None, n: int = 12) -> dict[str, Any]:

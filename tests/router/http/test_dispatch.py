@@ -8,22 +8,19 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+from functools import partial
 from typing import Any
 
 import httpx
+from waits import until
+
+_until = partial(until, what="the condition", timeout_s=10.0, every_s=0.02)
 
 
 def _stream(url: str, ids: list[int], out: dict[str, Any], key: str) -> None:
     with httpx.Client(base_url=url, timeout=30) as c:
         r = c.post("/generate", json={"input_ids": ids, "stream": True})
         out[key] = r
-
-
-def _until(predicate: Any, timeout: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _three_requests(router: Any, peer: Any) -> tuple[dict[str, Any], list[threading.Thread]]:

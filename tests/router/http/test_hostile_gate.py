@@ -17,22 +17,19 @@ import sys
 import textwrap
 import threading
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from waits import until
 
 from sglang_patch.ports import free_port
 
+_until = partial(until, what="the condition", timeout_s=30.0, every_s=0.02)
+
 REPO = Path(__file__).resolve().parents[3]
-
-
-def _until(predicate: Any, timeout: float = 30.0) -> None:  # waits, not bounds: CI is shared
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "timed out"
-        time.sleep(0.02)
 
 
 def _busy_peer(upstreams: Any) -> tuple[Any, Any]:
@@ -217,7 +214,7 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
     base = f"http://127.0.0.1:{port}"
     try:
         with httpx.Client(base_url=base, timeout=10) as c:
-            _until(lambda: _workers(c) == 1, timeout=60)
+            _until(lambda: _workers(c) == 1, timeout_s=60)
             # a text prompt: the tokenizer (transformers) is loaded before memory is measured
             assert c.post("/generate", json={"text": "hello world"}, timeout=60).status_code == 200
             peer.requests.clear()
@@ -227,7 +224,7 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
             rss0 = _rss_mb(router.pid)
             clients = subprocess.Popen([sys.executable, "-c", _CLIENTS, str(port), str(HELD)],
                                        stdout=subprocess.PIPE, text=True)
-            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == HELD, timeout=60)
+            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == HELD, timeout_s=60)
             grown = _rss_mb(router.pid) - rss0
             watcher = subprocess.Popen([sys.executable, "-c", _HEALTH, base, "4.0"],
                                        stdout=subprocess.PIPE, text=True)
@@ -235,7 +232,7 @@ def test_a_thousand_held_clients_leaving_at_once(upstreams, tmp_path):
             time.sleep(0.2)
             clients.send_signal(signal.SIGKILL)  # every connection closes at once ...
             peer.first_chunk.set()  # ... as the engine makes room
-            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == 0, timeout=30)
+            _until(lambda: _metric(c, "radix_global_dispatch_held_requests") == 0, timeout_s=30)
             worst = float(watcher.communicate(timeout=30)[0].split()[-1])
             busy.join(30)
         print(f"held {HELD}: router RSS +{grown:.0f} MB; worst /health {worst * 1000:.0f} ms;"
