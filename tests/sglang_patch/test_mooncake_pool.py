@@ -48,6 +48,14 @@ def _env(**extra: str) -> dict[str, str]:
     return {**os.environ, "PYTHONPATH": str(REPO), **extra}
 
 
+def _start_master(hosts: HostSet) -> str:
+    """``mooncake_master`` on host ``m``; its address."""
+    hosts.spawn("m", "master", [str(Path(sys.executable).parent / "mooncake_master"),
+                                "--rpc_port=50051", "--metrics_port=9003"])
+    time.sleep(2.0)
+    return f"{hosts['m'].address}:50051"
+
+
 def _read(hosts: HostSet, master: str, **env: str) -> dict[str, Any]:
     argv = hosts.argv("b", [sys.executable, str(DRIVER), master, hosts["b"].address, "read",
                             str(N)])
@@ -58,12 +66,8 @@ def _read(hosts: HostSet, master: str, **env: str) -> dict[str, Any]:
 
 
 def test_pages_cross_hosts_through_mooncake_and_bad_bytes_never_load(tmp_path: Path) -> None:
-    bin_dir = Path(sys.executable).parent
     with HostSet(["m", "a", "b"], tmp_path) as hosts:
-        master = f"{hosts['m'].address}:50051"
-        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
-                                    "--metrics_port=9003"])
-        time.sleep(2.0)
+        master = _start_master(hosts)
         writer = subprocess.Popen(
             hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address, "write",
                              str(N)]),
@@ -123,12 +127,8 @@ def test_silent_evictions_are_found_by_the_resync_probe(tmp_path: Path) -> None:
     ``vanished`` names exactly the pages gone from the store (here, written oldest first, the
     pages it forgets unprobed are evicted ones too). Without it, an index fed only by
     the store events would hold every page in ``missing`` (the negative control: non-empty)."""
-    bin_dir = Path(sys.executable).parent
     with HostSet(["m", "a"], tmp_path) as hosts:
-        master = f"{hosts['m'].address}:50051"
-        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
-                                    "--metrics_port=9003"])
-        time.sleep(2.0)
+        master = _start_master(hosts)
         argv = hosts.argv("a", [sys.executable, str(DRIVER), master, hosts["a"].address,
                                 "fill", "400"])
         done = subprocess.run(argv, capture_output=True, text=True, timeout=120, env=_env(),
@@ -149,12 +149,8 @@ def test_a_read_in_flight_to_a_dead_host_gives_up_within_the_bound(tmp_path: Pat
     MC_TCP_PROGRESS_TIMEOUT_SEC=30`` in pytest's environment (an operator's value wins; 30 s
     is the transport's own default) fails on ``LIMIT_S``."""
     n, page = 1 + LANES, STALL_PAGE
-    bin_dir = Path(sys.executable).parent
     with HostSet(["m", "a", "b"], tmp_path) as hosts:
-        master = f"{hosts['m'].address}:50051"
-        hosts.spawn("m", "master", [str(bin_dir / "mooncake_master"), "--rpc_port=50051",
-                                    "--metrics_port=9003"])
-        time.sleep(2.0)
+        master = _start_master(hosts)
 
         def driver(host: str, mode: str) -> subprocess.Popen[str]:
             argv = [sys.executable, str(DRIVER), master, hosts[host].address, mode, str(n),
