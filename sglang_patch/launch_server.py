@@ -116,7 +116,8 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
         try:
             bound_stalls(float(str(raw)), env)
         except (ValueError, PoolError) as exc:
-            raise LaunchError(f"pool_read_stall_s {raw!r}: {exc}") from None
+            raise LaunchError(f"the Mooncake stall bound (pool_read_stall_s {raw!r}): {exc}"
+                              ) from None
     return env
 
 

@@ -239,7 +239,8 @@ class DomainRounds:
     def copy_round(self, now: float) -> list[IndexOp]:
         ns = self.namespace
         holders = run_holders(self.index, ns, now)
-        self.planner.forget_gone(lambda c: c.target in holders(c.keys), now)
+        alive = {segment_of(w) for w in self.domain if w not in self.dead}
+        self.planner.settle(lambda c: c.target in holders(c.keys), alive.__contains__, now)
         targets = [Target(w, segment_of(w), d) for w, d in self.domain.items()
                    if w not in self.dead]
         orders, outcomes = self.planner.plan(

@@ -65,12 +65,14 @@ class CopyOrder(NamedTuple):
 
 class Copy(NamedTuple):
     """A copy ordered: counted against the budget while its target holds the run (or it is
-    younger than the grace period: on its way)."""
+    younger than the grace period: on its way), until it is promoted (:meth:`CopyPlanner.
+    settle`). ``sources``: the store segments that held the run when it was ordered."""
 
     namespace: Namespace
     keys: tuple[PageKey, ...]
     target: PoolId
     at: float
+    sources: tuple[HolderId, ...] = ()
 
 
 class CopyPlanner:
@@ -89,19 +91,38 @@ class CopyPlanner:
             return cfg.max_pages
         return min(cfg.max_pages, int(cfg.max_share * capacity_pages))
 
+    def settle(self, holds: Callable[[Copy], bool], registered: Callable[[HolderId], bool],
+               now: float) -> None:
+        """A round's bookkeeping before it plans: promote, then forget the copies gone.
+
+        Promote: when no source of a prefix's copies is registered any more (the original's
+        worker left: its domain failed), the oldest of them its target holds becomes the
+        original. It stops counting against the budget, and it is the others' source from then
+        on, so the budget goes to restoring the domains (a returning rack's copy first), and
+        one loss promotes one copy. A source that leaves the index but not the registry (an
+        event gap, an eviction) promotes nothing."""
+        by_prefix: dict[tuple[Namespace, PageKey], list[tuple[Namespace, PageKey, PoolId]]] = {}
+        for key, c in self.copies.items():
+            by_prefix.setdefault((c.namespace, c.keys[-1]), []).append(key)
+        for keys in by_prefix.values():
+            copies = [self.copies[k] for k in keys]
+            if any(registered(s) for c in copies for s in c.sources):
+                continue
+            made = [k for k in keys if holds(self.copies[k])]
+            if not made:
+                continue
+            promoted = self.copies.pop(min(made, key=lambda k: self.copies[k].at))
+            for k in keys:
+                if k in self.copies:
+                    self.copies[k] = self.copies[k]._replace(sources=(promoted.target,))
+        self.forget_gone(holds, now)
+
     def forget_gone(self, holds: Callable[[Copy], bool], now: float,
                     grace_s: float = 60.0) -> None:
         """Stop counting the copies older than ``grace_s`` whose target does not hold their run
         (evicted, never made, or the target left)."""
         self.copies = {k: c for k, c in self.copies.items()
                        if now - c.at <= grace_s or holds(c)}
-
-    def promote(self, sole: Callable[[Copy], bool]) -> None:
-        """Stop counting the copies that ``sole`` says are their run's only holder in the
-        store now (the original's domain failed): they are no extra copy any more, and the
-        budget they held goes to the copies that restore the domains, a returning rack's first
-        (``docs/interfaces.md``, "Where hosts are": copies across fault domains)."""
-        self.copies = {k: c for k, c in self.copies.items() if not sole(c)}
 
     def plan(self, namespace: Namespace, now: float, hot: Sequence[HotPrefix],
              holders_of: Callable[[tuple[PageKey, ...]], Sequence[HolderId]],
@@ -155,7 +176,8 @@ class CopyPlanner:
             load[target.worker_id] += prefix.pages
             orders.append(CopyOrder(namespace, prefix.keys, target))
             self.copies[(namespace, prefix.keys[-1], target.pool_id)] = Copy(
-                namespace, prefix.keys, target.pool_id, now)
+                namespace, prefix.keys, target.pool_id, now,
+                tuple(s for s in segments if s not in ordered))  # the originals
             outcomes[CopyOutcome.ORDERED] += 1
         return orders, outcomes
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from radix_global.index import GlobalIndex
 from radix_global.keys import page_digests
-from radix_global.pool_ids import is_segment, is_store_segment
+from radix_global.pool_ids import is_segment
 from radix_global.registration import WorkerInfo
 from radix_global.types import Namespace, PageKey, PoolId, WorkerId
 from router.cluster.copy_planner import (
@@ -55,7 +55,7 @@ class DomainCopies:
         self._waiting: dict[str, collections.deque[dict[str, Any]]] = {}
         self._metric: Counter | None = None
         self._task: asyncio.Task[None] | None = None
-        self.held = 0  # copies whose target held their whole run at the last round
+        self.held = 0  # counted copies whose target held their whole run at the last round
         self.capacity_pages: int | None = None  # the segments' registered, at the last round
         self.leads: Callable[[], bool] = lambda: True
 
@@ -93,21 +93,16 @@ class DomainCopies:
         self.capacity_pages = capacity_pages(e.info for e in segments)
         namespaces = set(self.registry.models().values())
 
-        holders = {key: run_holders(view, c.namespace, now)(c.keys)
-                   if c.namespace in namespaces else []
-                   for key, c in self.planner.copies.items()}
-        made = {key: c.target in holders[key] for key, c in self.planner.copies.items()}
+        made = {key: c.namespace in namespaces
+                and c.target in run_holders(view, c.namespace, now)(c.keys)
+                for key, c in self.planner.copies.items()}
 
-        def sole(c: Copy) -> bool:
-            key = (c.namespace, c.keys[-1], c.target)
-            return made[key] and not any(is_store_segment(h) and h != c.target
-                                         for h in holders[key])
+        def holds(c: Copy) -> bool:
+            return made[(c.namespace, c.keys[-1], c.target)]
 
-        self.planner.promote(sole)
-        self.planner.forget_gone(lambda c: made[(c.namespace, c.keys[-1], c.target)], now)
-        self.held = sum(made[(c.namespace, c.keys[-1], c.target)]
-                        for c in self.planner.copies.values())
         pools = {e.info.pool_id for e in self.registry.all()}
+        self.planner.settle(holds, lambda holder: holder in pools, now)
+        self.held = sum(map(holds, self.planner.copies.values()))
         for pool in [p for p in self._waiting if p not in pools]:  # its worker left
             del self._waiting[pool]
         done: list[CopyOrder] = []

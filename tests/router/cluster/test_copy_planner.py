@@ -105,18 +105,40 @@ def test_the_budget_is_also_a_share_of_the_segments_capacity() -> None:
     assert len(orders) == 1 and outcomes[CopyOutcome.OVER_BUDGET] == 1
 
 
-def test_a_copy_that_became_its_runs_only_holder_frees_the_budget() -> None:
-    """Rack r1 (a's segment, the original) failed: c's copy is the only holder now, no extra
-    copy. It stops counting, and the budget goes to a new copy in another domain (wa: r1's
-    worker is back, the least loaded then by id); while it counted, that copy was over the
-    budget (the control)."""
+def test_a_copy_whose_original_left_is_promoted_and_frees_the_budget() -> None:
+    """Rack r1 (a's segment, the original) failed: a's worker left, and c's copy is the
+    original now. It stops counting, and the budget goes to a new copy in another domain (wa:
+    r1's worker is back, the least loaded then by id). While a was registered, nothing was
+    promoted and that copy was over the budget (the control); a copy not made is not promoted."""
     planner = CopyPlanner(CopyConfig(interval_s=1, max_pages=4))
     plan(planner, [hot(1)], {1: [SEG["a"]]})
-    assert planner.pages() == 4  # ordered into c's segment (r2)
-    after = {1: [SEG["c"]]}  # a's segment is gone with its rack
+    (copy,) = planner.copies.values()
+    assert copy.target == SEG["c"] and copy.sources == (SEG["a"],)
+    after = {1: [SEG["c"]]}  # a's segment left the index
+
+    def made(c: Copy) -> bool:
+        return c.target == SEG["c"]
+
+    planner.settle(lambda c: False, lambda h: False, now=10.0)  # not made: kept, counted
+    planner.settle(made, lambda h: h == SEG["a"], now=10.0)  # a still registered
+    assert planner.pages() == 4
     _, outcomes = plan(planner, [hot(1)], after, now=10.0)
-    assert outcomes == {CopyOutcome.OVER_BUDGET: 1}  # the copy still counts: the control
-    planner.promote(lambda c: c.target == SEG["c"])
+    assert outcomes == {CopyOutcome.OVER_BUDGET: 1}
+    planner.settle(made, lambda h: False, now=11.0)  # a's worker left
     assert planner.pages() == 0
     orders, _ = plan(planner, [hot(1)], after, now=11.0)
     assert [o.target.worker_id for o in orders] == ["wa"]
+
+
+def test_one_loss_promotes_one_copy() -> None:
+    """Three domains: copies in c (r2) and d (r3) of a's prefix; a's worker leaves. The older
+    copy is promoted and becomes the other's source, which keeps counting, round after round."""
+    planner = CopyPlanner(CopyConfig(interval_s=1, domains=3))
+    plan(planner, [hot(1)], {1: [SEG["a"]]})
+    plan(planner, [hot(1)], {1: [SEG["a"], SEG["c"]]}, now=1.0)
+    assert sorted(c.target for c in planner.copies.values()) == [SEG["c"], SEG["d"]]
+    alive = {SEG["c"], SEG["d"]}
+    for now in (10.0, 11.0, 12.0):
+        planner.settle(lambda c: True, alive.__contains__, now=now)
+        (left,) = planner.copies.values()
+        assert left.target == SEG["d"] and left.sources == (SEG["c"],)
