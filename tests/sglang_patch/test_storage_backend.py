@@ -405,5 +405,5 @@ def test_backend_moves_pages_publishes_events_and_rejects_corruption():
     finally:
         from sglang_patch.pool.shm_pool import destroy_pool
 
-        for suffix in ("lf", "pf", "bad", "rs", "al"):
+        for suffix in ("lf", "pf", "bad", "ld", "rs", "al"):
             destroy_pool(f"{prefix}-{suffix}")
