@@ -37,7 +37,7 @@ from sglang_patch.load_probe import LoadProbeError, probe_load
 from sglang_patch.pool.base import PoolError
 from sglang_patch.pool.disk_folder import FOLDER_MODE, UnsafeDiskFolder, check_folder
 from sglang_patch.pool.disk_format import read_bandwidth_Bps
-from sglang_patch.pool.mooncake_stall import DEFAULT_READ_STALL_S, bound_stalls
+from sglang_patch.pool.mooncake_stall import bound_stalls, stall_seconds
 from sglang_patch.ports import endpoint_taken
 from sglang_patch.register import (
     TOKEN_ENV,
@@ -112,12 +112,10 @@ def server_env(plan: LaunchPlan) -> dict[str, str]:
     if plan.backend_config.get("pool") == "mooncake":
         # the stall bound in the engine's environment from its start: every Mooncake
         # transport of the process reads it, and none runs yet to race a change of it
-        raw = plan.backend_config.get("pool_read_stall_s", DEFAULT_READ_STALL_S)
         try:
-            bound_stalls(float(str(raw)), env)
-        except (ValueError, PoolError) as exc:
-            raise LaunchError(f"the Mooncake stall bound (pool_read_stall_s {raw!r}): {exc}"
-                              ) from None
+            bound_stalls(stall_seconds(plan.backend_config), env)
+        except PoolError as exc:
+            raise LaunchError(f"the Mooncake stall bound: {exc}") from None
     return env
 
 

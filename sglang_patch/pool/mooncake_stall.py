@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 
 from sglang_patch.pool.base import PoolError
 
@@ -24,6 +24,19 @@ STALL_ENV = ("MC_TCP_STATUS_TIMEOUT_SEC", "MC_TCP_PROGRESS_TIMEOUT_SEC")
 # "Copies across fault domains").
 DEFAULT_READ_STALL_S = 5
 log = logging.getLogger(__name__)
+
+
+def stall_seconds(config: Mapping[str, object]) -> float:
+    """``pool_read_stall_s`` of a backend's extra config (:data:`DEFAULT_READ_STALL_S` when
+    absent); :class:`PoolError` when it is no number (the pool and the launch wrapper read it
+    alike)."""
+    raw = config.get("pool_read_stall_s", DEFAULT_READ_STALL_S)
+    if not isinstance(raw, bool):
+        try:
+            return float(raw)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            pass
+    raise PoolError(f"pool_read_stall_s must be a number of seconds, got {raw!r}")
 
 
 def bound_stalls(seconds: float, environ: MutableMapping[str, str]) -> dict[str, int]:

@@ -11,13 +11,6 @@ from sglang_patch.pool.shm_pool import DEFAULT_ROOT, ShmPagePool
 DEFAULT_CAPACITY_BYTES = 1 << 30
 
 
-def _seconds(config: dict[str, Any], key: str, default: float) -> float:
-    try:
-        return float(config.get(key, default))
-    except (TypeError, ValueError):
-        raise PoolError(f"{key} must be a number of seconds, got {config[key]!r}") from None
-
-
 def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
     """The pool named by the extra config: ``pool`` ``shm`` (default) or ``mooncake`` (with
     ``mooncake_master`` and ``mooncake_local_hostname``; the segment is the pool capacity;
@@ -26,7 +19,7 @@ def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
     kind = config.get("pool", "shm")
     if kind == "mooncake":
         from sglang_patch.pool.mooncake_pool import DEFAULT_PROBE_SPREAD, MooncakePagePool
-        from sglang_patch.pool.mooncake_stall import DEFAULT_READ_STALL_S
+        from sglang_patch.pool.mooncake_stall import stall_seconds
 
         if not config.get("mooncake_master"):
             raise PoolError("pool mooncake without mooncake_master (HOST:PORT)")
@@ -36,8 +29,7 @@ def open_pool(config: dict[str, Any], page_bytes: int) -> PagePool:
                                 int(config.get("pool_capacity_bytes", DEFAULT_CAPACITY_BYTES)),
                                 probe_spread=int(config.get("pool_resync_spread",
                                                             DEFAULT_PROBE_SPREAD)),
-                                read_stall_s=_seconds(config, "pool_read_stall_s",
-                                                      DEFAULT_READ_STALL_S))
+                                read_stall_s=stall_seconds(config))
     if kind != "shm":
         raise PoolError(f"unknown pool kind {kind!r} (known: shm, mooncake)")
     return ShmPagePool(

@@ -372,7 +372,7 @@ def test_a_disk_tier_goes_under_a_mooncake_segment_too(tmp_path):
     env = server_env(plan)
     assert [env[name] for name in STALL_ENV] == ["5", "5"]
     plan.backend_config["pool_read_stall_s"] = "soon"
-    with pytest.raises(LaunchError, match="pool_read_stall_s 'soon'"):
+    with pytest.raises(LaunchError, match=r"pool_read_stall_s must be a number.*'soon'"):
         server_env(plan)
     info = worker_info(plan, {"page_size": 16, "served_model_name": "m"}, "m@1")
     assert info.pool_disk_id == "mooncake-10.77.0.5-50051@10.77.0.2:31000+disk"
