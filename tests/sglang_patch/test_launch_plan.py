@@ -370,7 +370,7 @@ def test_a_disk_tier_goes_under_a_mooncake_segment_too(tmp_path):
     from sglang_patch.pool.mooncake_stall import STALL_ENV
 
     env = server_env(plan)
-    assert [env[name] for name in STALL_ENV] == ["5", "5"]
+    assert [env[name] for name in STALL_ENV] == ["10", "10"]
     plan.backend_config["pool_read_stall_s"] = "soon"
     with pytest.raises(LaunchError, match=r"pool_read_stall_s must be a number.*'soon'"):
         server_env(plan)
